@@ -1,0 +1,98 @@
+// gin/core/error.hpp — how gin reports failure.
+//
+// Host code throws gin::Error (a std::runtime_error whose message says what went
+// wrong, where, and what to do). Device code cannot throw: a wait that gives up,
+// or an operation that cannot be carried out, fills the DeviceErrorRecord once
+// (first writer wins), raises the abort flag so every other wait returns, and
+// the host turns the record into a gin::Error (Comm::check()).
+#pragma once
+
+#include "gin/core/config.hpp"
+
+#if !GIN_DEVICE_CODE
+#include <stdexcept>
+#include <string>
+#endif
+
+namespace gin {
+
+// What a device-side operation was doing when it failed.
+enum class Op : uint32_t {
+  None = 0,
+  WaitSignal,
+  WaitCounter,
+  WaitShadow,
+  LsaBarrier,
+  WorldBarrier,
+  RailBarrier,
+  Put,
+  Signal,
+  BadArgument,
+  NoTransport,
+};
+
+GIN_HD inline const char* opName(Op op) {
+  switch (op) {
+    case Op::None: return "none";
+    case Op::WaitSignal: return "waitSignal";
+    case Op::WaitCounter: return "waitCounter";
+    case Op::WaitShadow: return "waitSignalShadow";
+    case Op::LsaBarrier: return "lsaBarrier";
+    case Op::WorldBarrier: return "worldBarrier";
+    case Op::RailBarrier: return "railBarrier";
+    case Op::Put: return "put";
+    case Op::Signal: return "signal";
+    case Op::BadArgument: return "badArgument";
+    case Op::NoTransport: return "noTransport";
+  }
+  return "unknown";
+}
+
+// The first device-side failure of a communicator. Lives in memory both the
+// GPU and the host can read (mapped pinned memory; plain memory on CPU ranks).
+// `state` goes 0 -> 1 (claimed, being written) -> 2 (complete).
+struct DeviceErrorRecord {
+  uint32_t state;
+  uint32_t op;        // gin::Op
+  int32_t rank;       // world rank that failed
+  int32_t peer;       // world rank it was waiting on or talking to; -1: any/unknown
+  int32_t context;    // network context index; -1: none
+  uint32_t pad;
+  uint64_t objectId;  // signal, counter or barrier index
+  uint64_t expected;  // value waited for (or argument that was bad)
+  uint64_t observed;  // value last seen (or limit it broke)
+};
+
+#if !GIN_DEVICE_CODE
+// A failure reported to host code. `what()` is the whole message.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& message) : std::runtime_error("gin: " + message) {}
+};
+
+inline std::string describe(const DeviceErrorRecord& r) {
+  std::string s = "device error on rank " + std::to_string(r.rank) + ": " +
+                  opName(static_cast<Op>(r.op));
+  const Op op = static_cast<Op>(r.op);
+  if (op == Op::BadArgument) {
+    s += " (argument check failed: value " + std::to_string(r.expected) + ", limit " +
+         std::to_string(r.observed) + ", id " + std::to_string(r.objectId) + ")";
+    return s;
+  }
+  if (op == Op::NoTransport) {
+    s += " (no compiled-in transport reaches peer " + std::to_string(r.peer) +
+         "; build the kernel with a backend mask that includes it)";
+    return s;
+  }
+  s += " timed out";
+  if (r.peer >= 0) s += " waiting for peer " + std::to_string(r.peer);
+  if (r.context >= 0) s += " on context " + std::to_string(r.context);
+  s += ": id " + std::to_string(r.objectId) + ", expected " + std::to_string(r.expected) +
+       ", observed " + std::to_string(r.observed) +
+       ". A peer did not arrive or signal; check that every rank runs the matching "
+       "operation, or raise CommConfig::timeoutNs.";
+  return s;
+}
+#endif
+
+}  // namespace gin
