@@ -22,6 +22,13 @@
 #define GIN_INLINE inline
 #endif
 
+// Loop unrolling hint understood by nvcc; host compilers unroll on their own.
+#if defined(__CUDACC__)
+#define GIN_UNROLL _Pragma("unroll")
+#else
+#define GIN_UNROLL
+#endif
+
 #if defined(__CUDA_ARCH__)
 #define GIN_DEVICE_CODE 1
 #else

@@ -1,0 +1,120 @@
+// gin/device/comm.hpp — DevComm, the communicator as a kernel sees it.
+//
+// Trivially copyable: pass it to kernels by value. Every pointer in it points
+// to memory the executing agent can dereference (device or mapped memory on a
+// GPU, ordinary or shared memory on CPU ranks). Built by gin::Comm on the host.
+#pragma once
+
+#include <type_traits>
+
+#include "gin/core/atomic.hpp"
+#include "gin/core/clock.hpp"
+#include "gin/core/error.hpp"
+
+#if !GIN_DEVICE_CODE
+#include <thread>
+#endif
+
+namespace gin {
+
+// How a peer is reached; one per world rank in DevComm::peerTransport.
+enum class Transport : uint8_t { None = 0, Lsa = 1, Proxy = 2, Ibgda = 4 };
+
+struct DevComm {
+  int32_t rank = 0, nRanks = 0;
+  // lsa team: world ranks [rank - lsaRank, rank - lsaRank + lsaSize) reach each
+  // other by load/store. rail team: the ranks with this lsaRank on every node
+  // (stride lsaSize); railRank is this rank's node index.
+  int32_t lsaRank = 0, lsaSize = 0;
+  int32_t railRank = 0, railSize = 0;
+  int32_t nContexts = 0, nSignals = 0, nCounters = 0, nBarriers = 0;
+  uint64_t timeoutNs = 0;  // 0: waits never give up
+
+  const uint8_t* peerTransport = nullptr;  // [nRanks] gin::Transport
+
+  // Signals: remote arrival counts, in memory every lsa peer has mapped.
+  uint64_t* signals = nullptr;                  // [nSignals + nBarriers] this rank's
+  uint64_t* const* lsaSignals = nullptr;        // [lsaSize] each lsa member's `signals`
+  uint64_t* signalShadows = nullptr;            // [nSignals] local only
+  uint64_t* counters = nullptr;                 // [nCounters * 1] local completion counts
+
+  // Barriers: lsaInbox[index * lsaSize + from] holds the last epoch lsa member
+  // `from` announced for barrier `index`.
+  uint64_t* lsaInbox = nullptr;                 // [nBarriers * lsaSize] this rank's
+  uint64_t* const* lsaInboxes = nullptr;        // [lsaSize] each lsa member's lsaInbox
+  uint64_t* lsaEpochs = nullptr;                // [nBarriers] local
+  uint64_t* railEpochs = nullptr;               // [nBarriers] local
+
+  DeviceErrorRecord* error = nullptr;
+  uint32_t* abortFlag = nullptr;
+};
+static_assert(std::is_trivially_copyable_v<DevComm>, "DevComm must cross to the GPU by value");
+
+// World rank -> index in this rank's lsa team, or -1 when not load/store reachable.
+GIN_HD GIN_INLINE int lsaIndexOf(const DevComm& c, int worldRank) {
+  const int i = worldRank - (c.rank - c.lsaRank);
+  return (i >= 0 && i < c.lsaSize) ? i : -1;
+}
+
+// Fill the error record once (first writer wins) and raise the abort flag.
+GIN_HD inline void recordError(const DevComm& c, Op op, int peer, int context, uint64_t id,
+                               uint64_t expected, uint64_t observed) {
+  if (c.error) {
+    uint32_t idle = 0;
+    if (atomicCompareExchange<Scope::System>(&c.error->state, idle, 1u)) {
+      DeviceErrorRecord& r = *c.error;
+      r.op = uint32_t(op);
+      r.rank = c.rank;
+      r.peer = peer;
+      r.context = context;
+      r.objectId = id;
+      r.expected = expected;
+      r.observed = observed;
+      atomicStore<Scope::System>(&r.state, 2u, MemoryOrder::Release);
+    }
+  }
+  if (c.abortFlag) atomicStore<Scope::System>(c.abortFlag, 1u, MemoryOrder::Release);
+}
+
+GIN_HD GIN_INLINE bool aborted(const DevComm& c) {
+  return c.abortFlag && atomicLoad<Scope::System>(c.abortFlag, MemoryOrder::Relaxed) != 0;
+}
+
+namespace detail {
+// What a bounded wait reports if it gives up.
+struct WaitWhat {
+  Op op;
+  int peer;
+  int context;
+  uint64_t id;
+  uint64_t expected;
+};
+
+// Spin until ready(load()) holds. The clock and the abort flag are looked at
+// every 64 polls, so the fast path is one load and one compare. On timeout the
+// error record gets `what` and the last value seen; on abort (another wait
+// failed) it returns at once. Returns whether the condition was met.
+template <class Load, class Ready>
+GIN_HD bool boundedWait(const DevComm& c, Load load, Ready ready, const WaitWhat& what) {
+  uint64_t v = load();
+  if (ready(v)) return true;
+  const uint64_t start = nowNs();
+  for (uint32_t spins = 1;; ++spins) {
+    v = load();
+    if (ready(v)) return true;
+    if ((spins & 63) == 0) {
+      if (aborted(c)) return false;
+      if (c.timeoutNs != 0 && nowNs() - start > c.timeoutNs) {
+        recordError(c, what.op, what.peer, what.context, what.id, what.expected, v);
+        return false;
+      }
+#if !GIN_DEVICE_CODE
+      // CPU ranks often outnumber cores: give the core to the rank we wait for.
+      std::this_thread::yield();
+#endif
+    }
+  }
+}
+}  // namespace detail
+
+}  // namespace gin

@@ -1,0 +1,309 @@
+// gin/device/net.hpp — Net: the put / signal / flush / wait API a kernel calls.
+//
+//   gin::Net net(devComm, contextIndex);      // every transport; Net<kBackendLsa> for lsa only
+//   net.put(gin::teamWorld(devComm), peer, dstWin, dstOff, srcWin, srcOff, bytes,
+//           gin::SignalInc{sig}, gin::None{}, gin::CoopWarp{});
+//   net.waitSignal(gin::CoopBlock{}, sig, expected);
+//
+// Contract (every transport):
+//  - A remote action (SignalInc/SignalAdd/SignalSet) on a put becomes visible at
+//    the peer only after that put's payload, and the payloads of the calling
+//    coop's earlier puts on this context to the same peer, are visible there.
+//  - flush(coop): the source buffers of every put issued by `coop` on this
+//    context may be reused. It does not promise remote visibility.
+//  - Counters count local completion (source consumed); signals count arrival.
+//  - Waits compare with rolling arithmetic (gin/core/rolling.hpp) and are bounded
+//    by the communicator's timeout: on expiry the error record names rank, peer,
+//    operation, id, expected and observed values, and every other wait stops.
+//  - resetSignal/resetCounter must not race with updates to the same object.
+//  - SignalInc may not be mixed with other signal operations on one signal
+//    between resets (as in NCCL; gin itself treats it as SignalAdd{1}).
+// Every thread of a coop calls with the same arguments.
+#pragma once
+
+#include "gin/core/coop.hpp"
+#include "gin/core/rolling.hpp"
+#include "gin/device/transport/lsa.hpp"
+#include "gin/device/window.hpp"
+
+namespace gin {
+
+// Actions. Remote: applied at the peer once the payload is there.
+struct None {};
+struct SignalInc { uint32_t signal; };
+struct SignalAdd { uint32_t signal; uint64_t value; };
+struct SignalSet { uint32_t signal; uint64_t value; };
+// Local: applied here once the source has been consumed.
+struct CounterInc { uint32_t counter; };
+
+// Backend mask: which transports a Net may dispatch to. Leaving one out
+// compiles its code out of the kernel.
+inline constexpr unsigned kBackendLsa = unsigned(Transport::Lsa);
+inline constexpr unsigned kBackendProxy = unsigned(Transport::Proxy);
+inline constexpr unsigned kBackendIbgda = unsigned(Transport::Ibgda);
+inline constexpr unsigned kBackendAll = kBackendLsa | kBackendProxy | kBackendIbgda;
+
+template <unsigned Backends = kBackendAll>
+class Net {
+ public:
+  // Binds network context `contextIndex` (0 <= contextIndex < nContexts).
+  GIN_HD Net(const DevComm& comm, int contextIndex) : c_(&comm), ctx_(contextIndex) {
+    if (contextIndex < 0 || contextIndex >= comm.nContexts) {
+      recordError(comm, Op::BadArgument, -1, contextIndex, 0, uint64_t(contextIndex), uint64_t(comm.nContexts));
+      ctx_ = -1;
+    }
+  }
+
+  GIN_HD const DevComm& comm() const { return *c_; }
+  GIN_HD int context() const { return ctx_; }
+
+  // Copy `bytes` from srcWin+srcOffset here to dstWin+dstOffset at `peer`
+  // (an index in `team`), then apply the actions.
+  template <class RemoteAction = None, class LocalAction = None, class Coop = CoopThread>
+  GIN_HD void put(Team team, int peer, Window dstWin, size_t dstOffset, Window srcWin, size_t srcOffset,
+                  size_t bytes, RemoteAction remote = None{}, LocalAction local = None{}, Coop coop = Coop{},
+                  Scope alreadyReleased = Scope::Thread) const {
+    const int world = teamToWorld(*c_, team, peer);
+    if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, bytes) ||
+        !checkRange(srcWin, srcOffset, bytes))
+      return;
+    switch (transportOf(world)) {
+      case Transport::Lsa:
+        if constexpr ((Backends & kBackendLsa) != 0) {
+          const int li = lsaIndexOf(*c_, world);
+          lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
+          lsaActions(coop, li, remote, local, /*wrote=*/true, alreadyReleased);
+          return;
+        }
+        break;
+      default:
+        break;
+    }
+    noTransport(world);
+  }
+
+  // Typed form: nElts elements from src (here) to dst (at peer).
+  template <class T, class RemoteAction = None, class LocalAction = None, class Coop = CoopThread>
+  GIN_HD void put(Team team, int peer, SymPtr<T> dst, SymPtr<T> src, size_t nElts, RemoteAction remote = None{},
+                  LocalAction local = None{}, Coop coop = Coop{}, Scope alreadyReleased = Scope::Thread) const {
+    put(team, peer, dst.window, dst.offset, src.window, src.offset, nElts * sizeof(T), remote, local, coop,
+        alreadyReleased);
+  }
+
+  // Write one value of at most 8 bytes at the peer (carried inline: no source buffer).
+  template <class T, class RemoteAction = None, class Coop = CoopThread>
+  GIN_HD void putValue(Team team, int peer, Window dstWin, size_t dstOffset, T value, RemoteAction remote = None{},
+                       Coop coop = Coop{}, Scope alreadyReleased = Scope::Thread) const {
+    static_assert(sizeof(T) <= 8, "putValue carries at most 8 bytes; use put for more");
+    const int world = teamToWorld(*c_, team, peer);
+    if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, sizeof(T))) return;
+    switch (transportOf(world)) {
+      case Transport::Lsa:
+        if constexpr ((Backends & kBackendLsa) != 0) {
+          const int li = lsaIndexOf(*c_, world);
+          if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
+          lsaActions(coop, li, remote, None{}, /*wrote=*/true, alreadyReleased);
+          return;
+        }
+        break;
+      default:
+        break;
+    }
+    noTransport(world);
+  }
+  template <class T, class RemoteAction = None, class Coop = CoopThread>
+  GIN_HD void putValue(Team team, int peer, SymPtr<T> dst, T value, RemoteAction remote = None{}, Coop coop = Coop{},
+                       Scope alreadyReleased = Scope::Thread) const {
+    putValue(team, peer, dst.window, dst.offset, value, remote, coop, alreadyReleased);
+  }
+
+  // Apply a remote action alone. Earlier writes of the coop are released first
+  // unless the caller says it already released them at system scope.
+  template <class RemoteAction, class Coop = CoopThread>
+  GIN_HD void signal(Team team, int peer, RemoteAction remote, Coop coop = Coop{},
+                     Scope alreadyReleased = Scope::Thread) const {
+    const int world = teamToWorld(*c_, team, peer);
+    if (!checkPeer(world, team, peer)) return;
+    switch (transportOf(world)) {
+      case Transport::Lsa:
+        if constexpr ((Backends & kBackendLsa) != 0) {
+          lsaActions(coop, lsaIndexOf(*c_, world), remote, None{}, /*wrote=*/false, alreadyReleased);
+          return;
+        }
+        break;
+      default:
+        break;
+    }
+    noTransport(world);
+  }
+
+  // Every source buffer of puts issued by `coop` on this context may be reused.
+  template <class Coop>
+  GIN_HD void flush(Coop coop, MemoryOrder order = MemoryOrder::Acquire) const {
+    (void)order;  // lsa completes in place; later transports wait for completions here
+    coop.sync();
+  }
+
+  // ---- signals (remote arrival) ----
+  GIN_HD uint64_t* getSignalShadowPtr(uint32_t signal) const { return c_->signalShadows + signal; }
+  GIN_HD void increaseSignalShadow(uint32_t signal, uint64_t delta) const { c_->signalShadows[signal] += delta; }
+
+  // Current value, low `bits` bits.
+  GIN_HD uint64_t readSignal(uint32_t signal, int bits = 64, MemoryOrder order = MemoryOrder::Acquire) const {
+    if (!checkSignal(signal)) return 0;
+    return atomicLoad<Scope::System>(c_->signals + signal, order) & rollingMask(bits);
+  }
+
+  // Wait until the signal reaches `least` (rolling). Returns false if it gave up
+  // (timeout or abort; the error record says why).
+  template <class Coop>
+  GIN_HD bool waitSignal(Coop coop, uint32_t signal, uint64_t least, int bits = 64,
+                         MemoryOrder order = MemoryOrder::Acquire) const {
+    bool ok = true;
+    if (coop.rank() == 0) ok = waitSignalValue(signal, least, bits, order, Op::WaitSignal);
+    coop.sync();
+    return ok;
+  }
+
+  // Wait until the signal reaches its shadow.
+  template <class Coop>
+  GIN_HD bool waitSignalMeetShadow(Coop coop, uint32_t signal, int bits = 64,
+                                   MemoryOrder order = MemoryOrder::Acquire) const {
+    bool ok = true;
+    if (coop.rank() == 0) ok = waitSignalValue(signal, c_->signalShadows[signal], bits, order, Op::WaitShadow);
+    coop.sync();
+    return ok;
+  }
+
+  // Wait until the signal is at least shadow + leastDelta, then move the shadow
+  // to the value seen; *before gets the old shadow and *delta the advance.
+  template <class Coop, class Uint>
+  GIN_HD bool waitSignalFollowShadow(Coop coop, uint32_t signal, Uint leastDelta, Uint* before, Uint* delta,
+                                     int bits = 64, MemoryOrder order = MemoryOrder::Acquire) const {
+    if (!checkSignal(signal)) return false;
+    uint64_t* shadow = c_->signalShadows + signal;
+    const uint64_t old = volatileLoad(shadow);
+    coop.sync();  // everyone has read the old shadow before rank 0 moves it
+    bool ok = true;
+    if (coop.rank() == 0) {
+      const uint64_t target = old + uint64_t(leastDelta);
+      uint64_t seen = 0;
+      ok = detail::boundedWait(
+          *c_, [&] { return seen = atomicLoad<Scope::System>(c_->signals + signal, order) & rollingMask(bits); },
+          [&](uint64_t v) { return rollingLessEqual(target & rollingMask(bits), v, bits); },
+          detail::WaitWhat{Op::WaitShadow, -1, ctx_, signal, target});
+      volatileStore(shadow, ok ? seen : old);
+    }
+    coop.sync();
+    const uint64_t now = volatileLoad(shadow);
+    if (before) *before = Uint(old);
+    if (delta) *delta = Uint((now - old) & rollingMask(bits));
+    return ok;
+  }
+
+  // Set signal and shadow to zero. Must not race with updates to the signal.
+  GIN_HD void resetSignal(uint32_t signal) const {
+    if (!checkSignal(signal)) return;
+    c_->signalShadows[signal] = 0;
+    atomicStore<Scope::System>(c_->signals + signal, uint64_t(0), MemoryOrder::Relaxed);
+  }
+
+  // ---- counters (local completion) ----
+  GIN_HD uint64_t readCounter(uint32_t counter, int bits = 56, MemoryOrder order = MemoryOrder::Acquire) const {
+    if (!checkCounter(counter)) return 0;
+    return atomicLoad<Scope::System>(c_->counters + counter, order) & rollingMask(bits);
+  }
+  template <class Coop>
+  GIN_HD bool waitCounter(Coop coop, uint32_t counter, uint64_t least, int bits = 56,
+                          MemoryOrder order = MemoryOrder::Acquire) const {
+    bool ok = true;
+    if (coop.rank() == 0 && checkCounter(counter)) {
+      const uint64_t m = rollingMask(bits);
+      ok = detail::boundedWait(
+          *c_, [&] { return atomicLoad<Scope::System>(c_->counters + counter, order) & m; },
+          [&](uint64_t v) { return rollingLessEqual(least & m, v, bits); },
+          detail::WaitWhat{Op::WaitCounter, -1, ctx_, counter, least & m});
+    }
+    coop.sync();
+    return ok;
+  }
+  GIN_HD void resetCounter(uint32_t counter) const {
+    if (!checkCounter(counter)) return;
+    atomicStore<Scope::System>(c_->counters + counter, uint64_t(0), MemoryOrder::Relaxed);
+  }
+
+ private:
+  const DevComm* c_;
+  int ctx_;
+
+  GIN_HD Transport transportOf(int world) const { return Transport(c_->peerTransport[world]); }
+
+  GIN_HD bool checkPeer(int world, Team team, int peer) const {
+    if (ctx_ >= 0 && peer >= 0 && peer < team.nRanks && world >= 0 && world < c_->nRanks) return true;
+    recordError(*c_, Op::BadArgument, world, ctx_, uint64_t(peer), uint64_t(peer), uint64_t(team.nRanks));
+    return false;
+  }
+  GIN_HD bool checkRange(Window w, size_t offset, size_t bytes) const {
+    if (w.dev && offset <= w.dev->bytes && bytes <= w.dev->bytes - offset) return true;
+    recordError(*c_, Op::BadArgument, -1, ctx_, w.dev ? w.dev->id : ~uint64_t(0), uint64_t(offset + bytes),
+                w.dev ? w.dev->bytes : 0);
+    return false;
+  }
+  GIN_HD bool checkSignal(uint32_t s) const {
+    if (s < uint32_t(c_->nSignals)) return true;
+    recordError(*c_, Op::BadArgument, -1, ctx_, s, s, uint64_t(c_->nSignals));
+    return false;
+  }
+  GIN_HD bool checkCounter(uint32_t s) const {
+    if (s < uint32_t(c_->nCounters)) return true;
+    recordError(*c_, Op::BadArgument, -1, ctx_, s, s, uint64_t(c_->nCounters));
+    return false;
+  }
+  GIN_HD void noTransport(int world) const { recordError(*c_, Op::NoTransport, world, ctx_, 0, 0, 0); }
+
+  GIN_HD bool waitSignalValue(uint32_t signal, uint64_t least, int bits, MemoryOrder order, Op op) const {
+    if (!checkSignal(signal)) return false;
+    const uint64_t m = rollingMask(bits);
+    return detail::boundedWait(
+        *c_, [&] { return atomicLoad<Scope::System>(c_->signals + signal, order) & m; },
+        [&](uint64_t v) { return rollingLessEqual(least & m, v, bits); },
+        detail::WaitWhat{op, -1, ctx_, signal, least & m});
+  }
+
+  // After an lsa copy/store by `coop`: one thread applies the remote action with
+  // a system-scope release (covering the whole coop's writes, ordered by the
+  // coop.sync before it), then the local action.
+  template <class Coop, class RemoteAction, class LocalAction>
+  GIN_HD void lsaActions(Coop coop, int li, RemoteAction remote, LocalAction local, bool wrote,
+                         Scope alreadyReleased) const {
+    constexpr bool hasRemote = !std::is_same_v<RemoteAction, None>;
+    constexpr bool hasLocal = !std::is_same_v<LocalAction, None>;
+    if constexpr (hasRemote || hasLocal) {
+      coop.sync();
+      if (coop.rank() == 0) {
+        const bool release = wrote || alreadyReleased != Scope::System;
+        if constexpr (hasRemote) {
+          static_assert(std::is_same_v<RemoteAction, SignalInc> || std::is_same_v<RemoteAction, SignalAdd> ||
+                            std::is_same_v<RemoteAction, SignalSet>,
+                        "remote action must be None, SignalInc, SignalAdd or SignalSet");
+          if (checkSignal(remote.signal)) {
+            uint64_t* peerSignal = c_->lsaSignals[li] + remote.signal;
+            if constexpr (std::is_same_v<RemoteAction, SignalInc>) lsa::signalAdd(peerSignal, 1, release);
+            else if constexpr (std::is_same_v<RemoteAction, SignalAdd>) lsa::signalAdd(peerSignal, remote.value, release);
+            else lsa::signalSet(peerSignal, remote.value, release);
+          }
+        }
+        if constexpr (hasLocal) {
+          static_assert(std::is_same_v<LocalAction, CounterInc>, "local action must be None or CounterInc");
+          if (checkCounter(local.counter))
+            atomicAdd<Scope::System>(c_->counters + local.counter, 1, MemoryOrder::Release);
+        }
+      }
+    } else {
+      (void)coop, (void)li, (void)remote, (void)local, (void)wrote, (void)alreadyReleased;
+    }
+  }
+};
+
+
+}  // namespace gin

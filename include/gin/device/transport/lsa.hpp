@@ -1,0 +1,91 @@
+// gin/device/transport/lsa.hpp — the load/store transport: the coop copies the
+// payload straight into the peer's mapped window, then one thread releases a
+// signal update with a system-scope atomic on the peer's signal word.
+//
+// Nothing is left in flight when a call returns, so flush has nothing to wait
+// for and local completion (CounterInc) is immediate.
+#pragma once
+
+#include <cstring>
+#include <type_traits>
+
+#include "gin/core/atomic.hpp"
+#include "gin/core/coop.hpp"
+
+namespace gin::lsa {
+
+namespace detail {
+// Copy n units of V; each thread moves kUnroll units per round so several
+// loads are in flight before the stores (NVLink needs many outstanding bytes).
+template <class V, class Coop>
+GIN_HD GIN_INLINE void copyUnits(Coop coop, V* dst, const V* src, size_t n) {
+  constexpr int kUnroll = 4;
+  const size_t stride = size_t(coop.size());
+  size_t i = size_t(coop.rank());
+  for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
+    V v[kUnroll];
+GIN_UNROLL
+    for (int u = 0; u < kUnroll; ++u) v[u] = src[i + u * stride];
+GIN_UNROLL
+    for (int u = 0; u < kUnroll; ++u) dst[i + u * stride] = v[u];
+  }
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+template <class V, class Coop>
+GIN_HD GIN_INLINE void copyAligned(Coop coop, char* dst, const char* src, size_t bytes) {
+  // dst and src agree modulo sizeof(V): copy a byte head, a V body, a byte tail.
+  size_t head = (sizeof(V) - (uintptr_t(dst) % sizeof(V))) % sizeof(V);
+  if (head > bytes) head = bytes;
+  const size_t nUnits = (bytes - head) / sizeof(V);
+  const size_t tailStart = head + nUnits * sizeof(V);
+  for (size_t i = size_t(coop.rank()); i < head; i += size_t(coop.size())) dst[i] = src[i];
+  copyUnits(coop, reinterpret_cast<V*>(dst + head), reinterpret_cast<const V*>(src + head), nUnits);
+  for (size_t i = tailStart + size_t(coop.rank()); i < bytes; i += size_t(coop.size())) dst[i] = src[i];
+}
+}  // namespace detail
+
+// All threads of `coop` copy `bytes` from src to dst together: 16-byte vectors
+// when the two addresses agree modulo 16, narrower when they agree less; any
+// size and alignment is correct. Returns before any coop.sync().
+template <class Coop>
+GIN_HD GIN_INLINE void coopCopy(Coop coop, void* dstv, const void* srcv, size_t bytes) {
+  char* dst = static_cast<char*>(dstv);
+  const char* src = static_cast<const char*>(srcv);
+#if GIN_DEVICE_CODE
+  const uintptr_t mis = uintptr_t(dst) ^ uintptr_t(src);
+  if ((mis & 15) == 0) detail::copyAligned<uint4>(coop, dst, src, bytes);
+  else if ((mis & 7) == 0) detail::copyAligned<uint64_t>(coop, dst, src, bytes);
+  else if ((mis & 3) == 0) detail::copyAligned<uint32_t>(coop, dst, src, bytes);
+  else detail::copyUnits<char>(coop, dst, src, bytes);
+#else
+  (void)coop;
+  if (bytes) std::memcpy(dst, src, bytes);
+#endif
+}
+
+// Store a value of at most 8 bytes at a peer address (one store, not torn for
+// naturally aligned sizes 1, 2, 4, 8).
+template <class T>
+GIN_HD GIN_INLINE void storeValue(T* dst, T value) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "putValue takes a value of at most 8 bytes");
+  if ((uintptr_t(dst) % sizeof(T)) == 0) {
+    volatileStore(dst, value);
+  } else {
+    const char* s = reinterpret_cast<const char*>(&value);
+    char* d = reinterpret_cast<char*>(dst);
+    for (size_t i = 0; i < sizeof(T); ++i) d[i] = s[i];
+  }
+}
+
+// Signal operations on a peer's signal word. `release` says whether earlier
+// writes of the calling coop must become visible first (the usual case);
+// false when the caller already released at system scope.
+GIN_HD GIN_INLINE void signalAdd(uint64_t* peerSignal, uint64_t value, bool release) {
+  atomicAdd<Scope::System>(peerSignal, value, release ? MemoryOrder::Release : MemoryOrder::Relaxed);
+}
+GIN_HD GIN_INLINE void signalSet(uint64_t* peerSignal, uint64_t value, bool release) {
+  atomicStore<Scope::System>(peerSignal, value, release ? MemoryOrder::Release : MemoryOrder::Relaxed);
+}
+
+}  // namespace gin::lsa

@@ -1,0 +1,500 @@
+// gin/host/comm.hpp — the communicator: topology, teams, transports, signals,
+// counters, barriers and windows, and the DevComm handed to kernels.
+//
+//   gin::InProcessGroup group(4);                 // or TcpBootstrap::fromEnvironment()
+//   gin::Comm comm(group.rank(r));                // collective
+//   gin::Window w = comm.allocWindow(1 << 20);    // collective
+//   kernel<<<...>>>(comm.devComm(), w);
+//   comm.synchronize();                           // throws gin::Error on device failure
+//
+// Construction, allocWindow, registerWindow, deregisterWindow and destruction
+// are collective: every rank calls them in the same order. Arguments are
+// checked on every rank together, so a bad argument on one rank gives every
+// rank a gin::Error that names it instead of a hang.
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gin/device/comm.hpp"
+#include "gin/device/window.hpp"
+#include "gin/host/bootstrap.hpp"
+#include "gin/host/memory.hpp"
+#include "gin/host/window.hpp"
+
+namespace gin {
+
+enum class DeviceKind { Auto, Cpu, Gpu };
+
+struct CommConfig {
+  int nContexts = 4;     // network contexts (queue pairs per peer on network transports)
+  int nSignals = 256;    // signal ids 0..nSignals-1
+  int nCounters = 256;   // counter ids 0..nCounters-1
+  int nBarriers = 132;   // barrier indices per kind (lsa, world): one per CTA of an H100/H200
+  // Bound on every device-side wait; 0 takes GIN_TIMEOUT_MS from the
+  // environment, else 30 s.
+  uint64_t timeoutNs = 0;
+  // Auto: the GPU when one is visible (and GIN_DEVICE is not "cpu"), else CPU ranks.
+  DeviceKind device = DeviceKind::Auto;
+  // GPU to use; -1: LOCAL_RANK from the launcher, else this rank's index among
+  // the ranks of its host (modulo the number of visible GPUs).
+  int cudaDevice = -1;
+};
+
+namespace detail {
+inline uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+// Ranks with the same host id share memory. GIN_HOST_ID overrides (tests that
+// pretend to be several hosts, containers that share a kernel).
+inline uint64_t hostId() {
+  if (const char* e = std::getenv("GIN_HOST_ID")) return fnv1a(std::string("env:") + e);
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return fnv1a(std::string(name) + "/" + boot);
+}
+inline uint64_t envTimeoutNs() {
+  if (const char* e = std::getenv("GIN_TIMEOUT_MS")) {
+    char* end = nullptr;
+    const unsigned long long ms = std::strtoull(e, &end, 10);
+    if (!end || *end || end == e) throw Error(std::string("GIN_TIMEOUT_MS=") + e + " is not a number of milliseconds");
+    return uint64_t(ms) * 1000000ull;
+  }
+  return 30'000'000'000ull;
+}
+}  // namespace detail
+
+class Comm {
+ public:
+  explicit Comm(Bootstrap& bs, CommConfig cfg = {}) : bs_(bs), cfg_(cfg) {
+    rank_ = bs.rank();
+    nRanks_ = bs.nRanks();
+    if (cfg.nContexts < 1 || cfg.nSignals < 0 || cfg.nCounters < 0 || cfg.nBarriers < 1)
+      throw Error("CommConfig: nContexts and nBarriers must be >= 1, nSignals and nCounters >= 0 (got " +
+                  std::to_string(cfg.nContexts) + ", " + std::to_string(cfg.nBarriers) + ", " +
+                  std::to_string(cfg.nSignals) + ", " + std::to_string(cfg.nCounters) + ")");
+    if (cfg_.timeoutNs == 0) cfg_.timeoutNs = detail::envTimeoutNs();
+    discover();
+    buildState();
+    bs_.barrier();  // every rank's signals and inboxes are zero before anyone uses them
+  }
+
+  ~Comm() {
+    // Peers may still be writing into our memory until they too are done.
+    try {
+      bs_.barrier();
+    } catch (...) {
+    }
+    windows_.clear();
+    userAllocs_.clear();
+#if GIN_WITH_CUDA
+    if (gpu_ && hostRecord_) (void)cudaFreeHost(hostRecord_);
+#endif
+    if (!gpu_) std::free(hostRecord_);
+  }
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  int rank() const { return rank_; }
+  int nRanks() const { return nRanks_; }
+  int lsaRank() const { return dev_.lsaRank; }
+  int lsaSize() const { return dev_.lsaSize; }
+  int railRank() const { return dev_.railRank; }
+  int railSize() const { return dev_.railSize; }
+  bool onGpu() const { return gpu_; }
+  int cudaDevice() const { return cudaDev_; }
+  const CommConfig& config() const { return cfg_; }
+  Bootstrap& bootstrap() const { return bs_; }
+  Transport transportTo(int worldRank) const { return Transport(transports_.at(size_t(worldRank))); }
+
+  // What kernels receive (by value).
+  const DevComm& devComm() const { return dev_; }
+
+  // Symmetric allocation: `bytes` of zeroed memory on every rank, mapped on
+  // every lsa peer. Collective; every rank passes the same size.
+  Window allocWindow(size_t bytes) {
+    agreeOnSize("allocWindow", bytes, bytes == 0 ? "bytes must be greater than 0" : nullptr);
+    auto rec = std::make_unique<WindowRecord>();
+    rec->owned = true;
+    rec->buffer = SharedBuffer::allocate(backing(), bytes);
+    rec->local = rec->buffer.data();
+    const ShareHandle h = rec->buffer.share(rec->local);
+    return finishWindow(std::move(rec), bytes, h);
+  }
+
+  // Register the caller's buffer [ptr, ptr+bytes) as a window. Collective.
+  // On a GPU: memory from cudaMalloc or memAlloc. On CPU ranks of one process:
+  // any memory. On CPU ranks in several processes: memory from memAlloc.
+  Window registerWindow(void* ptr, size_t bytes) {
+    agreeOnSize("registerWindow", bytes,
+                ptr == nullptr ? "ptr is null" : bytes == 0 ? "bytes must be greater than 0" : nullptr);
+    auto rec = std::make_unique<WindowRecord>();
+    rec->local = static_cast<char*>(ptr);
+    const ShareHandle h = shareUserRange(ptr, bytes);
+    return finishWindow(std::move(rec), bytes, h);
+  }
+
+  // Undo allocWindow/registerWindow. Collective. The Window must not be used
+  // afterwards; using it in a host call again is an error.
+  void deregisterWindow(Window w) {
+    auto it = windows_.find(w.dev);
+    const uint32_t id = it == windows_.end() ? 0 : it->second->id;
+    std::vector<uint32_t> ids(size_t(nRanks_));
+    ids[size_t(rank_)] = id;
+    bs_.allGather(ids.data(), sizeof(uint32_t));
+    for (int r = 0; r < nRanks_; ++r) {
+      if (ids[size_t(r)] == 0)
+        throw Error("deregisterWindow: rank " + std::to_string(r) +
+                    " passed a window that is not registered with this communicator (already deregistered, or "
+                    "from another communicator)");
+      if (ids[size_t(r)] != ids[0])
+        throw Error("deregisterWindow: ranks passed different windows (rank 0 window " + std::to_string(ids[0]) +
+                    ", rank " + std::to_string(r) + " window " + std::to_string(ids[size_t(r)]) +
+                    "); deregister windows in the same order everywhere");
+    }
+    bs_.barrier();  // nobody still writes into it
+    windows_.erase(it);
+  }
+  void freeWindow(Window w) { deregisterWindow(w); }
+
+  // Memory that registerWindow accepts on every kind of rank (GPU: cudaMalloc;
+  // CPU: heap, or shared memory when lsa peers run in other processes). Local.
+  void* memAlloc(size_t bytes) {
+    if (bytes == 0) throw Error("memAlloc: bytes must be greater than 0");
+    userAllocs_.push_back(std::make_unique<SharedBuffer>(SharedBuffer::allocate(backing(), bytes)));
+    return userAllocs_.back()->data();
+  }
+  void memFree(void* p) {
+    auto it = std::find_if(userAllocs_.begin(), userAllocs_.end(), [&](auto& b) { return b->data() == p; });
+    if (it == userAllocs_.end()) throw Error("memFree: pointer was not returned by memAlloc of this communicator");
+    userAllocs_.erase(it);
+  }
+
+  // Host-usable address of `offset` in this rank's part of `w` (a device
+  // pointer on GPUs, for cudaMemcpy and kernel arguments).
+  void* localPointer(Window w, size_t offset = 0) const {
+    const WindowRecord& r = record(w, "localPointer");
+    if (offset > r.bytes) throw Error("localPointer: offset " + std::to_string(offset) + " is past the window's " +
+                                      std::to_string(r.bytes) + " bytes");
+    return r.local + offset;
+  }
+  size_t windowBytes(Window w) const { return record(w, "windowBytes").bytes; }
+
+  // Throw the first device-side failure, if any, as a gin::Error.
+  void check() const {
+    if (atomicLoad<Scope::System>(&hostRecord_->state, MemoryOrder::Acquire) == 2u) throw Error(describe(*hostRecord_));
+  }
+  bool hasError() const { return atomicLoad<Scope::System>(&hostRecord_->state, MemoryOrder::Acquire) != 0u; }
+
+  // Wait for this rank's GPU work (no-op on CPU ranks), then check().
+  void synchronize() const {
+#if GIN_WITH_CUDA
+    if (gpu_) {
+      GIN_CUDA_CHECK(cudaSetDevice(cudaDev_));
+      const cudaError_t e = cudaDeviceSynchronize();
+      check();
+      GIN_CUDA_CHECK(e);
+    }
+#endif
+    check();
+  }
+
+  // Make the calling host thread use this communicator's GPU.
+  void makeCurrent() const {
+#if GIN_WITH_CUDA
+    if (gpu_) GIN_CUDA_CHECK(cudaSetDevice(cudaDev_));
+#endif
+  }
+
+ private:
+  struct PeerInfo {
+    uint64_t hostId;
+    uint64_t pid;
+    int32_t gpu;      // 1: GPU ranks, 0: CPU ranks
+    int32_t cudaDev;
+    char busId[32];
+  };
+
+  Bootstrap& bs_;
+  CommConfig cfg_;
+  int rank_ = 0, nRanks_ = 0;
+  bool gpu_ = false;
+  int cudaDev_ = -1;
+  std::vector<PeerInfo> peers_;
+  std::vector<uint8_t> transports_;
+  DevComm dev_{};
+  bool lsaAllSameProcess_ = true;
+
+  SharedBuffer shared_;                 // signals + barrier inboxes, mapped by lsa peers
+  std::vector<PeerMapping> sharedPeers_;
+  DeviceTable local_;                   // shadows, counters, epochs, pointer tables
+  DeviceErrorRecord* hostRecord_ = nullptr;  // host view of the error record (+ abort flag after it)
+  uint32_t nextWindowId_ = 1;
+  std::map<const WindowDev*, std::unique_ptr<WindowRecord>> windows_;
+  std::vector<std::unique_ptr<SharedBuffer>> userAllocs_;
+
+  bool sameProcess(int r) const { return peers_[size_t(r)].hostId == peers_[size_t(rank_)].hostId && peers_[size_t(r)].pid == peers_[size_t(rank_)].pid; }
+  SharedBuffer::Backing backing() const {
+    return gpu_ ? SharedBuffer::Backing::Cuda : lsaAllSameProcess_ ? SharedBuffer::Backing::Heap : SharedBuffer::Backing::Shm;
+  }
+
+  void discover() {
+    // Which device: decided per rank, agreed on below.
+    bool wantGpu = false;
+    const char* envDev = std::getenv("GIN_DEVICE");
+    const int nGpus = cudaDeviceCountOrZero();
+    if (cfg_.device == DeviceKind::Gpu) {
+      if (nGpus == 0) throw Error("CommConfig::device is Gpu but no CUDA device is visible on rank " + std::to_string(rank_));
+      wantGpu = true;
+    } else if (cfg_.device == DeviceKind::Auto) {
+      wantGpu = nGpus > 0 && !(envDev && std::string(envDev) == "cpu");
+    }
+
+    PeerInfo me{};
+    me.hostId = detail::hostId();
+    me.pid = uint64_t(::getpid());
+    me.gpu = wantGpu ? 1 : 0;
+    peers_.assign(size_t(nRanks_), PeerInfo{});
+    peers_[size_t(rank_)] = me;
+    bs_.allGather(peers_.data(), sizeof(PeerInfo));
+
+    for (int r = 0; r < nRanks_; ++r)
+      if (peers_[size_t(r)].gpu != me.gpu)
+        throw Error("ranks disagree on where to run: rank " + std::to_string(rank_) + " uses " +
+                    (me.gpu ? "a GPU" : "CPU ranks") + ", rank " + std::to_string(r) + " uses " +
+                    (peers_[size_t(r)].gpu ? "a GPU" : "CPU ranks") +
+                    "; give every rank a GPU, or set GIN_DEVICE=cpu everywhere");
+    gpu_ = me.gpu != 0;
+
+    // Nodes: ranks with the same host id, which must be numbered node by node
+    // with the same count on each, so teams are arithmetic (as in NCCL).
+    std::vector<int> nodeOf(size_t(nRanks_), -1);
+    std::vector<uint64_t> nodeIds;
+    for (int r = 0; r < nRanks_; ++r) {
+      auto it = std::find(nodeIds.begin(), nodeIds.end(), peers_[size_t(r)].hostId);
+      nodeOf[size_t(r)] = int(it - nodeIds.begin());
+      if (it == nodeIds.end()) nodeIds.push_back(peers_[size_t(r)].hostId);
+    }
+    const int nNodes = int(nodeIds.size());
+    const int perNode = nRanks_ / nNodes;
+    bool regular = perNode * nNodes == nRanks_;
+    for (int r = 0; regular && r < nRanks_; ++r) regular = nodeOf[size_t(r)] == r / perNode;
+    if (!regular)
+      throw Error("ranks must be numbered host by host with the same number on every host (as torchrun and srun "
+                  "do); rank " + std::to_string(rank_) + " sees " + std::to_string(nNodes) + " hosts over " +
+                  std::to_string(nRanks_) + " ranks in another order");
+    dev_.rank = rank_;
+    dev_.nRanks = nRanks_;
+    dev_.lsaSize = perNode;
+    dev_.lsaRank = rank_ % perNode;
+    dev_.railSize = nNodes;
+    dev_.railRank = rank_ / perNode;
+    const int lsaBase = rank_ - dev_.lsaRank;
+    for (int i = 0; i < perNode; ++i) lsaAllSameProcess_ = lsaAllSameProcess_ && sameProcess(lsaBase + i);
+
+    if (gpu_) pickGpu(nGpus, lsaBase);
+
+    transports_.assign(size_t(nRanks_), uint8_t(Transport::None));
+    for (int r = 0; r < nRanks_; ++r)
+      if (r >= lsaBase && r < lsaBase + perNode) transports_[size_t(r)] = uint8_t(Transport::Lsa);
+    if (nNodes > 1)
+      throw Error("the ranks span " + std::to_string(nNodes) +
+                  " hosts, and ranks on different hosts need a network transport (proxy or ibgda), which this "
+                  "build of gin does not have yet; run all ranks on one host");
+  }
+
+  void pickGpu(int nGpus, int lsaBase) {
+#if GIN_WITH_CUDA
+    int dev = cfg_.cudaDevice;
+    if (dev < 0) {
+      const char* lr = std::getenv("LOCAL_RANK");
+      // In-process groups share one environment, so LOCAL_RANK cannot tell threads apart.
+      if (lr && !lsaAllSameProcess_) dev = std::atoi(lr);
+      else dev = rank_ - lsaBase;
+      dev %= nGpus;
+    }
+    if (dev >= nGpus)
+      throw Error("CommConfig::cudaDevice " + std::to_string(dev) + " is out of range: " + std::to_string(nGpus) + " GPUs are visible");
+    cudaDev_ = dev;
+    GIN_CUDA_CHECK(cudaSetDevice(dev));
+    PeerInfo& me = peers_[size_t(rank_)];
+    me.cudaDev = dev;
+    GIN_CUDA_CHECK(cudaDeviceGetPCIBusId(me.busId, sizeof me.busId, dev));
+    bs_.allGather(peers_.data(), sizeof(PeerInfo));
+    // Peers in this process read our memory by pointer: enable peer access both ways.
+    for (int i = 0; i < dev_.lsaSize; ++i) {
+      const int r = lsaBase + i;
+      if (r == rank_ || !sameProcess(r) || peers_[size_t(r)].cudaDev == dev) continue;
+      int can = 0;
+      GIN_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, dev, peers_[size_t(r)].cudaDev));
+      if (!can)
+        throw Error("GPU " + std::to_string(dev) + " cannot access GPU " + std::to_string(peers_[size_t(r)].cudaDev) +
+                    " by load/store (no NVLink or PCIe peer access); gin's lsa transport needs it");
+      const cudaError_t e = cudaDeviceEnablePeerAccess(peers_[size_t(r)].cudaDev, 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+      else GIN_CUDA_CHECK(e);
+    }
+#else
+    (void)nGpus, (void)lsaBase;
+#endif
+  }
+
+  // Allgather one share handle per rank and map the lsa peers' buffers.
+  std::vector<char*> exchange(const ShareHandle& mine, char* localPtr, std::vector<PeerMapping>& maps) {
+    std::vector<ShareHandle> all(size_t(nRanks_));
+    all[size_t(rank_)] = mine;
+    bs_.allGather(all.data(), sizeof(ShareHandle));
+    const int lsaBase = rank_ - dev_.lsaRank;
+    std::vector<char*> bases(size_t(dev_.lsaSize), nullptr);
+    for (int i = 0; i < dev_.lsaSize; ++i) {
+      const int r = lsaBase + i;
+      if (r == rank_) {
+        bases[size_t(i)] = localPtr;
+        continue;
+      }
+      maps.push_back(PeerMapping::map(all[size_t(r)], sameProcess(r)));
+      bases[size_t(i)] = maps.back().ptr();
+    }
+    bs_.barrier();  // every peer has mapped: shared memory names may go
+    return bases;
+  }
+
+  void buildState() {
+    const size_t nS = size_t(cfg_.nSignals), nC = size_t(cfg_.nCounters), nB = size_t(cfg_.nBarriers);
+    const size_t L = size_t(dev_.lsaSize);
+    // Shared: signals (user ids, then one rail-barrier signal per index), then
+    // 2*nB rows of lsa inbox (LsaBarrierSession rows, then BarrierSession rows).
+    const size_t sigWords = nS + nB, inboxWords = 2 * nB * L;
+    shared_ = SharedBuffer::allocate(backing(), (sigWords + inboxWords) * 8);
+    std::vector<char*> sharedBases = exchange(shared_.share(shared_.data()), shared_.data(), sharedPeers_);
+    shared_.unlinkName();
+
+    // Local: shadows, counters, lsa epochs (2nB), rail epochs (nB), lsa
+    // signal pointers, lsa inbox pointers, peer transports.
+    const size_t offShadow = 0, offCounter = offShadow + nS * 8, offLsaEpoch = offCounter + nC * 8,
+                 offRailEpoch = offLsaEpoch + 2 * nB * 8, offSigPtrs = offRailEpoch + nB * 8,
+                 offInboxPtrs = offSigPtrs + L * 8, offTransport = offInboxPtrs + L * 8,
+                 total = offTransport + size_t(nRanks_);
+    local_ = DeviceTable(gpu_, total);
+    std::vector<uint64_t*> sigPtrs(L), inboxPtrs(L);
+    for (size_t i = 0; i < L; ++i) {
+      sigPtrs[i] = reinterpret_cast<uint64_t*>(sharedBases[i]);
+      inboxPtrs[i] = reinterpret_cast<uint64_t*>(sharedBases[i]) + sigWords;
+    }
+    local_.upload(offSigPtrs, sigPtrs.data(), L * 8);
+    local_.upload(offInboxPtrs, inboxPtrs.data(), L * 8);
+    local_.upload(offTransport, transports_.data(), transports_.size());
+
+    // Error record and abort flag: host memory the GPU can write (mapped pinned).
+    const size_t recBytes = sizeof(DeviceErrorRecord) + 64;
+    DeviceErrorRecord* devRecord = nullptr;
+    if (gpu_) {
+#if GIN_WITH_CUDA
+      void* p = nullptr;
+      GIN_CUDA_CHECK(cudaHostAlloc(&p, recBytes, cudaHostAllocMapped | cudaHostAllocPortable));
+      std::memset(p, 0, recBytes);
+      hostRecord_ = static_cast<DeviceErrorRecord*>(p);
+      void* d = nullptr;
+      GIN_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0));
+      devRecord = static_cast<DeviceErrorRecord*>(d);
+#endif
+    } else {
+      hostRecord_ = static_cast<DeviceErrorRecord*>(std::calloc(1, recBytes));
+      devRecord = hostRecord_;
+    }
+
+    char* base = local_.data();
+    dev_.nContexts = cfg_.nContexts;
+    dev_.nSignals = cfg_.nSignals;
+    dev_.nCounters = cfg_.nCounters;
+    dev_.nBarriers = cfg_.nBarriers;
+    dev_.timeoutNs = cfg_.timeoutNs;
+    dev_.peerTransport = reinterpret_cast<const uint8_t*>(base + offTransport);
+    dev_.signals = reinterpret_cast<uint64_t*>(shared_.data());
+    dev_.lsaSignals = reinterpret_cast<uint64_t* const*>(base + offSigPtrs);
+    dev_.signalShadows = reinterpret_cast<uint64_t*>(base + offShadow);
+    dev_.counters = reinterpret_cast<uint64_t*>(base + offCounter);
+    dev_.lsaInbox = reinterpret_cast<uint64_t*>(shared_.data()) + sigWords;
+    dev_.lsaInboxes = reinterpret_cast<uint64_t* const*>(base + offInboxPtrs);
+    dev_.lsaEpochs = reinterpret_cast<uint64_t*>(base + offLsaEpoch);
+    dev_.railEpochs = reinterpret_cast<uint64_t*>(base + offRailEpoch);
+    dev_.error = devRecord;
+    dev_.abortFlag = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(devRecord) + sizeof(DeviceErrorRecord));
+  }
+
+  // Collective argument check: every rank learns every rank's size and verdict.
+  void agreeOnSize(const char* what, size_t bytes, const char* localProblem) {
+    struct Vote { uint64_t bytes; char problem[56]; };
+    std::vector<Vote> votes(size_t(nRanks_));
+    Vote& v = votes[size_t(rank_)];
+    v.bytes = bytes;
+    std::snprintf(v.problem, sizeof v.problem, "%s", localProblem ? localProblem : "");
+    bs_.allGather(votes.data(), sizeof(Vote));
+    for (int r = 0; r < nRanks_; ++r)
+      if (votes[size_t(r)].problem[0])
+        throw Error(std::string(what) + ": on rank " + std::to_string(r) + ", " + votes[size_t(r)].problem);
+    for (int r = 1; r < nRanks_; ++r)
+      if (votes[size_t(r)].bytes != votes[0].bytes)
+        throw Error(std::string(what) + ": ranks disagree on the window size: rank 0 passed " +
+                    std::to_string(votes[0].bytes) + " bytes, rank " + std::to_string(r) + " passed " +
+                    std::to_string(votes[size_t(r)].bytes) + "; every rank must pass the same size");
+  }
+
+  ShareHandle shareUserRange(void* ptr, size_t bytes) {
+    char* p = static_cast<char*>(ptr);
+    for (auto& b : userAllocs_)
+      if (p >= b->data() && p + bytes <= b->data() + b->bytes()) return b->share(p);
+    if (gpu_) {
+#if GIN_WITH_CUDA
+      auto [base, allocBytes] = cudaAllocationRange(p);
+      if (p + bytes > base + allocBytes)
+        throw Error("registerWindow: [ptr, ptr+" + std::to_string(bytes) + ") runs past the end of its cudaMalloc allocation (" +
+                    std::to_string(allocBytes - size_t(p - base)) + " bytes left)");
+      ShareHandle h{};
+      h.kind = ShareHandle::CudaIpc;
+      h.rawPtr = reinterpret_cast<uint64_t>(p);
+      h.offset = uint64_t(p - base);
+      h.allocBytes = allocBytes;
+      cudaIpcMemHandle_t ipc;
+      GIN_CUDA_CHECK(cudaIpcGetMemHandle(&ipc, base));
+      std::memcpy(h.ipc, &ipc, sizeof ipc);
+      return h;
+#endif
+    }
+    ShareHandle h{};
+    h.kind = ShareHandle::Heap;
+    h.rawPtr = reinterpret_cast<uint64_t>(p);
+    return h;  // mapping it from another process fails with a message saying to use memAlloc
+  }
+
+  Window finishWindow(std::unique_ptr<WindowRecord> rec, size_t bytes, const ShareHandle& h) {
+    rec->id = nextWindowId_++;
+    rec->bytes = bytes;
+    std::vector<char*> bases = exchange(h, rec->local, rec->peers);
+    if (rec->owned) rec->buffer.unlinkName();
+    rec->publish(gpu_, dev_.lsaSize, bases);
+    const Window w = rec->handle();
+    windows_.emplace(w.dev, std::move(rec));
+    return w;
+  }
+
+  const WindowRecord& record(Window w, const char* what) const {
+    auto it = windows_.find(w.dev);
+    if (it == windows_.end())
+      throw Error(std::string(what) + ": the window is not registered with this communicator (deregistered already, or "
+                  "from another communicator)");
+    return *it->second;
+  }
+};
+
+}  // namespace gin

@@ -1,0 +1,66 @@
+// tests/common/ranks.hpp — run a test body on N CPU ranks (threads of this
+// process), each with its own Comm, and rethrow the first failure.
+#pragma once
+
+#include <exception>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gin/gin.hpp"
+
+namespace gintest {
+
+inline gin::CommConfig cpuConfig(uint64_t timeoutNs = 20'000'000'000ull) {
+  gin::CommConfig c;
+  c.device = gin::DeviceKind::Cpu;
+  c.timeoutNs = timeoutNs;
+  return c;
+}
+
+// Runs body(comm) on n rank threads. Exceptions (including Catch2 assertion
+// failures raised with REQUIRE inside a rank) are collected and the first is
+// rethrown on the calling thread once all ranks have ended.
+inline void runRanks(int n, const std::function<void(gin::Comm&)>& body, gin::CommConfig cfg = cpuConfig(),
+                     uint64_t bootstrapTimeoutNs = 20'000'000'000ull) {
+  gin::BootstrapConfig bcfg;
+  bcfg.timeoutNs = bootstrapTimeoutNs;
+  gin::InProcessGroup group(n, bcfg);
+  std::vector<std::exception_ptr> errors(size_t(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        gin::Comm comm(group.rank(r), cfg);
+        body(comm);
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// Catch2 assertions are not thread-safe: rank bodies check with expect(),
+// which throws, and the test asserts on the main thread.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+inline void expect(bool ok, const std::string& what) {
+  if (!ok) throw Failure(what);
+}
+
+// Deterministic per-(seed, rank, index) byte pattern.
+inline uint8_t pattern(uint64_t seed, int rank, size_t i) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(rank) << 40) ^ i;
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  return uint8_t(x);
+}
+
+}  // namespace gintest

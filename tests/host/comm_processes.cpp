@@ -1,0 +1,114 @@
+// Tests of gin/host/comm.hpp with one rank per process: TCP bootstrap on
+// 127.0.0.1, windows in POSIX shared memory, lsa put/signal and barriers
+// across processes.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch_test_macros.hpp>
+#include <cstdio>
+#include <cstring>
+
+#include "../common/ranks.hpp"
+
+using namespace gin;
+
+namespace {
+// Runs body(rank) in n forked processes; returns each child's exit status
+// (0 = passed). Children that outlive `limitS` seconds are killed.
+std::vector<int> forkRanks(int n, const std::function<int(int)>& body, int limitS = 60) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      int rc = 1;
+      try {
+        rc = body(r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        rc = 2;
+      }
+      std::fflush(stderr);
+      _exit(rc);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> status(size_t(n), -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(limitS);
+  for (int left = n; left > 0;) {
+    for (int r = 0; r < n; ++r) {
+      if (status[size_t(r)] != -1) continue;
+      int st = 0;
+      if (waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
+        status[size_t(r)] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        --left;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < n; ++r)
+        if (status[size_t(r)] == -1) {
+          kill(pids[size_t(r)], SIGKILL);
+          waitpid(pids[size_t(r)], nullptr, 0);
+          status[size_t(r)] = 124;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return status;
+}
+}  // namespace
+
+TEST_CASE("two processes over TCP: windows in shared memory, put+signal, barrier and memAlloc windows",
+          "[comm][processes]") {
+  const UniqueId id = makeUniqueId();
+  auto status = forkRanks(2, [&](int r) {
+    TcpBootstrap bs(id, r, 2);
+    Comm comm(bs, gintest::cpuConfig());
+    const DevComm dc = comm.devComm();
+    const int peer = 1 - r;
+    if (comm.lsaSize() != 2) return 10;
+    constexpr size_t kBytes = 1 << 20;
+    Window w = comm.allocWindow(2 * kBytes);
+    auto* base = static_cast<uint8_t*>(comm.localPointer(w));
+    for (size_t i = 0; i < kBytes; ++i) base[i] = gintest::pattern(5, r, i);
+    Net net(dc, 0);
+    for (int round = 1; round <= 50; ++round) {
+      net.put(teamWorld(dc), peer, w, kBytes, w, 0, kBytes, SignalInc{0});
+      if (!net.waitSignal(CoopThread{}, 0, uint64_t(round))) return 11;
+      for (size_t i = 0; i < kBytes; i += 4093)
+        if (base[kBytes + i] != gintest::pattern(5, peer, i)) return 12;
+      LsaBarrierSession<CoopThread> bar(CoopThread{}, dc, uint32_t(round % 8));
+      if (!bar.sync(CoopThread{})) return 13;
+    }
+    void* m = comm.memAlloc(4096);
+    Window u = comm.registerWindow(m, 4096);
+    net.putValue(teamWorld(dc), peer, u, 8, uint64_t(0xABCD0000 + r), SignalInc{1});
+    if (!net.waitSignal(CoopThread{}, 1, 1)) return 14;
+    if (static_cast<uint64_t*>(m)[1] != uint64_t(0xABCD0000 + peer)) return 15;
+    comm.deregisterWindow(u);
+    comm.memFree(m);
+    comm.check();
+    return 0;
+  });
+  CHECK(status == std::vector<int>{0, 0});
+}
+
+TEST_CASE("two processes: heap memory cannot be registered across processes and the error says what to use",
+          "[comm][processes][errors]") {
+  const UniqueId id = makeUniqueId();
+  auto status = forkRanks(2, [&](int r) {
+    BootstrapConfig bcfg;
+    bcfg.timeoutNs = 3'000'000'000ull;
+    TcpBootstrap bs(id, r, 2, bcfg);
+    Comm comm(bs, gintest::cpuConfig());
+    std::vector<char> heap(4096);
+    try {
+      comm.registerWindow(heap.data(), heap.size());
+    } catch (const Error& e) {
+      return std::strstr(e.what(), "memAlloc") ? 0 : 20;
+    }
+    return 21;
+  });
+  CHECK(status == std::vector<int>{0, 0});
+}
