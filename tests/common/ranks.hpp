@@ -29,7 +29,7 @@ inline void runRanks(int n, const std::function<void(gin::Comm&)>& body, gin::Co
   gin::BootstrapConfig bcfg;
   bcfg.timeoutNs = bootstrapTimeoutNs;
   gin::InProcessGroup group(n, bcfg);
-  std::vector<std::exception_ptr> errors(size_t(n));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {

@@ -39,7 +39,7 @@ inline gin::CommConfig gpuConfig(uint64_t timeoutNs = 20'000'000'000ull) {
 // One thread per GPU, each with its own Comm on GPU r.
 inline void runGpus(int n, const std::function<void(gin::Comm&)>& body, gin::CommConfig cfg = gpuConfig()) {
   gin::InProcessGroup group(n);
-  std::vector<std::exception_ptr> errors(size_t(n));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {

@@ -201,7 +201,7 @@ TEST_CASE("GPU signals: Inc/Add/Set, putValue, wrap-around, shadows and reset", 
       expect(h[5] == 1 && h[6] == 2, "wrap-around: value " + std::to_string(h[6]));
       expect(h[7] == 1 && h[8] == 1 && h[9] == sum - 1, "follow shadow");
       expect(h[10] == 0 && h[11] == 0xF1F1, "reset");
-      std::vector<uint64_t> v(size_t(n));
+      std::vector<uint64_t> v(static_cast<size_t>(n));
       GPU_CHECK(cudaMemcpy(v.data(), comm.localPointer(w), 8 * size_t(n), cudaMemcpyDeviceToHost));
       for (int p = 0; p < n; ++p) expect(v[size_t(p)] == uint64_t(0x1234500 + p), "putValue payload");
       comm.bootstrap().barrier();

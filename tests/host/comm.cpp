@@ -77,7 +77,7 @@ TEST_CASE("registerWindow shares the user's buffer; lsaPointer and peerPointer r
 
 TEST_CASE("bad window arguments give every rank a clear error instead of a hang", "[window][errors]") {
   auto errorsOf = [](int n, const std::function<void(Comm&)>& body) {
-    std::vector<std::string> msgs(size_t(n));
+    std::vector<std::string> msgs(static_cast<size_t>(n));
     runRanks(n, [&](Comm& comm) {
       try {
         body(comm);

@@ -149,7 +149,7 @@ class Comm {
   void deregisterWindow(Window w) {
     auto it = windows_.find(w.dev);
     const uint32_t id = it == windows_.end() ? 0 : it->second->id;
-    std::vector<uint32_t> ids(size_t(nRanks_));
+    std::vector<uint32_t> ids(static_cast<size_t>(nRanks_));
     ids[size_t(rank_)] = id;
     bs_.allGather(ids.data(), sizeof(uint32_t));
     for (int r = 0; r < nRanks_; ++r) {
@@ -351,7 +351,7 @@ class Comm {
 
   // Allgather one share handle per rank and map the lsa peers' buffers.
   std::vector<char*> exchange(const ShareHandle& mine, char* localPtr, std::vector<PeerMapping>& maps) {
-    std::vector<ShareHandle> all(size_t(nRanks_));
+    std::vector<ShareHandle> all(static_cast<size_t>(nRanks_));
     all[size_t(rank_)] = mine;
     bs_.allGather(all.data(), sizeof(ShareHandle));
     const int lsaBase = rank_ - dev_.lsaRank;
@@ -435,7 +435,7 @@ class Comm {
   // Collective argument check: every rank learns every rank's size and verdict.
   void agreeOnSize(const char* what, size_t bytes, const char* localProblem) {
     struct Vote { uint64_t bytes; char problem[56]; };
-    std::vector<Vote> votes(size_t(nRanks_));
+    std::vector<Vote> votes(static_cast<size_t>(nRanks_));
     Vote& v = votes[size_t(rank_)];
     v.bytes = bytes;
     std::snprintf(v.problem, sizeof v.problem, "%s", localProblem ? localProblem : "");
