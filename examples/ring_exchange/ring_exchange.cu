@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
                 gpus > 0 ? "GPUs (one thread per GPU)" : "CPU ranks (threads)", bytes);
     gin::InProcessGroup group(ranks);
     std::vector<size_t> wrong(size_t(ranks), 0);
-    std::vector<std::string> errors(size_t(ranks));
+    std::vector<std::string> errors(static_cast<size_t>(ranks));
     std::vector<std::thread> threads;
     for (int r = 0; r < ranks; ++r)
       threads.emplace_back([&, r] {

@@ -58,7 +58,7 @@ void putTest(int n, size_t bytes, size_t mis, uint64_t seed) {
     putAll<K><<<n * nCtx, 256>>>(dc, dst, src, bytes, slot, mis);
     waitAll<<<nCtx, 128>>>(dc, uint64_t(n), uint64_t(n * nCtx), ok);
     comm.synchronize();
-    std::vector<int> okh(size_t(nCtx));
+    std::vector<int> okh(static_cast<size_t>(nCtx));
     GPU_CHECK(cudaMemcpy(okh.data(), ok, sizeof(int) * nCtx, cudaMemcpyDeviceToHost));
     cudaFree(ok);
     for (int c = 0; c < nCtx; ++c) expect(okh[size_t(c)] == 1, "waitSignal gave up on context " + std::to_string(c));

@@ -9,10 +9,10 @@
 
 #include "gin/core/config.hpp"
 
-#if !GIN_DEVICE_CODE
+// Host-only declarations below stay visible in nvcc's device pass (it parses
+// host code too); they are never called from device code.
 #include <stdexcept>
 #include <string>
-#endif
 
 namespace gin {
 
@@ -63,7 +63,6 @@ struct DeviceErrorRecord {
   uint64_t observed;  // value last seen (or limit it broke)
 };
 
-#if !GIN_DEVICE_CODE
 // A failure reported to host code. `what()` is the whole message.
 class Error : public std::runtime_error {
  public:
@@ -93,6 +92,5 @@ inline std::string describe(const DeviceErrorRecord& r) {
        "operation, or raise CommConfig::timeoutNs.";
   return s;
 }
-#endif
 
 }  // namespace gin

@@ -46,7 +46,7 @@ struct SymPtr {
   Window window;
   uint64_t offset = 0;  // bytes
 
-  GIN_HD SymPtr() = default;
+  SymPtr() = default;
   GIN_HD SymPtr(Window w, uint64_t offsetBytes) : window(w), offset(offsetBytes) {}
   GIN_HD SymPtr operator+(int64_t nElts) const { return SymPtr(window, offset + nElts * int64_t(sizeof(T))); }
   GIN_HD SymPtr& operator+=(int64_t nElts) { offset += nElts * int64_t(sizeof(T)); return *this; }
