@@ -170,12 +170,13 @@ __global__ void signalOps(DevComm dc, Window w, unsigned long long* out) {
   net.signal(world, me, SignalAdd{3, 5});
   out[i++] = net.waitSignal(CoopThread{}, 3, 2);
   out[i++] = net.readSignal(3);
-  // Shadows.
-  net.increaseSignalShadow(1, 1);
+  // Shadows: follow from 0 to the sum; then the shadow equals the signal.
   uint64_t before = 0, delta = 0;
   out[i++] = net.waitSignalFollowShadow(CoopThread{}, 1, uint64_t(1), &before, &delta);
   out[i++] = before;
   out[i++] = delta;
+  net.increaseSignalShadow(1, 0);
+  out[i++] = net.waitSignalMeetShadow(CoopThread{}, 1) ? *net.getSignalShadowPtr(1) : 0;
   net.resetSignal(1);
   out[i++] = net.readSignal(1) + *net.getSignalShadowPtr(1);
   out[i++] = 0xF1F1;
@@ -199,8 +200,9 @@ TEST_CASE("GPU signals: Inc/Add/Set, putValue, wrap-around, shadows and reset", 
       expect(h[0] == 1 && h[1] == 1 && h[2] == 1, "waits");
       expect(h[3] == uint64_t(n) && h[4] == sum, "signal values");
       expect(h[5] == 1 && h[6] == 2, "wrap-around: value " + std::to_string(h[6]));
-      expect(h[7] == 1 && h[8] == 1 && h[9] == sum - 1, "follow shadow");
-      expect(h[10] == 0 && h[11] == 0xF1F1, "reset");
+      expect(h[7] == 1 && h[8] == 0 && h[9] == sum, "follow shadow");
+      expect(h[10] == sum, "meet shadow");
+      expect(h[11] == 0 && h[12] == 0xF1F1, "reset");
       std::vector<uint64_t> v(static_cast<size_t>(n));
       GPU_CHECK(cudaMemcpy(v.data(), comm.localPointer(w), 8 * size_t(n), cudaMemcpyDeviceToHost));
       for (int p = 0; p < n; ++p) expect(v[size_t(p)] == uint64_t(0x1234500 + p), "putValue payload");
