@@ -903,6 +903,16 @@ class TcpBootstrap final : public Bootstrap {
     return text;
   }
 
+  // When rank 0 gives up it sends its reason and exits; our next send may then
+  // hit a reset connection before we read that reason, which is still queued.
+  std::string abortReasonIfAny(int fd) {
+    FrameHeader h{};
+    const auto deadline = detail::deadlineAfter(std::min<uint64_t>(timeoutNs_, 200'000'000ull));
+    if (detail::recvAll(fd, &h, sizeof h, deadline).kind != detail::Io::Ok) return {};
+    if (h.magic != detail::kFrameMagic || h.op != detail::kAbort) return {};
+    return readAbortText(fd, h.length, deadline);
+  }
+
   // ---- rendezvous ----
 
   void acceptPeers() {
@@ -1027,9 +1037,12 @@ class TcpBootstrap final : public Bootstrap {
     detail::setNoDelay(root_.get());
     const auto hello = header(detail::kHello, 0, 0, static_cast<uint64_t>(nRanks_), -1);
     const auto sent = sendFrame(root_.get(), hello, nullptr, detail::deadlineAfter(timeoutNs_));
-    if (sent.kind != detail::Io::Ok)
+    if (sent.kind != detail::Io::Ok) {
+      if (auto why = abortReasonIfAny(root_.get()); !why.empty())
+        fail("rendezvous at " + where() + " aborted by rank 0: " + why);
       fail("rank 0 at " + where() + " closed the connection during the rendezvous (" +
            detail::errnoText(sent.err) + "); look at rank 0's output");
+    }
     // Rank 0 started no later than we connected and gives up one timeout after it
     // started, so twice the timeout is enough to hear its verdict either way.
     FrameHeader h{};
@@ -1144,6 +1157,7 @@ class TcpBootstrap final : public Bootstrap {
     const std::string what = detail::callText(op, seq, size, root);
     const int fd = root_.get();
     auto lost = [&](const detail::IoResult& r) {
+      if (auto why = abortReasonIfAny(fd); !why.empty()) fail(what + " aborted by rank 0: " + why);
       fail("lost the connection to rank 0 at " + where() + " during " + what + " (" + detail::errnoText(r.err) +
            "); rank 0's process exited or crashed: look at its output");
     };
