@@ -22,8 +22,8 @@
 #define GIN_INLINE inline
 #endif
 
-// Loop unrolling hint understood by nvcc; host compilers unroll on their own.
-#if defined(__CUDACC__)
+// Loop unrolling hint for nvcc's device pass; host compilers unroll on their own.
+#if defined(__CUDA_ARCH__)
 #define GIN_UNROLL _Pragma("unroll")
 #else
 #define GIN_UNROLL
