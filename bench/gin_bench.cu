@@ -1,0 +1,1579 @@
+// gin-bench — gin's benchmark program: bandwidth of puts, signal round-trip
+// latency and barrier latency over the lsa transport, between GPUs of one host
+// (one process, one thread and one gin::Comm per GPU) or between CPU ranks
+// (threads) running the same device API.
+//
+//   gin-bench OP [--transport lsa] [--ranks N] [--emulate] [--sizes MIN:MAX]
+//                [--iters K] [--json FILE] [--no-nccl]
+//   OP: put-bw | signal-lat | barrier
+//
+// Every op first checks that what it times did the right thing (bytes,
+// signal values, barrier ordering) and exits 1 if not, so a fast wrong number
+// is never printed. The kernels' bodies are GIN_HD functions, so the CPU
+// emulation times the same gin code the GPUs run (only the clock differs).
+//
+// This file is compiled by nvcc (GPU + CPU paths) and, through
+// gin_bench_cpu.cpp, by a plain C++ compiler (CPU path only): everything that
+// touches CUDA sits under __CUDACC__.
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gin/gin.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+#if defined(GIN_BENCH_HAVE_NCCL) && GIN_BENCH_HAVE_NCCL
+// NCCL's device headers trip -Wunused-parameter in the host pass; not ours to fix.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-parameter"
+#include <nccl.h>
+#include <nccl_device.h>
+#pragma GCC diagnostic pop
+#define GIN_BENCH_NCCL 1
+#endif
+#endif
+#ifndef GIN_BENCH_NCCL
+#define GIN_BENCH_NCCL 0
+#endif
+
+namespace bench {
+
+using gin::Window;
+
+// ---------------------------------------------------------------------------
+// Constants that shape the measurements (printed in the method section).
+
+constexpr uint32_t kSigVerify = 0;  // put-bw: the verification put's signal
+constexpr uint32_t kSigTimed = 1;   // put-bw: the timed puts' signals (counted afterwards)
+constexpr uint32_t kSigPing = 2;    // signal-lat
+constexpr size_t kGuard = 64;       // bytes after each put's destination that must stay poisoned
+constexpr uint8_t kPoison = 0xAB;
+constexpr int kBlockThreads = 512;        // put-bw block coop
+constexpr size_t kBytesPerCta = 32 << 10; // put-bw block coop: one CTA per 32 KiB, up to one per SM
+constexpr int kCpuCtas = 132;             // CPU emulation: CTA count of an H100 SXM
+constexpr int kBarrierThreads = 256;
+constexpr int kBarrierCtas[] = {1, 32, 132};
+constexpr double kSlowPutS = 0.25;  // a coop whose single put takes longer stops at that size
+constexpr int kPutRuns = 3, kLatRuns = 5, kBarRuns = 5;
+
+enum class Op { PutBw, SignalLat, Barrier };
+enum class CoopKind { Thread = 0, Warp = 1, Block = 2 };
+constexpr const char* kCoopNames[] = {"thread", "warp", "block"};
+
+struct Shape {
+  int ctas, threads;
+};
+
+// ---------------------------------------------------------------------------
+// Device-API bodies: one definition, run by a GPU kernel or a CPU rank.
+
+// A byte pattern that differs every 8 bytes and by seed, so a shifted, stale
+// or partial copy does not pass.
+GIN_HD inline uint8_t patternByte(uint64_t seed, size_t i) {
+  uint64_t x = (uint64_t(i) >> 3) * 0x9E3779B97F4A7C15ull + seed;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 32;
+  return uint8_t(x >> (8 * (i & 7)));
+}
+
+// CTA `part` of `nParts` moves a contiguous, 16-byte aligned share.
+struct Share {
+  size_t off, len;
+};
+GIN_HD inline Share shareOf(size_t bytes, int part, int nParts) {
+  size_t per = (bytes + size_t(nParts) - 1) / size_t(nParts);
+  per = (per + 15) & ~size_t(15);
+  size_t off = size_t(part) * per;
+  if (off > bytes) off = bytes;
+  return Share{off, per < bytes - off ? per : bytes - off};
+}
+
+// One put of this part's share from rank 0's src to rank 1's dst, with a
+// remote SignalInc so it is a complete, observable transfer (the signal's
+// system-scope release is what makes the payload visible).
+template <class Coop>
+GIN_HD inline void putShare(const gin::DevComm& dc, Window dst, Window src, size_t bytes, int part, int nParts,
+                            uint32_t sig, Coop coop) {
+  const Share s = shareOf(bytes, part, nParts);
+  gin::Net<gin::kBackendLsa> net(dc, 0);
+  net.put(gin::teamWorld(dc), 1, dst, s.off, src, s.off, s.len, gin::SignalInc{sig}, gin::None{}, coop);
+}
+
+// Ping-pong between world ranks 0 and 1 on signal kSigPing, one thread each.
+// Rank 0 signals and waits for the answer; rank 1 waits and answers. After
+// the call both ranks' kSigPing equal base + iters. *steadyNs: time from the
+// end of the first round trip to the end of the last (rank 0), so it excludes
+// any skew between the two ranks' start.
+GIN_HD inline bool pingPong(const gin::DevComm& dc, int iters, uint64_t base, uint64_t* steadyNs) {
+  gin::Net<gin::kBackendLsa> net(dc, 0);
+  const gin::Team world = gin::teamWorld(dc);
+  const bool initiator = dc.rank == 0;
+  const int peer = initiator ? 1 : 0;
+  uint64_t t0 = 0;
+  bool ok = true;
+  for (int i = 0; i < iters && ok; ++i) {
+    if (initiator) net.signal(world, peer, gin::SignalInc{kSigPing}, gin::CoopThread{});
+    ok = net.waitSignal(gin::CoopThread{}, kSigPing, base + uint64_t(i) + 1);
+    if (!initiator) net.signal(world, peer, gin::SignalInc{kSigPing}, gin::CoopThread{});
+    if (i == 0) t0 = gin::nowNs();
+  }
+  *steadyNs = gin::nowNs() - t0;
+  return ok;
+}
+
+// Barrier check, around one sync of barrier index b (of nB): before the sync
+// each rank writes `value` into its slot at every peer (putValue, no signal);
+// after it, every peer's value must be in this rank's slots. Two slot sets
+// alternate by parity, so a peer that runs ahead to the next iteration cannot
+// overwrite a slot before it was read.
+GIN_HD inline size_t barrierSlot(int parity, uint32_t b, uint32_t nB, int n, int from) {
+  return ((size_t(parity) * nB + b) * size_t(n) + size_t(from)) * sizeof(uint64_t);
+}
+template <class Coop>
+GIN_HD inline void barrierWrite(const gin::DevComm& dc, Window w, uint32_t b, uint32_t nB, uint64_t value, Coop coop) {
+  gin::Net<gin::kBackendLsa> net(dc, 0);
+  const gin::Team lsa = gin::teamLsa(dc);
+  const size_t off = barrierSlot(int(value & 1), b, nB, lsa.nRanks, lsa.rank);
+  for (int p = coop.rank(); p < lsa.nRanks; p += coop.size())
+    if (p != lsa.rank) net.putValue(lsa, p, w, off, value, gin::None{}, gin::CoopThread{});
+}
+template <class Coop>
+GIN_HD inline uint64_t barrierRead(const gin::DevComm& dc, Window w, uint32_t b, uint32_t nB, uint64_t value, Coop coop) {
+  const gin::Team lsa = gin::teamLsa(dc);
+  uint64_t bad = 0;
+  for (int p = coop.rank(); p < lsa.nRanks; p += coop.size()) {
+    if (p == lsa.rank) continue;
+    const auto* slot = static_cast<const uint64_t*>(
+        gin::localPointer(w, barrierSlot(int(value & 1), b, nB, lsa.nRanks, p)));
+    bad += gin::volatileLoad(slot) != value;
+  }
+  return bad;
+}
+
+// ---------------------------------------------------------------------------
+// Kernels.
+
+#if defined(__CUDACC__)
+template <class Coop>
+__global__ void putKernel(gin::DevComm dc, Window dst, Window src, size_t bytes, int iters, uint32_t sig) {
+  for (int i = 0; i < iters; ++i) putShare(dc, dst, src, bytes, int(blockIdx.x), int(gridDim.x), sig, Coop{});
+}
+
+__global__ void fillKernel(uint8_t* p, size_t bytes, uint64_t seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = patternByte(seed, i);
+}
+
+// Mismatches in [0, bytes) against the pattern and in [bytes, bytes+guard)
+// against the poison.
+__global__ void verifyKernel(const uint8_t* p, size_t bytes, size_t guard, uint64_t seed, unsigned long long* bad) {
+  unsigned long long n = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < bytes + guard; i += size_t(gridDim.x) * blockDim.x)
+    n += p[i] != (i < bytes ? patternByte(seed, i) : kPoison);
+  if (n) atomicAdd(bad, n);
+}
+
+__global__ void waitSignalKernel(gin::DevComm dc, uint32_t sig, uint64_t least, unsigned long long* failed) {
+  gin::Net<gin::kBackendLsa> net(dc, 0);
+  if (!net.waitSignal(gin::CoopThread{}, sig, least)) *failed = 1;
+}
+
+__global__ void resetSignalKernel(gin::DevComm dc, uint32_t sig) {
+  gin::Net<gin::kBackendLsa>(dc, 0).resetSignal(sig);
+}
+
+__global__ void readSignalKernel(gin::DevComm dc, uint32_t sig, unsigned long long* out) {
+  *out = gin::Net<gin::kBackendLsa>(dc, 0).readSignal(sig);
+}
+
+__global__ void pingKernel(gin::DevComm dc, int iters, uint64_t base, unsigned long long* out) {
+  uint64_t ns = 0;
+  out[0] = pingPong(dc, iters, base, &ns) ? 1 : 0;
+  out[1] = ns;
+}
+
+__global__ void ginBarrierKernel(gin::DevComm dc, int iters, unsigned long long* failed) {
+  gin::LsaBarrierSession<gin::CoopBlock> bar(gin::CoopBlock{}, dc, blockIdx.x);
+  bool ok = true;
+  // No early exit: every thread must reach every __syncthreads inside sync().
+  for (int i = 0; i < iters; ++i) ok = bar.sync(gin::CoopBlock{}) && ok;
+  if (!ok) atomicAdd(failed, 1ull);
+}
+
+__global__ void ginBarrierCheckKernel(gin::DevComm dc, Window w, int iters, uint64_t base, unsigned long long* bad) {
+  gin::LsaBarrierSession<gin::CoopBlock> bar(gin::CoopBlock{}, dc, blockIdx.x);
+  unsigned long long n = 0;
+  for (int i = 0; i < iters; ++i) {
+    const uint64_t v = base + uint64_t(i) + 1;
+    barrierWrite(dc, w, blockIdx.x, gridDim.x, v, gin::CoopBlock{});
+    n += bar.sync(gin::CoopBlock{}) ? 0 : 1;
+    n += barrierRead(dc, w, blockIdx.x, gridDim.x, v, gin::CoopBlock{});
+  }
+  if (n) atomicAdd(bad, n);
+}
+
+#if GIN_BENCH_NCCL
+__global__ void ncclBarrierKernel(ncclDevComm ndc, int iters) {
+  ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), ndc, ncclTeamTagLsa(), blockIdx.x);
+  for (int i = 0; i < iters; ++i) bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+}
+
+// The same check as ginBarrierCheckKernel with NCCL's barrier between the
+// writes (into a gin window, through lsa pointers) and the reads.
+__global__ void ncclBarrierCheckKernel(ncclDevComm ndc, gin::DevComm dc, Window w, int iters, uint64_t base,
+                                       unsigned long long* bad) {
+  ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), ndc, ncclTeamTagLsa(), blockIdx.x);
+  unsigned long long n = 0;
+  for (int i = 0; i < iters; ++i) {
+    const uint64_t v = base + uint64_t(i) + 1;
+    barrierWrite(dc, w, blockIdx.x, gridDim.x, v, gin::CoopBlock{});
+    bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+    n += barrierRead(dc, w, blockIdx.x, gridDim.x, v, gin::CoopBlock{});
+  }
+  if (n) atomicAdd(bad, n);
+}
+#endif
+#endif  // __CUDACC__
+
+// ---------------------------------------------------------------------------
+// Small host utilities.
+
+struct Failure : std::runtime_error {  // a verification failure: exit 1
+  using std::runtime_error::runtime_error;
+};
+
+std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
+std::string fmt(const char* f, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, f);
+  std::vsnprintf(buf, sizeof buf, f, ap);
+  va_end(ap);
+  return buf;
+}
+
+std::string sizeName(uint64_t b) {
+  if (b >= (1ull << 30) && b % (1ull << 30) == 0) return std::to_string(b >> 30) + " GiB";
+  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return std::to_string(b >> 20) + " MiB";
+  if (b >= (1ull << 10) && b % (1ull << 10) == 0) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Collectives on plain values through the communicator's bootstrap.
+template <class T>
+T bcast(gin::Comm& c, T v, int root) {
+  c.bootstrap().broadcast(&v, sizeof v, root);
+  return v;
+}
+template <class T>
+std::vector<T> allGather(gin::Comm& c, T v) {
+  std::vector<T> all(size_t(c.nRanks()));
+  all[size_t(c.rank())] = v;
+  c.bootstrap().allGather(all.data(), sizeof(T));
+  return all;
+}
+
+// A tiny JSON tree (objects keep insertion order).
+struct J {
+  enum class T { Null, Bool, Num, Str, Arr, Obj } t = T::Null;
+  bool b = false;
+  double n = 0;
+  std::string s;
+  std::vector<std::string> keys;
+  std::vector<J> vals;
+
+  static J num(double v) { J j; j.t = T::Num; j.n = v; return j; }
+  static J str(std::string v) { J j; j.t = T::Str; j.s = std::move(v); return j; }
+  static J boolean(bool v) { J j; j.t = T::Bool; j.b = v; return j; }
+  static J arr() { J j; j.t = T::Arr; return j; }
+  static J obj() { J j; j.t = T::Obj; return j; }
+  J& set(std::string k, J v) { keys.push_back(std::move(k)); vals.push_back(std::move(v)); return *this; }
+  J& set(std::string k, double v) { return set(std::move(k), num(v)); }
+  J& set(std::string k, const char* v) { return set(std::move(k), str(v)); }
+  J& set(std::string k, const std::string& v) { return set(std::move(k), str(v)); }
+  J& push(J v) { vals.push_back(std::move(v)); return *this; }
+
+  static void quote(std::string& o, const std::string& v) {
+    o += '"';
+    for (unsigned char ch : v) {
+      if (ch == '"' || ch == '\\') { o += '\\'; o += char(ch); }
+      else if (ch == '\n') o += "\\n";
+      else if (ch < 0x20) o += fmt("\\u%04x", ch);
+      else o += char(ch);
+    }
+    o += '"';
+  }
+  void write(std::string& o, int ind) const {
+    const std::string pad(size_t(ind + 2), ' '), end(size_t(ind), ' ');
+    switch (t) {
+      case T::Null: o += "null"; break;
+      case T::Bool: o += b ? "true" : "false"; break;
+      case T::Num:
+        if (!std::isfinite(n)) o += "null";
+        else if (n == std::floor(n) && std::fabs(n) < 9e15) o += fmt("%.0f", n);
+        else o += fmt("%.6g", n);
+        break;
+      case T::Str: quote(o, s); break;
+      case T::Arr:
+      case T::Obj: {
+        const bool isObj = t == T::Obj;
+        o += isObj ? "{" : "[";
+        for (size_t i = 0; i < vals.size(); ++i) {
+          o += i ? ",\n" : "\n";
+          o += pad;
+          if (isObj) { quote(o, keys[i]); o += ": "; }
+          vals[i].write(o, ind + 2);
+        }
+        if (!vals.empty()) { o += "\n"; o += end; }
+        o += isObj ? "}" : "]";
+        break;
+      }
+    }
+  }
+};
+
+struct Table {
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> rows;
+  void print() const {
+    std::vector<size_t> w(header.size());
+    for (size_t c = 0; c < header.size(); ++c) w[c] = header[c].size();
+    for (auto& r : rows)
+      for (size_t c = 0; c < r.size() && c < w.size(); ++c) w[c] = std::max(w[c], r[c].size());
+    auto line = [&](const std::vector<std::string>& r) {
+      std::string o = " ";
+      for (size_t c = 0; c < w.size(); ++c) {
+        const std::string cell = c < r.size() ? r[c] : "";
+        const std::string fill(w[c] - std::min(w[c], cell.size()), ' ');
+        o += "  " + (c == 0 ? cell + fill : fill + cell);
+      }
+      std::printf("%s\n", o.c_str());
+    };
+    line(header);
+    std::string rule = " ";
+    for (size_t c = 0; c < w.size(); ++c) rule += "  " + std::string(w[c], '-');
+    std::printf("%s\n", rule.c_str());
+    for (auto& r : rows) line(r);
+  }
+};
+
+// What rank 0 prints and writes.
+struct Report {
+  std::vector<std::string> head, method, notes;
+  Table table;
+  J json = J::obj();
+};
+
+// ---------------------------------------------------------------------------
+// Options.
+
+struct Options {
+  Op op = Op::PutBw;
+  std::string opName;
+  std::string transport = "lsa";
+  int ranks = 0;  // 0: default
+  bool emulate = false;
+  bool sizesGiven = false;
+  uint64_t minSize = 8, maxSize = 0;
+  long iters = 0;  // 0: default
+  std::string json;
+  bool noNccl = false;
+};
+
+const char* kUsage =
+    "usage: gin-bench OP [--transport lsa] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
+    "                    [--json FILE] [--no-nccl]\n"
+    "  OP            put-bw | signal-lat | barrier\n"
+    "  --transport   lsa (the only transport in this build)\n"
+    "  --ranks N     GPUs: default all visible (one host thread + gin::Comm per GPU);\n"
+    "                --emulate: CPU ranks as threads, default 2\n"
+    "  --emulate     run CPU ranks (threads) through the same gin device API; also the\n"
+    "                fallback when no GPU is visible. Numbers are CPU numbers.\n"
+    "  --sizes A:B   put-bw: powers of two from A to B bytes (suffixes K, M, G = KiB, MiB, GiB);\n"
+    "                default 8:1G on GPUs, 8:16M emulated\n"
+    "  --iters K     put-bw: at most K puts per timed kernel (default 1000); signal-lat: round trips\n"
+    "                per run (default 10000, emulated 2000); barrier: syncs per run (default\n"
+    "                10000, emulated 1000)\n"
+    "  --json FILE   also write the results as JSON\n"
+    "  --no-nccl     do not set up NCCL for the barrier comparison\n";
+
+[[noreturn]] void usageError(const std::string& msg) {
+  std::fprintf(stderr, "gin-bench: %s\n%s", msg.c_str(), kUsage);
+  std::exit(2);
+}
+
+bool parseInt(const std::string& s, long lo, long hi, long* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (errno || !end || *end || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+bool parseSize(const std::string& s, uint64_t* out) {
+  if (s.empty() || !std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (errno) return false;
+  std::string suf(end);
+  for (auto& ch : suf) ch = char(std::toupper(static_cast<unsigned char>(ch)));
+  int shift = 0;
+  if (suf == "" || suf == "B") shift = 0;
+  else if (suf == "K" || suf == "KB" || suf == "KIB") shift = 10;
+  else if (suf == "M" || suf == "MB" || suf == "MIB") shift = 20;
+  else if (suf == "G" || suf == "GB" || suf == "GIB") shift = 30;
+  else return false;
+  if (v == 0 || v > (~0ull >> (shift + 1))) return false;
+  *out = uint64_t(v) << shift;
+  return true;
+}
+
+Options parseArgs(int argc, char** argv) {
+  Options o;
+  bool haveOp = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i], val;
+    bool inlineVal = false;
+    if (a.rfind("--", 0) == 0) {
+      const size_t eq = a.find('=');
+      if (eq != std::string::npos) {
+        val = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        inlineVal = true;
+      }
+    }
+    auto value = [&]() -> std::string {
+      if (inlineVal) return val;
+      if (i + 1 >= argc) usageError(a + " needs a value");
+      return argv[++i];
+    };
+    auto noValue = [&] {
+      if (inlineVal) usageError(a + " takes no value");
+    };
+    if (a == "-h" || a == "--help") {
+      std::printf("%s", kUsage);
+      std::exit(0);
+    } else if (a == "--transport") {
+      o.transport = value();
+      if (o.transport != "lsa")
+        usageError("--transport " + o.transport +
+                   ": this build of gin has only the lsa transport (proxy and ibgda are not implemented yet)");
+    } else if (a == "--ranks") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 1, 1024, &n)) usageError("--ranks " + v + ": expected a whole number from 1 to 1024");
+      o.ranks = int(n);
+    } else if (a == "--emulate") {
+      noValue();
+      o.emulate = true;
+    } else if (a == "--sizes") {
+      const std::string v = value();
+      const size_t c = v.find(':');
+      if (c == std::string::npos || !parseSize(v.substr(0, c), &o.minSize) || !parseSize(v.substr(c + 1), &o.maxSize))
+        usageError("--sizes " + v + ": expected MIN:MAX in bytes, e.g. 8:1G or 4K:64M (suffixes K, M, G)");
+      if (o.minSize > o.maxSize) usageError("--sizes " + v + ": MIN is larger than MAX");
+      o.sizesGiven = true;
+    } else if (a == "--iters") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 1, 100000000, &n)) usageError("--iters " + v + ": expected a whole number from 1 to 100000000");
+      o.iters = n;
+    } else if (a == "--json") {
+      o.json = value();
+      if (o.json.empty()) usageError("--json needs a file name");
+    } else if (a == "--no-nccl") {
+      noValue();
+      o.noNccl = true;
+    } else if (!a.empty() && a[0] == '-') {
+      usageError("unknown option " + a);
+    } else {
+      if (haveOp) usageError("more than one OP given (" + o.opName + " and " + a + ")");
+      haveOp = true;
+      o.opName = a;
+      if (a == "put-bw") o.op = Op::PutBw;
+      else if (a == "signal-lat") o.op = Op::SignalLat;
+      else if (a == "barrier") o.op = Op::Barrier;
+      else usageError("unknown OP " + a + " (expected put-bw, signal-lat or barrier)");
+    }
+  }
+  if (!haveOp) usageError("no OP given");
+  if (o.sizesGiven && o.op != Op::PutBw) usageError("--sizes applies to put-bw only");
+  if (o.op == Op::SignalLat && o.iters == 1) usageError("signal-lat needs --iters of at least 2");
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// Engines: what one rank does, on its GPU or on its CPU thread.
+
+struct PingResult {
+  double seconds;     // cudaEvents / chrono around the whole run
+  uint64_t steadyNs;  // in-run clock, round trips 2..iters (rank 0)
+};
+
+class Engine {
+ public:
+  explicit Engine(gin::Comm& c) : comm_(c) {}
+  virtual ~Engine() = default;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  virtual bool gpu() const = 0;
+  virtual std::string where() const = 0;
+  virtual int maxCtas() const = 0;
+  virtual void fill(Window w, size_t bytes, uint64_t seed) = 0;
+  virtual void poison(Window w, size_t bytes) = 0;
+  virtual void resetSignal(uint32_t sig) = 0;
+  virtual uint64_t readSignal(uint32_t sig) = 0;
+  // Wait for `least` on `sig`, then compare the window with the pattern. The
+  // GPU version only launches; endReceiveCheck() returns the bad count.
+  virtual void beginReceiveCheck(Window dst, size_t bytes, uint64_t seed, uint32_t sig, uint64_t least) = 0;
+  virtual uint64_t endReceiveCheck() = 0;
+  virtual uint64_t checkLocal(Window dst, size_t bytes, uint64_t seed) = 0;
+  // Seconds for `iters` puts of `bytes` to rank 1 in shape `sh`.
+  virtual double put(CoopKind k, Shape sh, Window dst, Window src, size_t bytes, int iters, uint32_t sig) = 0;
+  // Seconds for `iters` copies with the copy engine (CPU: memcpy).
+  virtual double copyToPeer(void* peerDst, Window src, size_t bytes, int iters) = 0;
+  virtual PingResult pingPong(int iters, uint64_t base) = 0;
+  virtual uint64_t barrierCheck(Window w, int ctas, int iters, uint64_t base) = 0;
+  virtual double barrierTime(int ctas, int iters) = 0;
+
+ protected:
+  gin::Comm& comm_;
+};
+
+class CpuEngine final : public Engine {
+ public:
+  using Engine::Engine;
+  bool gpu() const override { return false; }
+  std::string where() const override { return "CPU thread"; }
+  int maxCtas() const override { return kCpuCtas; }
+  void fill(Window w, size_t bytes, uint64_t seed) override {
+    auto* p = static_cast<uint8_t*>(comm_.localPointer(w));
+    for (size_t i = 0; i < bytes; ++i) p[i] = patternByte(seed, i);
+  }
+  void poison(Window w, size_t bytes) override { std::memset(comm_.localPointer(w), kPoison, bytes); }
+  void resetSignal(uint32_t sig) override { net().resetSignal(sig); }
+  uint64_t readSignal(uint32_t sig) override { return net().readSignal(sig); }
+  void beginReceiveCheck(Window dst, size_t bytes, uint64_t seed, uint32_t sig, uint64_t least) override {
+    // A CPU rank is its own thread: wait here while rank 0's thread puts.
+    // A wait that gave up becomes a verification failure every rank agrees
+    // on (not an exception on this rank alone, which would leave the others
+    // waiting for it).
+    const bool ok = net().waitSignal(gin::CoopThread{}, sig, least);
+    pendingBad_ = ok ? checkLocal(dst, bytes, seed) : ~0ull;
+  }
+  uint64_t endReceiveCheck() override { return pendingBad_; }
+  uint64_t checkLocal(Window dst, size_t bytes, uint64_t seed) override {
+    const auto* p = static_cast<const uint8_t*>(comm_.localPointer(dst));
+    uint64_t bad = 0;
+    for (size_t i = 0; i < bytes + kGuard; ++i) bad += p[i] != (i < bytes ? patternByte(seed, i) : kPoison);
+    return bad;
+  }
+  double put(CoopKind k, Shape sh, Window dst, Window src, size_t bytes, int iters, uint32_t sig) override {
+    const gin::DevComm& dc = comm_.devComm();
+    const auto t0 = Clock::now();
+    // A CPU rank runs the CTAs of a GPU launch one after another; on the host
+    // every coop is one thread doing the whole coop's share.
+    for (int i = 0; i < iters; ++i)
+      for (int part = 0; part < sh.ctas; ++part) {
+        if (k == CoopKind::Thread) putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopThread{});
+        else if (k == CoopKind::Warp) putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopWarp{});
+        else putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopBlock{});
+      }
+    const double s = seconds(t0);
+    comm_.check();
+    return s;
+  }
+  double copyToPeer(void* peerDst, Window src, size_t bytes, int iters) override {
+    const void* s = comm_.localPointer(src);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i) {
+      std::memcpy(peerDst, s, bytes);
+      std::atomic_signal_fence(std::memory_order_seq_cst);  // keep repeated copies from being merged
+    }
+    return seconds(t0);
+  }
+  PingResult pingPong(int iters, uint64_t base) override {
+    uint64_t ns = 0;
+    const auto t0 = Clock::now();
+    const bool ok = pingPong_(iters, base, &ns);
+    const double s = seconds(t0);
+    comm_.check();
+    if (!ok) throw gin::Error("signal ping-pong: a wait gave up without a device error record");
+    return {s, ns};
+  }
+  uint64_t barrierCheck(Window w, int ctas, int iters, uint64_t base) override {
+    const gin::DevComm& dc = comm_.devComm();
+    auto bars = openBarriers(ctas);
+    uint64_t bad = 0;
+    // The CTAs of a GPU launch become barrier indices visited in order; every
+    // rank visits them in the same order, so this cannot deadlock.
+    for (int i = 0; i < iters; ++i)
+      for (int b = 0; b < ctas; ++b) {
+        const uint64_t v = base + uint64_t(i) + 1;
+        barrierWrite(dc, w, uint32_t(b), uint32_t(ctas), v, gin::CoopBlock{});
+        bad += bars[size_t(b)]->sync(gin::CoopBlock{}) ? 0 : 1;
+        bad += barrierRead(dc, w, uint32_t(b), uint32_t(ctas), v, gin::CoopBlock{});
+      }
+    bars.clear();
+    comm_.check();
+    return bad;
+  }
+  double barrierTime(int ctas, int iters) override {
+    auto bars = openBarriers(ctas);
+    bool ok = true;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i)
+      for (int b = 0; b < ctas; ++b) ok = bars[size_t(b)]->sync(gin::CoopBlock{}) && ok;
+    const double s = seconds(t0);
+    bars.clear();
+    comm_.check();
+    if (!ok) throw gin::Error("barrier: a wait gave up without a device error record");
+    return s;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  using Bar = gin::LsaBarrierSession<gin::CoopBlock>;
+  uint64_t pendingBad_ = 0;
+
+  static double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+  gin::Net<gin::kBackendLsa> net() const { return gin::Net<gin::kBackendLsa>(comm_.devComm(), 0); }
+  bool pingPong_(int iters, uint64_t base, uint64_t* ns) { return bench::pingPong(comm_.devComm(), iters, base, ns); }
+  std::vector<std::unique_ptr<Bar>> openBarriers(int ctas) {
+    std::vector<std::unique_ptr<Bar>> bars;
+    for (int b = 0; b < ctas; ++b) bars.push_back(std::make_unique<Bar>(gin::CoopBlock{}, comm_.devComm(), uint32_t(b)));
+    return bars;
+  }
+};
+
+#if defined(__CUDACC__)
+#define BENCH_CUDA(call) GIN_CUDA_CHECK(call)
+
+class GpuEngine final : public Engine {
+ public:
+  explicit GpuEngine(gin::Comm& c) : Engine(c) {
+    comm_.makeCurrent();
+    dev_ = comm_.cudaDevice();
+    cudaDeviceProp p{};
+    BENCH_CUDA(cudaGetDeviceProperties(&p, dev_));
+    name_ = p.name;
+    BENCH_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev_));
+    BENCH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    BENCH_CUDA(cudaEventCreate(&e0_));
+    BENCH_CUDA(cudaEventCreate(&e1_));
+    BENCH_CUDA(cudaMalloc(&scratch_, kScratchWords * sizeof(unsigned long long)));
+    // Load every kernel now: with lazy loading, a kernel's first launch may
+    // wait for the device to go idle, which must not happen while another
+    // kernel spins on a peer, nor inside a timed region.
+    cudaFuncAttributes a{};
+    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::CoopThread>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::CoopWarp>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::CoopBlock>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, fillKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, verifyKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, waitSignalKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, resetSignalKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, readSignalKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, pingKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, ginBarrierKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, ginBarrierCheckKernel));
+#if GIN_BENCH_NCCL
+    BENCH_CUDA(cudaFuncGetAttributes(&a, ncclBarrierKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, ncclBarrierCheckKernel));
+#endif
+  }
+  ~GpuEngine() override {
+    cudaSetDevice(dev_);
+    cudaStreamSynchronize(stream_);
+    cudaFree(scratch_);
+    cudaEventDestroy(e0_);
+    cudaEventDestroy(e1_);
+    cudaStreamDestroy(stream_);
+  }
+  bool gpu() const override { return true; }
+  std::string where() const override { return fmt("GPU %d (%s, %d SMs)", dev_, name_.c_str(), sms_); }
+  int maxCtas() const override { return sms_; }
+
+  void fill(Window w, size_t bytes, uint64_t seed) override {
+    fillKernel<<<sms_ * 4, 256, 0, stream_>>>(static_cast<uint8_t*>(comm_.localPointer(w)), bytes, seed);
+    launched();
+    sync();
+  }
+  void poison(Window w, size_t bytes) override {
+    BENCH_CUDA(cudaMemsetAsync(comm_.localPointer(w), kPoison, bytes, stream_));
+    sync();
+  }
+  void resetSignal(uint32_t sig) override {
+    resetSignalKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), sig);
+    launched();
+    sync();
+  }
+  uint64_t readSignal(uint32_t sig) override {
+    readSignalKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), sig, scratch_);
+    launched();
+    return fetch(0);
+  }
+  void beginReceiveCheck(Window dst, size_t bytes, uint64_t seed, uint32_t sig, uint64_t least) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 2 * sizeof(unsigned long long), stream_));
+    waitSignalKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), sig, least, scratch_ + 1);
+    launched();
+    verifyKernel<<<sms_ * 4, 256, 0, stream_>>>(static_cast<const uint8_t*>(comm_.localPointer(dst)), bytes, kGuard,
+                                                  seed, scratch_);
+    launched();
+  }
+  uint64_t endReceiveCheck() override {
+    // No comm.check() here: a wait that gave up becomes a verification
+    // failure every rank agrees on (see CpuEngine).
+    BENCH_CUDA(cudaStreamSynchronize(stream_));
+    unsigned long long h[2] = {0, 0};
+    BENCH_CUDA(cudaMemcpy(h, scratch_, sizeof h, cudaMemcpyDeviceToHost));
+    return h[1] ? ~0ull : h[0];
+  }
+  uint64_t checkLocal(Window dst, size_t bytes, uint64_t seed) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    verifyKernel<<<sms_ * 4, 256, 0, stream_>>>(static_cast<const uint8_t*>(comm_.localPointer(dst)), bytes, kGuard,
+                                                  seed, scratch_);
+    launched();
+    return fetch(0);
+  }
+  double put(CoopKind k, Shape sh, Window dst, Window src, size_t bytes, int iters, uint32_t sig) override {
+    const gin::DevComm dc = comm_.devComm();
+    return timed([&] {
+      if (k == CoopKind::Thread) putKernel<gin::CoopThread><<<1, 1, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
+      else if (k == CoopKind::Warp) putKernel<gin::CoopWarp><<<1, 32, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
+      else putKernel<gin::CoopBlock><<<sh.ctas, sh.threads, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
+    });
+  }
+  void setPeerDevice(int d) { peerDev_ = d; }
+  double copyToPeer(void* peerDst, Window src, size_t bytes, int iters) override {
+    const void* s = comm_.localPointer(src);
+    return timed([&] {
+      for (int i = 0; i < iters; ++i) BENCH_CUDA(cudaMemcpyPeerAsync(peerDst, peerDev_, s, dev_, bytes, stream_));
+    });
+  }
+  PingResult pingPong(int iters, uint64_t base) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 2 * sizeof(unsigned long long), stream_));
+    const double s = timed([&] { pingKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), iters, base, scratch_); });
+    unsigned long long h[2] = {0, 0};
+    BENCH_CUDA(cudaMemcpy(h, scratch_, sizeof h, cudaMemcpyDeviceToHost));
+    if (!h[0]) throw gin::Error("signal ping-pong: a wait gave up without a device error record");
+    return {s, h[1]};
+  }
+  uint64_t barrierCheck(Window w, int ctas, int iters, uint64_t base) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    ginBarrierCheckKernel<<<ctas, kBarrierThreads, 0, stream_>>>(comm_.devComm(), w, iters, base, scratch_);
+    launched();
+    return fetch(0);
+  }
+  double barrierTime(int ctas, int iters) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    const double s = timed([&] { ginBarrierKernel<<<ctas, kBarrierThreads, 0, stream_>>>(comm_.devComm(), iters, scratch_); });
+    if (fetch(0)) throw gin::Error("barrier: a wait gave up without a device error record");
+    return s;
+  }
+
+#if GIN_BENCH_NCCL
+  uint64_t ncclBarrierCheck(const ncclDevComm& ndc, Window w, int ctas, int iters, uint64_t base) {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    ncclBarrierCheckKernel<<<ctas, kBarrierThreads, 0, stream_>>>(ndc, comm_.devComm(), w, iters, base, scratch_);
+    launched();
+    return fetch(0);
+  }
+  double ncclBarrierTime(const ncclDevComm& ndc, int ctas, int iters) {
+    return timed([&] { ncclBarrierKernel<<<ctas, kBarrierThreads, 0, stream_>>>(ndc, iters); });
+  }
+#endif
+
+ private:
+  static constexpr int kScratchWords = 8;
+  int dev_ = -1, peerDev_ = -1, sms_ = 0;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t e0_ = nullptr, e1_ = nullptr;
+  unsigned long long* scratch_ = nullptr;
+
+  void launched() { BENCH_CUDA(cudaGetLastError()); }
+  // Wait for this rank's work; a device-side failure (a wait that timed out)
+  // becomes the gin::Error that names it.
+  void sync() {
+    const cudaError_t e = cudaStreamSynchronize(stream_);
+    comm_.check();
+    BENCH_CUDA(e);
+  }
+  uint64_t fetch(int word) {
+    sync();
+    unsigned long long h = 0;
+    BENCH_CUDA(cudaMemcpy(&h, scratch_ + word, sizeof h, cudaMemcpyDeviceToHost));
+    return h;
+  }
+  template <class Launch>
+  double timed(Launch launch) {
+    BENCH_CUDA(cudaEventRecord(e0_, stream_));
+    launch();
+    launched();
+    BENCH_CUDA(cudaEventRecord(e1_, stream_));
+    sync();
+    float ms = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&ms, e0_, e1_));
+    return double(ms) * 1e-3;
+  }
+};
+#endif  // __CUDACC__
+
+// ---------------------------------------------------------------------------
+// The ops. Every rank runs the same function; collectives keep them in step
+// and rank 0 builds the report.
+
+struct Setup {
+  bool gpu = false;
+  int ranks = 2;
+  std::string whyEmulated;  // when emulating without --emulate
+};
+
+std::vector<uint64_t> putSizes(const Options& o, bool gpu) {
+  const uint64_t lo = o.sizesGiven ? o.minSize : 8;
+  const uint64_t hi = o.sizesGiven ? o.maxSize : (gpu ? (1ull << 30) : (16ull << 20));
+  std::vector<uint64_t> v;
+  for (uint64_t s = lo; s <= hi; s *= 2) {
+    v.push_back(s);
+    if (s > (~0ull >> 2)) break;
+  }
+  return v;
+}
+
+Shape shapeFor(CoopKind k, size_t bytes, int maxCtas) {
+  if (k == CoopKind::Thread) return {1, 1};
+  if (k == CoopKind::Warp) return {1, 32};
+  const size_t want = (bytes + kBytesPerCta - 1) / kBytesPerCta;
+  return {int(std::clamp<size_t>(want, 1, size_t(maxCtas))), kBlockThreads};
+}
+
+std::string timerName(bool gpu) {
+  return gpu ? "cudaEvents on the measuring rank's stream" : "std::chrono::steady_clock on the measuring rank's thread";
+}
+
+void commonJson(Report& rep, const Options& o, const Setup& s, const std::vector<std::string>& where) {
+  rep.json.set("tool", "gin-bench");
+  rep.json.set("gin_version", fmt("%d.%d.%d", gin::kVersionMajor, gin::kVersionMinor, gin::kVersionPatch));
+  rep.json.set("op", o.opName);
+  rep.json.set("mode", s.gpu ? "gpu" : "cpu-emulation");
+  if (!s.gpu)
+    rep.json.set("note", fmt("CPU emulation: ranks are threads of one process on a %u-core machine; the numbers are "
+                             "CPU numbers, not GPU numbers", std::thread::hardware_concurrency()));
+  rep.json.set("transport", o.transport);
+  rep.json.set("ranks", double(s.ranks));
+  J w = J::arr();
+  for (auto& x : where) w.push(J::str(x));
+  rep.json.set("rank_devices", std::move(w));
+}
+
+std::vector<std::string> headLines(const Options& o, const Setup& s, const std::vector<std::string>& where) {
+  std::vector<std::string> h;
+  h.push_back(fmt("gin-bench %s: transport %s, %d ranks, %s", o.opName.c_str(), o.transport.c_str(), s.ranks,
+                  s.gpu ? "GPUs of one host (one host thread and one gin::Comm per GPU)"
+                        : "CPU emulation (ranks are threads running the gin device API)"));
+  if (!s.whyEmulated.empty()) h.push_back("  note: " + s.whyEmulated);
+  if (!s.gpu)
+    h.push_back(fmt("  CPU numbers on a %u-core machine, not GPU numbers", std::thread::hardware_concurrency()));
+  std::string r = " ";
+  for (size_t i = 0; i < where.size(); ++i) r += fmt(" rank %zu: %s;", i, where[i].c_str());
+  r.pop_back();
+  h.push_back(r);
+  return h;
+}
+
+// ---- put-bw ----
+
+void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
+              const std::vector<std::string>& where) {
+  const int me = comm.rank();
+  const bool gpu = e.gpu();
+  const std::vector<uint64_t> sizes = putSizes(o, gpu);
+  const size_t maxBytes = size_t(sizes.back());
+  const int K = o.iters ? int(o.iters) : 1000;
+  const double budget = gpu ? 0.05 : 0.02;  // seconds per timed run
+
+  if (me == 0 && comm.transportTo(1) != gin::Transport::Lsa)
+    throw gin::Error("rank 1 is not reachable over lsa from rank 0");
+  Window src = comm.allocWindow(maxBytes + kGuard);
+  Window dst = comm.allocWindow(maxBytes + kGuard);
+  // Rank 1's destination, for the copy-engine baseline (same process).
+  const uint64_t peerDst = bcast(comm, uint64_t(reinterpret_cast<uintptr_t>(comm.localPointer(dst))), 1);
+#if defined(__CUDACC__)
+  const int peerDev = bcast(comm, comm.cudaDevice(), 1);
+  if (gpu) static_cast<GpuEngine&>(e).setPeerDevice(peerDev);
+#endif
+  const int maxCtas = bcast(comm, e.maxCtas(), 0);
+
+  struct Cell {
+    bool done = false;
+    Shape shape{0, 0};
+    int iters = 0;
+    double seconds = 0, gbps = 0;
+  };
+  bool skipped[3] = {false, false, false};
+  std::vector<std::array<Cell, 4>> cells(sizes.size());  // thread, warp, block, copy
+
+  auto fail = [&](const std::string& what) {
+    throw Failure("put-bw verification failed: " + what);
+  };
+
+  // Times `runOnce(iters)` on rank 0: warm-up, a one-iteration probe that
+  // sizes the runs to the budget, then kPutRuns runs; returns the median cell.
+  auto measure = [&](Shape sh, const std::function<double(int)>& runOnce, size_t bytes, int* totalCalls) {
+    Cell c;
+    c.shape = sh;
+    runOnce(1);  // warm-up (first touch, instruction cache, clocks)
+    const double t1 = runOnce(1);
+    c.iters = int(std::clamp(budget / std::max(t1, 1e-9), 1.0, double(K)));
+    std::vector<double> t;
+    for (int r = 0; r < kPutRuns; ++r) t.push_back(runOnce(c.iters));
+    c.seconds = median(t);
+    c.gbps = double(bytes) * c.iters / c.seconds / 1e9;
+    c.done = true;
+    *totalCalls = 2 + kPutRuns * c.iters;
+    return std::make_pair(c, t1);
+  };
+
+  for (size_t si = 0; si < sizes.size(); ++si) {
+    const size_t bytes = size_t(sizes[si]);
+    for (int ci = 0; ci < 3; ++ci) {
+      if (skipped[ci]) continue;
+      const CoopKind k = CoopKind(ci);
+      const Shape sh = shapeFor(k, bytes, maxCtas);
+      const uint64_t seed = mix(uint64_t(bytes) * 4 + uint64_t(ci));
+      // 1. Verify one put: poisoned destination, signal awaited at rank 1,
+      //    every byte compared, guard bytes untouched.
+      if (me == 0) e.fill(src, bytes, seed);
+      if (me == 1) {
+        e.poison(dst, bytes + kGuard);
+        e.resetSignal(kSigVerify);
+        e.resetSignal(kSigTimed);
+      }
+      comm.bootstrap().barrier();
+      if (me == 1) e.beginReceiveCheck(dst, bytes, seed, kSigVerify, uint64_t(sh.ctas));
+      if (me == 0) e.put(k, sh, dst, src, bytes, 1, kSigVerify);
+      uint64_t bad = me == 1 ? e.endReceiveCheck() : 0;
+      bad = bcast(comm, bad, 1);
+      if (bad == ~0ull)
+        fail(fmt("%s coop, %s: rank 1 never saw the put's signal (waitSignal gave up after the communicator's "
+                 "timeout, GIN_TIMEOUT_MS)", kCoopNames[ci], sizeName(bytes).c_str()));
+      if (bad)
+        fail(fmt("%s coop, %s: rank 1 received %" PRIu64 " wrong bytes (of %zu, plus %zu guard bytes)", kCoopNames[ci],
+                 sizeName(bytes).c_str(), bad, bytes, kGuard));
+      // 2. Time it on rank 0.
+      int calls = 0;
+      double t1 = 0;
+      if (me == 0) {
+        auto [c, probe] = measure(sh, [&](int it) { return e.put(k, sh, dst, src, bytes, it, kSigTimed); }, bytes, &calls);
+        cells[si][size_t(ci)] = c;
+        t1 = probe;
+      }
+      // 3. Every timed put's signal arrived: rank 1 counts them.
+      const uint64_t expect = bcast(comm, uint64_t(calls) * uint64_t(sh.ctas), 0);
+      const uint64_t got = bcast(comm, me == 1 ? e.readSignal(kSigTimed) : uint64_t(0), 1);
+      if (got != expect)
+        fail(fmt("%s coop, %s: rank 1's signal counted %" PRIu64 " timed puts, expected %" PRIu64, kCoopNames[ci],
+                 sizeName(bytes).c_str(), got, expect));
+      skipped[ci] = bcast(comm, t1 > kSlowPutS, 0);
+    }
+    // Copy engine (GPU) / memcpy (CPU): same bytes, verified the same way.
+    const uint64_t seed = mix(uint64_t(bytes) * 4 + 3);
+    if (me == 0) e.fill(src, bytes, seed);
+    if (me == 1) e.poison(dst, bytes + kGuard);
+    comm.bootstrap().barrier();
+    if (me == 0) e.copyToPeer(reinterpret_cast<void*>(uintptr_t(peerDst)), src, bytes, 1);
+    comm.bootstrap().barrier();
+    uint64_t bad = bcast(comm, me == 1 ? e.checkLocal(dst, bytes, seed) : uint64_t(0), 1);
+    if (bad)
+      fail(fmt("%s baseline, %s: rank 1 received %" PRIu64 " wrong bytes", gpu ? "copy-engine" : "memcpy",
+               sizeName(bytes).c_str(), bad));
+    if (me == 0) {
+      int calls = 0;
+      cells[si][3] = measure(Shape{0, 0}, [&](int it) {
+        return e.copyToPeer(reinterpret_cast<void*>(uintptr_t(peerDst)), src, bytes, it);
+      }, bytes, &calls).first;
+    }
+    comm.bootstrap().barrier();
+  }
+  comm.bootstrap().barrier();
+  comm.deregisterWindow(dst);
+  comm.deregisterWindow(src);
+  if (me != 0) return;
+
+  // ---- report ----
+  const char* base = gpu ? "CE" : "memcpy";
+  rep->head = headLines(o, s, where);
+  rep->method = {
+      "rank 0 puts SIZE bytes from its src window into rank 1's dst window with gin Net<lsa>::put(..., SignalInc):",
+      "  every put carries a remote SignalInc (system-scope release), one per CTA for the block coop",
+      fmt("launch: thread = 1 CTA x 1 thread; warp = 1 CTA x 32 threads; block = min(%d, ceil(SIZE / 32 KiB)) CTAs x "
+          "%d threads,", maxCtas, kBlockThreads),
+      "  CTA b moving a contiguous 16-byte aligned share (block shape per size in the table)",
+      fmt("iterations: one %s runs ITERS puts back to back; ITERS = min(%d, %.0f ms / time of one put), at least 1;",
+          gpu ? "kernel" : "call (per rank thread)", K, budget * 1e3),
+      "  warm-up: one untimed put, then a timed one-put probe that sets ITERS",
+      fmt("timer: %s; reported: median of %d runs;", timerName(gpu).c_str(), kPutRuns),
+      gpu ? "  GB/s = SIZE * ITERS / time / 1e9 (time of the whole kernel, launch included)"
+          : "  GB/s = SIZE * ITERS / time / 1e9 (time of the whole call)",
+      gpu ? "baseline: copy engine, ITERS x cudaMemcpyPeerAsync(rank 1 dst, GPU 1, rank 0 src, GPU 0, SIZE) in one "
+            "stream between the same events"
+          : "baseline: ITERS x std::memcpy from rank 0's src into rank 1's dst (the emulation's copy engine)",
+      "verified before timing: rank 1 waits for the put's signal, compares every byte with the source pattern and",
+      fmt("  checks %zu guard bytes after it are untouched; after timing it checks its signal counted every timed put",
+          kGuard),
+      fmt("  (the %s baseline's bytes are checked the same way)", base),
+      fmt("a coop's larger sizes are skipped once one put takes more than %.2f s ('-' in the table)", kSlowPutS),
+  };
+  if (!gpu)
+    rep->method.push_back(
+        "CPU emulation: every coop is one thread on the host, and the block coop's CTAs run one after another");
+  rep->table.header = {"size", "thread GB/s", "warp GB/s", "block GB/s", "block launch", std::string(base) + " GB/s",
+                       std::string("thread/") + base, std::string("warp/") + base, std::string("block/") + base,
+                       "iters t/w/b/" + std::string(gpu ? "ce" : "memcpy")};
+  J rows = J::arr();
+  for (size_t si = 0; si < sizes.size(); ++si) {
+    const auto& c = cells[si];
+    auto g = [&](int i) { return c[size_t(i)].done ? fmt("%.3f", c[size_t(i)].gbps) : std::string("-"); };
+    auto ratio = [&](int i) {
+      return c[size_t(i)].done && c[3].gbps > 0 ? fmt("%.2f", c[size_t(i)].gbps / c[3].gbps) : std::string("-");
+    };
+    auto it = [&](int i) { return c[size_t(i)].done ? std::to_string(c[size_t(i)].iters) : std::string("-"); };
+    rep->table.rows.push_back({sizeName(sizes[si]), g(0), g(1), g(2),
+                               c[2].done ? fmt("%dx%d", c[2].shape.ctas, c[2].shape.threads) : std::string("-"), g(3),
+                               ratio(0), ratio(1), ratio(2), it(0) + "/" + it(1) + "/" + it(2) + "/" + it(3)});
+    J row = J::obj();
+    row.set("bytes", double(sizes[si]));
+    for (int i = 0; i < 4; ++i) {
+      const Cell& x = c[size_t(i)];
+      J m = J::obj();
+      if (!x.done) {
+        m = J::obj().set("skipped", J::boolean(true));
+      } else {
+        if (i < 3) m.set("launch", fmt("%dx%d", x.shape.ctas, x.shape.threads));
+        m.set("iters", double(x.iters)).set("seconds", x.seconds).set("GBps", x.gbps);
+        if (i < 3 && c[3].gbps > 0) m.set("ratio_to_baseline", x.gbps / c[3].gbps);
+      }
+      row.set(i < 3 ? std::string("gin_") + kCoopNames[i] : std::string(gpu ? "copy_engine" : "memcpy"), std::move(m));
+    }
+    rows.push(std::move(row));
+  }
+  const std::string nccl =
+      !gpu ? "CPU emulation: NCCL's device API runs on GPUs only"
+           : "not measured: NCCL 2.28's LSA device API has no put (a kernel copies through ncclGetLsaPointer itself, "
+             "which would time the same copy loop as gin's lsa put), and ncclGin::put needs a GIN-capable network, "
+             "not the load/store path between GPUs of one host";
+  rep->notes.push_back("nccl: " + nccl);
+  commonJson(*rep, o, s, where);
+  rep->json.set("method", J::obj()
+                              .set("operation", "Net<lsa>::put + SignalInc, rank 0 -> rank 1")
+                              .set("block_launch", fmt("min(%d, ceil(bytes/32KiB)) CTAs x %d threads", maxCtas,
+                                                       kBlockThreads))
+                              .set("iters_max", double(K))
+                              .set("budget_seconds_per_run", budget)
+                              .set("runs", double(kPutRuns))
+                              .set("statistic", "median")
+                              .set("timer", timerName(gpu))
+                              .set("GB", "1e9 bytes")
+                              .set("baseline", gpu ? "cudaMemcpyPeerAsync" : "std::memcpy"));
+  rep->json.set("verified", J::boolean(true));
+  rep->json.set("results", std::move(rows));
+  rep->json.set("nccl", J::obj().set("measured", J::boolean(false)).set("reason", nccl));
+}
+
+// ---- signal-lat ----
+
+void runSignalLat(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
+                  const std::vector<std::string>& where) {
+  const int me = comm.rank();
+  const bool gpu = e.gpu();
+  const int K = o.iters ? int(o.iters) : (gpu ? 10000 : 2000);
+  const int warm = std::max(2, std::min(K, 1000));
+  uint64_t base = 0;
+  std::vector<double> evt, steady;
+  // Each run: both ranks start together (bootstrap barrier), one kernel (or
+  // call) per rank runs all the round trips.
+  for (int r = -1; r < kLatRuns; ++r) {
+    const int iters = r < 0 ? warm : K;
+    comm.bootstrap().barrier();
+    PingResult p{0, 0};
+    if (me <= 1) p = e.pingPong(iters, base);
+    base += uint64_t(iters);
+    // The rank that started second has no start skew in its time.
+    const auto t = allGather(comm, p.seconds);
+    if (r >= 0 && me == 0) {
+      evt.push_back(std::min(t[0], t[1]) / iters * 1e6);
+      steady.push_back(double(p.steadyNs) / (iters - 1) * 1e-3);
+    }
+  }
+  // Both ranks' signal must now hold exactly the number of round trips.
+  const uint64_t got = me <= 1 ? e.readSignal(kSigPing) : base;
+  const auto all = allGather(comm, got);
+  for (int r = 0; r < 2; ++r)
+    if (all[size_t(r)] != base)
+      throw Failure(fmt("signal-lat verification failed: rank %d's signal is %" PRIu64 " after %" PRIu64
+                        " round trips (expected %" PRIu64 ")", r, all[size_t(r)], base, base));
+  comm.bootstrap().barrier();
+  if (me != 0) return;
+
+  rep->head = headLines(o, s, where);
+  rep->method = {
+      "ping-pong between rank 0 and rank 1, one thread each side, signal kSigPing:",
+      "  rank 0: net.signal(world, 1, SignalInc) then net.waitSignal(CoopThread, sig, i+1);",
+      "  rank 1: net.waitSignal(CoopThread, sig, i+1) then net.signal(world, 0, SignalInc)",
+      gpu ? fmt("launch: one kernel of 1 CTA x 1 thread per rank, both started after a host barrier, each running "
+                "all ITERS = %d round trips", K)
+          : fmt("launch: one call per rank thread, both started after a host barrier, each running all ITERS = %d "
+                "round trips", K),
+      fmt("warm-up: one run of %d round trips; then %d timed runs; reported: median, min, max over the runs", warm,
+          kLatRuns),
+      fmt("timer (row 1): %s around each rank's run; per run the smaller of the two", timerName(gpu).c_str()),
+      "  times (the rank that started second has no start skew in it) / ITERS",
+      fmt("timer (row 2): rank 0's clock inside the run (%s) from the end of round trip 1 to the end,",
+          gpu ? "%globaltimer" : "steady_clock"),
+      "  / (ITERS-1): the same loop, with no launch or start skew in it",
+      "verified: afterwards each rank's signal equals the total number of round trips",
+  };
+  if (!gpu) rep->method.push_back("CPU emulation: the waiting thread polls and yields its core every 64 polls");
+  auto row = [&](const std::string& name, const std::vector<double>& v) {
+    rep->table.rows.push_back({name, fmt("%.3f", median(v)), fmt("%.3f", *std::min_element(v.begin(), v.end())),
+                               fmt("%.3f", *std::max_element(v.begin(), v.end())), fmt("%.3f", median(v) / 2)});
+  };
+  rep->table.header = {"metric", "median us", "min us", "max us", "one-way us (median/2)"};
+  row(std::string("round trip (") + (gpu ? "cudaEvents" : "chrono") + " / iters)", evt);
+  row(std::string("round trip (in-run ") + (gpu ? "globaltimer" : "clock") + ")", steady);
+  const std::string nccl =
+      !gpu ? "CPU emulation: NCCL's device API runs on GPUs only"
+           : "not measured: NCCL 2.28's device-side signals belong to ncclGin, which runs over a GIN-capable network "
+             "plugin, not over the load/store path between GPUs of one host; its LSA API has no signal object";
+  rep->notes.push_back("nccl: " + nccl);
+  commonJson(*rep, o, s, where);
+  auto arr = [](const std::vector<double>& v) {
+    J a = J::arr();
+    for (double x : v) a.push(J::num(x));
+    return a;
+  };
+  rep->json.set("method", J::obj()
+                              .set("operation", "signal(SignalInc) + waitSignal ping-pong, rank 0 <-> rank 1")
+                              .set("launch", "1x1 per rank")
+                              .set("iters", double(K))
+                              .set("warmup_iters", double(warm))
+                              .set("runs", double(kLatRuns))
+                              .set("timer", timerName(gpu)));
+  rep->json.set("verified", J::boolean(true));
+  rep->json.set("results", J::obj()
+                               .set("round_trip_us_median", median(evt))
+                               .set("round_trip_us_runs", arr(evt))
+                               .set("round_trip_in_run_clock_us_median", median(steady))
+                               .set("round_trip_in_run_clock_us_runs", arr(steady)));
+  rep->json.set("nccl", J::obj().set("measured", J::boolean(false)).set("reason", nccl));
+}
+
+// ---- barrier ----
+
+#if GIN_BENCH_NCCL
+#define BENCH_NCCL_TRY(call, what)                                                       \
+  do {                                                                                   \
+    const ncclResult_t r_ = (call);                                                      \
+    if (r_ != ncclSuccess && reason.empty())                                             \
+      reason = std::string(what) + " failed: " + ncclGetErrorString(r_);                 \
+  } while (0)
+
+// NCCL communicator + device communicator with lsaBarrierCount barriers, for
+// the comparison. Every step is agreed on by all ranks, so a failure on one
+// rank turns into "not measured (reason)" everywhere instead of a hang.
+struct NcclSide {
+  bool ok = false;
+  std::string reason;
+  ncclComm_t comm = nullptr;
+  ncclDevComm dev{};
+
+  // Any rank's first failure, agreed by every rank.
+  static std::string agree(gin::Comm& c, const std::string& mine) {
+    struct Msg {
+      char text[240];
+    } m{};
+    std::snprintf(m.text, sizeof m.text, "%s", mine.c_str());
+    const auto all = allGather(c, m);
+    for (int r = 0; r < c.nRanks(); ++r)
+      if (all[size_t(r)].text[0]) return fmt("rank %d: %s", r, all[size_t(r)].text);
+    return "";
+  }
+
+  void open(gin::Comm& g, int barriers) {
+    std::string reason;
+    ncclUniqueId id{};
+    if (g.rank() == 0) BENCH_NCCL_TRY(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    reason = agree(g, reason);
+    if (!reason.empty()) return fail(reason);
+    g.bootstrap().broadcast(&id, sizeof id, 0);
+    BENCH_NCCL_TRY(ncclCommInitRank(&comm, g.nRanks(), id, g.rank()), "ncclCommInitRank");
+    reason = agree(g, reason);
+    if (!reason.empty()) return fail(reason);
+    ncclDevCommRequirements reqs;
+    std::memset(&reqs, 0, sizeof reqs);
+    reqs.lsaBarrierCount = barriers;
+    BENCH_NCCL_TRY(ncclDevCommCreate(comm, &reqs, &dev), "ncclDevCommCreate (needs symmetric memory: CUDA VMM, "
+                                                         "NCCL_CUMEM_ENABLE)");
+    reason = agree(g, reason);
+    if (!reason.empty()) return fail(reason);
+    reason = agree(g, dev.lsaSize == g.nRanks() ? std::string()
+                                                : fmt("NCCL's lsa team has %d ranks, not %d (are all GPUs "
+                                                      "peer-accessible?)", dev.lsaSize, g.nRanks()));
+    if (!reason.empty()) return fail(reason);
+    ok = true;
+  }
+  void fail(const std::string& why) {
+    reason = why;
+    ok = false;
+  }
+  // Every rank calls this at the same point. After a failure some ranks may
+  // lack a communicator, so the collective teardown is replaced by a local
+  // ncclCommAbort.
+  void close() {
+    if (ok) {
+      (void)ncclDevCommDestroy(comm, &dev);
+      (void)ncclCommFinalize(comm);
+      (void)ncclCommDestroy(comm);
+    } else if (comm) {
+      (void)ncclCommAbort(comm);
+    }
+    comm = nullptr;
+    ok = false;
+  }
+};
+#endif
+
+void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
+                const std::vector<std::string>& where) {
+  const int me = comm.rank(), n = comm.nRanks();
+  const bool gpu = e.gpu();
+  const int K = o.iters ? int(o.iters) : (gpu ? 10000 : 1000);
+  const int checkIters = std::min(K, gpu ? 1000 : 200);
+  const int warm = std::min(K, gpu ? 1000 : 100);
+  const int nB = comm.config().nBarriers;
+  std::vector<int> ctaCounts;
+  for (int c : kBarrierCtas)
+    if (c <= nB) ctaCounts.push_back(c);
+  Window w = comm.allocWindow(2 * size_t(kBarrierCtas[2]) * size_t(n) * sizeof(uint64_t));
+  uint64_t checkBase = 0;  // values differ between checks, so a stale slot never passes
+
+  std::string ncclReason;
+#if GIN_BENCH_NCCL
+  NcclSide nccl;
+  if (!gpu) ncclReason = "CPU emulation: NCCL's device API runs on GPUs only";
+  else if (o.noNccl) ncclReason = "disabled by --no-nccl";
+  else {
+    nccl.open(comm, kBarrierCtas[2]);
+    if (!nccl.ok) ncclReason = nccl.reason;
+  }
+  const bool withNccl = gpu && nccl.ok;
+#else
+  ncclReason = gpu ? "this gin-bench was built without NCCL (libnccl was not found when configuring)"
+                   : "CPU emulation: NCCL's device API runs on GPUs only";
+  const bool withNccl = false;
+#endif
+
+  struct Result {
+    int ctas;
+    double ginUs, ncclUs;
+    std::vector<double> ginRuns, ncclRuns;
+  };
+  std::vector<Result> results;
+
+  // Every rank times its own run, from its own start to the common end: the
+  // rank that started last has no start skew in its time, so a run counts
+  // the smallest time over the ranks. Reported: median over runs.
+  auto timeRuns = [&](const std::function<double(int)>& once) {
+    comm.bootstrap().barrier();
+    once(warm);
+    std::vector<double> runs;
+    for (int r = 0; r < kBarRuns; ++r) {
+      comm.bootstrap().barrier();
+      const double t = once(K);
+      const auto all = allGather(comm, t);
+      runs.push_back(*std::min_element(all.begin(), all.end()) / K * 1e6);
+    }
+    return runs;
+  };
+  auto verify = [&](const char* which, int ctas, const std::function<uint64_t(uint64_t)>& check) {
+    checkBase += 1ull << 32;
+    comm.bootstrap().barrier();
+    const uint64_t bad = check(checkBase);
+    const auto all = allGather(comm, bad);
+    for (int r = 0; r < n; ++r)
+      if (all[size_t(r)])
+        throw Failure(fmt("barrier verification failed: %s barrier, %d CTAs: rank %d saw %" PRIu64
+                          " stale or missing peer writes after a sync", which, ctas, r, all[size_t(r)]));
+  };
+
+  for (int ctas : ctaCounts) {
+    Result res{ctas, 0, 0, {}, {}};
+    verify("gin", ctas, [&](uint64_t b) { return e.barrierCheck(w, ctas, checkIters, b); });
+    res.ginRuns = timeRuns([&](int it) { return e.barrierTime(ctas, it); });
+    res.ginUs = median(res.ginRuns);
+#if GIN_BENCH_NCCL
+    if (withNccl) {
+      auto& ge = static_cast<GpuEngine&>(e);
+      verify("nccl", ctas, [&](uint64_t b) { return ge.ncclBarrierCheck(nccl.dev, w, ctas, checkIters, b); });
+      res.ncclRuns = timeRuns([&](int it) { return ge.ncclBarrierTime(nccl.dev, ctas, it); });
+      res.ncclUs = median(res.ncclRuns);
+    }
+#endif
+    results.push_back(std::move(res));
+  }
+  comm.bootstrap().barrier();
+#if GIN_BENCH_NCCL
+  nccl.close();
+#endif
+  comm.deregisterWindow(w);
+  if (me != 0) return;
+
+  rep->head = headLines(o, s, where);
+  rep->method = {
+      "every rank opens gin::LsaBarrierSession<CoopBlock>(CoopBlock{}, devComm, blockIdx.x) in each CTA (its own",
+      "  barrier index) and calls sync(CoopBlock{}) ITERS times (default memory order: acq_rel)",
+      gpu ? fmt("launch: 1, 32 and 132 CTAs x %d threads, one kernel per rank, all ranks started after a host "
+                "barrier", kBarrierThreads)
+          : "launch: 1, 32 and 132 'CTAs' (barrier indices), one call per rank thread, all ranks started after a "
+            "host barrier",
+      fmt("ITERS = %d; warm-up: one run of %d syncs; then %d timed runs", K, warm, kBarRuns),
+      fmt("timer: %s around each rank's run; per run the smallest time over the ranks", timerName(gpu).c_str()),
+      "  (the rank that started last, whose time has no start skew) / ITERS; reported: median of runs",
+      fmt("verified first (%d syncs per CTA): before each sync every rank writes the iteration's value into its slot at",
+          checkIters),
+      "  every peer (Net::putValue); after the sync every peer's value must be there (slots alternate by parity)",
+  };
+  if (withNccl)
+    rep->method.push_back(
+        "nccl: the same kernels with ncclLsaBarrierSession<ncclCoopCta>(ncclCoopCta(), devComm, ncclTeamTagLsa(), "
+        "blockIdx.x).sync(coop, acq_rel), verified the same way (writes to peers' gin window, NCCL barrier between)");
+  if (!gpu)
+    rep->method.push_back(
+        "CPU emulation: each rank is one thread; per iteration it syncs barrier indices 0..CTAS-1 one after another, "
+        "so 'per iteration' covers CTAS syncs");
+  if (gpu) {
+    rep->table.header = {"CTAs", "gin us/sync", "gin min", "gin max", "nccl us/sync", "gin/nccl"};
+  } else {
+    rep->table.header = {"CTAs", "us/iteration", "min", "max", "us per barrier index"};
+  }
+  J rows = J::arr();
+  for (auto& r : results) {
+    const double mn = *std::min_element(r.ginRuns.begin(), r.ginRuns.end());
+    const double mx = *std::max_element(r.ginRuns.begin(), r.ginRuns.end());
+    if (gpu)
+      rep->table.rows.push_back({std::to_string(r.ctas), fmt("%.3f", r.ginUs), fmt("%.3f", mn), fmt("%.3f", mx),
+                                 withNccl ? fmt("%.3f", r.ncclUs) : std::string("-"),
+                                 withNccl && r.ncclUs > 0 ? fmt("%.2f", r.ginUs / r.ncclUs) : std::string("-")});
+    else
+      rep->table.rows.push_back({std::to_string(r.ctas), fmt("%.3f", r.ginUs), fmt("%.3f", mn), fmt("%.3f", mx),
+                                 fmt("%.3f", r.ginUs / r.ctas)});
+    J row = J::obj();
+    row.set("ctas", double(r.ctas)).set("threads_per_cta", double(kBarrierThreads));
+    J gr = J::arr();
+    for (double x : r.ginRuns) gr.push(J::num(x));
+    row.set(gpu ? "gin_us_per_sync" : "gin_us_per_iteration", r.ginUs).set("gin_runs_us", std::move(gr));
+    if (withNccl) {
+      J nr = J::arr();
+      for (double x : r.ncclRuns) nr.push(J::num(x));
+      row.set("nccl_us_per_sync", r.ncclUs).set("nccl_runs_us", std::move(nr));
+    }
+    rows.push(std::move(row));
+  }
+  rep->notes.push_back(withNccl ? "nccl: measured (ncclLsaBarrierSession, same launch shapes)"
+                                : "nccl: not measured (" + ncclReason + ")");
+  commonJson(*rep, o, s, where);
+  rep->json.set("method", J::obj()
+                              .set("operation", "LsaBarrierSession<CoopBlock>::sync, one barrier index per CTA")
+                              .set("threads_per_cta", double(kBarrierThreads))
+                              .set("iters", double(K))
+                              .set("warmup_iters", double(warm))
+                              .set("runs", double(kBarRuns))
+                              .set("statistic", "median over runs of the smallest per-rank time (the last rank to start)")
+                              .set("timer", timerName(gpu)));
+  rep->json.set("verified", J::boolean(true));
+  rep->json.set("results", std::move(rows));
+  rep->json.set("nccl", withNccl ? J::obj().set("measured", J::boolean(true))
+                                 : J::obj().set("measured", J::boolean(false)).set("reason", ncclReason));
+}
+
+// ---------------------------------------------------------------------------
+// Driver.
+
+int visibleGpus() {
+#if defined(__CUDACC__)
+  return gin::cudaDeviceCountOrZero();
+#else
+  return 0;
+#endif
+}
+
+Setup decide(const Options& o) {
+  Setup s;
+  const bool needsTwo = o.op != Op::Barrier;
+  const int gpus = o.emulate ? 0 : visibleGpus();
+  if (!o.emulate && gpus == 0) {
+#if defined(__CUDACC__)
+    s.whyEmulated = "no CUDA device is visible: running CPU emulation instead (same as --emulate)";
+#else
+    s.whyEmulated = "this gin-bench was built without nvcc: running CPU emulation (same as --emulate)";
+#endif
+  }
+  if (gpus > 0) {
+    s.gpu = true;
+    s.ranks = o.ranks ? o.ranks : gpus;
+    if (s.ranks > gpus) {
+      std::fprintf(stderr, "gin-bench: --ranks %d, but only %d GPU%s visible; one rank per GPU\n", s.ranks, gpus,
+                   gpus == 1 ? " is" : "s are");
+      std::exit(2);
+    }
+    if (needsTwo && s.ranks < 2) {
+      std::fprintf(stderr,
+                   "gin-bench: %s needs 2 GPUs (rank 0 on one GPU talks to rank 1 on another), but %s. Run it on a "
+                   "machine with at least 2 GPUs, or use --emulate for CPU ranks.\n",
+                   o.opName.c_str(),
+                   o.ranks ? ("--ranks is " + std::to_string(o.ranks)).c_str()
+                           : (std::to_string(gpus) + " GPU is visible").c_str());
+      std::exit(2);
+    }
+  } else {
+    s.gpu = false;
+    s.ranks = o.ranks ? o.ranks : 2;
+    if (needsTwo && s.ranks < 2) {
+      std::fprintf(stderr, "gin-bench: %s needs at least 2 ranks (rank 0 talks to rank 1); --ranks is %d\n",
+                   o.opName.c_str(), s.ranks);
+      std::exit(2);
+    }
+  }
+  return s;
+}
+
+// One thread per rank, each with its own Comm (and, on GPUs, its own device).
+// Failures are collected; a verification failure is raised on every rank at
+// the same point, so all threads end.
+int run(const Options& o, const Setup& s, Report& rep) {
+  gin::InProcessGroup group(s.ranks);
+  std::vector<std::string> errors(size_t(s.ranks)), where(size_t(s.ranks));
+  std::vector<bool> verifyFailed(size_t(s.ranks), false);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < s.ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        gin::CommConfig cfg;
+        cfg.device = s.gpu ? gin::DeviceKind::Gpu : gin::DeviceKind::Cpu;
+        if (s.gpu) cfg.cudaDevice = r;
+        gin::Comm comm(group.rank(r), cfg);
+        comm.makeCurrent();
+        std::unique_ptr<Engine> e;
+#if defined(__CUDACC__)
+        if (s.gpu) e = std::make_unique<GpuEngine>(comm);
+#endif
+        if (!e) e = std::make_unique<CpuEngine>(comm);
+        where[size_t(r)] = e->where();
+        comm.bootstrap().barrier();  // every rank's description is in place
+        Report* mine = r == 0 ? &rep : nullptr;
+        switch (o.op) {
+          case Op::PutBw: runPutBw(comm, *e, o, s, mine, where); break;
+          case Op::SignalLat: runSignalLat(comm, *e, o, s, mine, where); break;
+          case Op::Barrier: runBarrier(comm, *e, o, s, mine, where); break;
+        }
+        e.reset();
+      } catch (const Failure& f) {
+        errors[size_t(r)] = f.what();
+        verifyFailed[size_t(r)] = true;
+      } catch (const std::exception& ex) {
+        errors[size_t(r)] = ex.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::vector<std::string> shown;
+  bool any = false, verify = false;
+  for (int r = 0; r < s.ranks; ++r) {
+    if (errors[size_t(r)].empty()) continue;
+    any = true;
+    verify = verify || verifyFailed[size_t(r)];
+    if (std::find(shown.begin(), shown.end(), errors[size_t(r)]) != shown.end()) continue;
+    shown.push_back(errors[size_t(r)]);
+    std::fprintf(stderr, "gin-bench: rank %d: %s\n", r, errors[size_t(r)].c_str());
+  }
+  if (verify) std::fprintf(stderr, "gin-bench: FAILED: what was to be timed gave wrong results; no numbers reported\n");
+  return any ? 1 : 0;
+}
+
+void print(const Report& rep) {
+  for (auto& l : rep.head) std::printf("%s\n", l.c_str());
+  std::printf("method:\n");
+  for (auto& l : rep.method) std::printf("  %s\n", l.c_str());
+  std::printf("\n");
+  rep.table.print();
+  std::printf("\n");
+  for (auto& l : rep.notes) std::printf("%s\n", l.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace bench
+
+int main(int argc, char** argv) {
+  const bench::Options o = bench::parseArgs(argc, argv);
+  const bench::Setup s = bench::decide(o);
+  bench::Report rep;
+  int rc = 1;
+  try {
+    rc = bench::run(o, s, rep);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gin-bench: %s\n", e.what());
+    return 1;
+  }
+  if (rc != 0) return rc;
+  bench::print(rep);
+  if (!o.json.empty()) {
+    std::string text;
+    rep.json.write(text, 0);
+    text += "\n";
+    std::ofstream f(o.json);
+    f << text;
+    f.close();
+    if (!f) {
+      std::fprintf(stderr, "gin-bench: cannot write %s\n", o.json.c_str());
+      return 1;
+    }
+    std::printf("results written to %s\n", o.json.c_str());
+  }
+  return 0;
+}
