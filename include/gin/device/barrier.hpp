@@ -59,8 +59,7 @@ class LsaBarrierSession {
       if (i == me) continue;
       const uint64_t want = epoch_;
       ok &= detail::boundedWait(
-          c_, [&] { return atomicLoad<Scope::System>(row + i, o); },
-          [&](uint64_t v) { return rollingLessEqual(want, v); },
+          c_, row + i, o, [&](uint64_t v) { return rollingLessEqual(want, v); },
           detail::WaitWhat{op_, c_.rank - me + i, -1, index_, want});
       if (!ok) break;
     }
@@ -120,8 +119,7 @@ class BarrierSession {
       uint64_t* sig = c_.signals + c_.nSignals + index_;
       const uint64_t want = railEpoch_ * uint64_t(c_.railSize - 1);
       ok = detail::boundedWait(
-          c_, [&] { return atomicLoad<Scope::System>(sig, MemoryOrder::Acquire); },
-          [&](uint64_t v) { return rollingLessEqual(want, v); },
+          c_, sig, MemoryOrder::Acquire, [&](uint64_t v) { return rollingLessEqual(want, v); },
           detail::WaitWhat{Op::RailBarrier, -1, -1, index_, want});
     }
     coop.sync();

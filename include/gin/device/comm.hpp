@@ -45,8 +45,13 @@ struct DevComm {
   uint64_t* lsaEpochs = nullptr;                // [nBarriers] local
   uint64_t* railEpochs = nullptr;               // [nBarriers] local
 
+  // The record and the abort flag live in memory the host reads while kernels
+  // run (mapped pinned memory on a GPU). Only plain stores go there: PCIe does
+  // not carry system-scope atomics to host memory, so the "first writer wins"
+  // claim is an atomic on errorClaim, which is in device memory.
   DeviceErrorRecord* error = nullptr;
   uint32_t* abortFlag = nullptr;
+  uint32_t* errorClaim = nullptr;
 };
 static_assert(std::is_trivially_copyable_v<DevComm>, "DevComm must cross to the GPU by value");
 
@@ -59,10 +64,11 @@ GIN_HD GIN_INLINE int lsaIndexOf(const DevComm& c, int worldRank) {
 // Fill the error record once (first writer wins) and raise the abort flag.
 GIN_HD inline void recordError(const DevComm& c, Op op, int peer, int context, uint64_t id,
                                uint64_t expected, uint64_t observed) {
-  if (c.error) {
+  if (c.error && c.errorClaim) {
     uint32_t idle = 0;
-    if (atomicCompareExchange<Scope::System>(&c.error->state, idle, 1u)) {
+    if (atomicCompareExchange<Scope::Device>(c.errorClaim, idle, 1u)) {
       DeviceErrorRecord& r = *c.error;
+      volatileStore(&r.state, 1u);
       r.op = uint32_t(op);
       r.rank = c.rank;
       r.peer = peer;
@@ -90,21 +96,28 @@ struct WaitWhat {
   uint64_t expected;
 };
 
-// Spin until ready(load()) holds. The clock and the abort flag are looked at
-// every 64 polls, so the fast path is one load and one compare. On timeout the
-// error record gets `what` and the last value seen; on abort (another wait
-// failed) it returns at once. Returns whether the condition was met.
-template <class Load, class Ready>
-GIN_HD bool boundedWait(const DevComm& c, Load load, Ready ready, const WaitWhat& what) {
-  uint64_t v = load();
-  if (ready(v)) return true;
-  const uint64_t start = nowNs();
+// Spin until ready(*word) holds. Polls are relaxed loads; once the condition
+// holds, one load with `order` (acquire by default) pairs with the writer's
+// release, which is cheaper than an acquire per poll. The clock and the abort
+// flag are looked at every 64 polls (the clock starts then too), so a wait
+// that is already satisfied costs two loads. On timeout the error record gets
+// `what` and the last value seen; on abort (another wait failed) it returns
+// at once. Returns whether the condition was met.
+template <class Ready>
+GIN_HD bool boundedWait(const DevComm& c, const uint64_t* word, MemoryOrder order, Ready ready,
+                        const WaitWhat& what) {
+  uint64_t start = 0;
   for (uint32_t spins = 1;; ++spins) {
-    v = load();
-    if (ready(v)) return true;
+    uint64_t v = atomicLoad<Scope::System>(word, MemoryOrder::Relaxed);
+    if (ready(v)) {
+      if (order != MemoryOrder::Relaxed && order != MemoryOrder::Release) (void)atomicLoad<Scope::System>(word, order);
+      return true;
+    }
     if ((spins & 63) == 0) {
       if (aborted(c)) return false;
-      if (c.timeoutNs != 0 && nowNs() - start > c.timeoutNs) {
+      const uint64_t now = nowNs();
+      if (start == 0) start = now;
+      if (c.timeoutNs != 0 && now - start > c.timeoutNs) {
         recordError(c, what.op, what.peer, what.context, what.id, what.expected, v);
         return false;
       }

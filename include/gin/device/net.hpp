@@ -189,8 +189,11 @@ class Net {
       const uint64_t target = old + uint64_t(leastDelta);
       uint64_t seen = 0;
       ok = detail::boundedWait(
-          *c_, [&] { return seen = atomicLoad<Scope::System>(c_->signals + signal, order) & rollingMask(bits); },
-          [&](uint64_t v) { return rollingLessEqual(target & rollingMask(bits), v, bits); },
+          *c_, c_->signals + signal, order,
+          [&](uint64_t v) {
+            seen = v & rollingMask(bits);
+            return rollingLessEqual(target & rollingMask(bits), seen, bits);
+          },
           detail::WaitWhat{Op::WaitShadow, -1, ctx_, signal, target});
       volatileStore(shadow, ok ? seen : old);
     }
@@ -220,8 +223,7 @@ class Net {
     if (coop.rank() == 0 && checkCounter(counter)) {
       const uint64_t m = rollingMask(bits);
       ok = detail::boundedWait(
-          *c_, [&] { return atomicLoad<Scope::System>(c_->counters + counter, order) & m; },
-          [&](uint64_t v) { return rollingLessEqual(least & m, v, bits); },
+          *c_, c_->counters + counter, order, [&](uint64_t v) { return rollingLessEqual(least & m, v & m, bits); },
           detail::WaitWhat{Op::WaitCounter, -1, ctx_, counter, least & m});
     }
     coop.sync();
@@ -265,8 +267,7 @@ class Net {
     if (!checkSignal(signal)) return false;
     const uint64_t m = rollingMask(bits);
     return detail::boundedWait(
-        *c_, [&] { return atomicLoad<Scope::System>(c_->signals + signal, order) & m; },
-        [&](uint64_t v) { return rollingLessEqual(least & m, v, bits); },
+        *c_, c_->signals + signal, order, [&](uint64_t v) { return rollingLessEqual(least & m, v & m, bits); },
         detail::WaitWhat{op, -1, ctx_, signal, least & m});
   }
 

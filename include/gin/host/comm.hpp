@@ -383,7 +383,7 @@ class Comm {
     // signal pointers, lsa inbox pointers, peer transports.
     const size_t offShadow = 0, offCounter = offShadow + nS * 8, offLsaEpoch = offCounter + nC * 8,
                  offRailEpoch = offLsaEpoch + 2 * nB * 8, offSigPtrs = offRailEpoch + nB * 8,
-                 offInboxPtrs = offSigPtrs + L * 8, offTransport = offInboxPtrs + L * 8,
+                 offInboxPtrs = offSigPtrs + L * 8, offClaim = offInboxPtrs + L * 8, offTransport = offClaim + 8,
                  total = offTransport + size_t(nRanks_);
     local_ = DeviceTable(gpu_, total);
     std::vector<uint64_t*> sigPtrs(L), inboxPtrs(L);
@@ -429,6 +429,7 @@ class Comm {
     dev_.lsaEpochs = reinterpret_cast<uint64_t*>(base + offLsaEpoch);
     dev_.railEpochs = reinterpret_cast<uint64_t*>(base + offRailEpoch);
     dev_.error = devRecord;
+    dev_.errorClaim = reinterpret_cast<uint32_t*>(base + offClaim);
     dev_.abortFlag = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(devRecord) + sizeof(DeviceErrorRecord));
   }
 
