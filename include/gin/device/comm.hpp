@@ -45,10 +45,10 @@ struct DevComm {
   uint64_t* lsaEpochs = nullptr;                // [nBarriers] local
   uint64_t* railEpochs = nullptr;               // [nBarriers] local
 
-  // The record and the abort flag live in memory the host reads while kernels
-  // run (mapped pinned memory on a GPU). Only plain stores go there: PCIe does
-  // not carry system-scope atomics to host memory, so the "first writer wins"
-  // claim is an atomic on errorClaim, which is in device memory.
+  // The record lives in memory the host reads while kernels run (mapped
+  // pinned memory on a GPU). Only plain stores go there: PCIe does not carry
+  // system-scope atomics to host memory, so the "first writer wins" claim is an
+  // atomic on errorClaim, in device memory like abortFlag, which waits poll.
   DeviceErrorRecord* error = nullptr;
   uint32_t* abortFlag = nullptr;
   uint32_t* errorClaim = nullptr;

@@ -395,7 +395,10 @@ class Comm {
     local_.upload(offInboxPtrs, inboxPtrs.data(), L * 8);
     local_.upload(offTransport, transports_.data(), transports_.size());
 
-    // Error record and abort flag: host memory the GPU can write (mapped pinned).
+    // Error record: host memory the GPU can write (mapped pinned), so check()
+    // reads it while kernels run. The claim word and the abort flag stay in
+    // device memory: waits poll the flag, and a PCIe read per poll batch
+    // would cost every wait about a microsecond.
     const size_t recBytes = sizeof(DeviceErrorRecord) + 64;
     DeviceErrorRecord* devRecord = nullptr;
     if (gpu_) {
@@ -430,7 +433,7 @@ class Comm {
     dev_.railEpochs = reinterpret_cast<uint64_t*>(base + offRailEpoch);
     dev_.error = devRecord;
     dev_.errorClaim = reinterpret_cast<uint32_t*>(base + offClaim);
-    dev_.abortFlag = reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(devRecord) + sizeof(DeviceErrorRecord));
+    dev_.abortFlag = reinterpret_cast<uint32_t*>(base + offClaim + 4);
   }
 
   // Collective argument check: every rank learns every rank's size and verdict.
