@@ -141,20 +141,23 @@ GIN_HD inline void putShare(const gin::DevComm& dc, Window dst, Window src, size
 // the call both ranks' kSigPing equal base + iters. *steadyNs: time from the
 // end of the first round trip to the end of the last (rank 0), so it excludes
 // any skew between the two ranks' start.
-// preReleased: the caller has nothing of its own to publish, so it tells
-// signal() it already released (alreadyReleased = Scope::System) and the
-// signal goes out without a system-scope release fence.
-GIN_HD inline bool pingPong(const gin::DevComm& dc, int iters, uint64_t base, uint64_t* steadyNs, bool preReleased) {
+// mode 0: signal() releases and waitSignal() acquires (the general case).
+// mode 1: the caller has nothing of its own to publish, so it tells signal()
+//   it already released (alreadyReleased = Scope::System): no release fence.
+// mode 2: as 1, and the wait is relaxed too (nothing to acquire): the pure
+//   signal latency.
+GIN_HD inline bool pingPong(const gin::DevComm& dc, int iters, uint64_t base, uint64_t* steadyNs, int mode) {
   gin::Net<gin::kBackendLsa> net(dc, 0);
   const gin::Team world = gin::teamWorld(dc);
   const bool initiator = dc.rank == 0;
   const int peer = initiator ? 1 : 0;
-  const gin::Scope released = preReleased ? gin::Scope::System : gin::Scope::Thread;
+  const gin::Scope released = mode >= 1 ? gin::Scope::System : gin::Scope::Thread;
+  const gin::MemoryOrder waitOrder = mode == 2 ? gin::MemoryOrder::Relaxed : gin::MemoryOrder::Acquire;
   uint64_t t0 = 0;
   bool ok = true;
   for (int i = 0; i < iters && ok; ++i) {
     if (initiator) net.signal(world, peer, gin::SignalInc{kSigPing}, gin::CoopThread{}, released);
-    ok = net.waitSignal(gin::CoopThread{}, kSigPing, base + uint64_t(i) + 1);
+    ok = net.waitSignal(gin::CoopThread{}, kSigPing, base + uint64_t(i) + 1, 64, waitOrder);
     if (!initiator) net.signal(world, peer, gin::SignalInc{kSigPing}, gin::CoopThread{}, released);
     if (i == 0) t0 = gin::nowNs();
   }
@@ -227,9 +230,9 @@ __global__ void readSignalKernel(gin::DevComm dc, uint32_t sig, unsigned long lo
   *out = gin::Net<gin::kBackendLsa>(dc, 0).readSignal(sig);
 }
 
-__global__ void pingKernel(gin::DevComm dc, int iters, uint64_t base, int preReleased, unsigned long long* out) {
+__global__ void pingKernel(gin::DevComm dc, int iters, uint64_t base, int mode, unsigned long long* out) {
   uint64_t ns = 0;
-  out[0] = pingPong(dc, iters, base, &ns, preReleased != 0) ? 1 : 0;
+  out[0] = pingPong(dc, iters, base, &ns, mode) ? 1 : 0;
   out[1] = ns;
 }
 
@@ -590,7 +593,7 @@ class Engine {
   virtual double put(CoopKind k, Shape sh, Window dst, Window src, size_t bytes, int iters, uint32_t sig) = 0;
   // Seconds for `iters` copies with the copy engine (CPU: memcpy).
   virtual double copyToPeer(void* peerDst, Window src, size_t bytes, int iters) = 0;
-  virtual PingResult pingPong(int iters, uint64_t base, bool preReleased) = 0;
+  virtual PingResult pingPong(int iters, uint64_t base, int mode) = 0;
   virtual uint64_t barrierCheck(Window w, int ctas, int iters, uint64_t base) = 0;
   virtual double barrierTime(int ctas, int iters) = 0;
 
@@ -650,10 +653,10 @@ class CpuEngine final : public Engine {
     }
     return seconds(t0);
   }
-  PingResult pingPong(int iters, uint64_t base, bool preReleased) override {
+  PingResult pingPong(int iters, uint64_t base, int mode) override {
     uint64_t ns = 0;
     const auto t0 = Clock::now();
-    const bool ok = pingPong_(iters, base, &ns, preReleased);
+    const bool ok = pingPong_(iters, base, &ns, mode);
     const double s = seconds(t0);
     comm_.check();
     if (!ok) throw gin::Error("signal ping-pong: a wait gave up without a device error record");
@@ -696,8 +699,8 @@ class CpuEngine final : public Engine {
 
   static double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
   gin::Net<gin::kBackendLsa> net() const { return gin::Net<gin::kBackendLsa>(comm_.devComm(), 0); }
-  bool pingPong_(int iters, uint64_t base, uint64_t* ns, bool preReleased) {
-    return bench::pingPong(comm_.devComm(), iters, base, ns, preReleased);
+  bool pingPong_(int iters, uint64_t base, uint64_t* ns, int mode) {
+    return bench::pingPong(comm_.devComm(), iters, base, ns, mode);
   }
   std::vector<std::unique_ptr<Bar>> openBarriers(int ctas) {
     std::vector<std::unique_ptr<Bar>> bars;
@@ -811,9 +814,9 @@ class GpuEngine final : public Engine {
       for (int i = 0; i < iters; ++i) BENCH_CUDA(cudaMemcpyPeerAsync(peerDst, peerDev_, s, dev_, bytes, stream_));
     });
   }
-  PingResult pingPong(int iters, uint64_t base, bool preReleased) override {
+  PingResult pingPong(int iters, uint64_t base, int mode) override {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 2 * sizeof(unsigned long long), stream_));
-    const double s = timed([&] { pingKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), iters, base, preReleased ? 1 : 0, scratch_); });
+    const double s = timed([&] { pingKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), iters, base, mode, scratch_); });
     unsigned long long h[2] = {0, 0};
     BENCH_CUDA(cudaMemcpy(h, scratch_, sizeof h, cudaMemcpyDeviceToHost));
     if (!h[0]) throw gin::Error("signal ping-pong: a wait gave up without a device error record");
@@ -1151,16 +1154,16 @@ void runSignalLat(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
   const int K = o.iters ? int(o.iters) : (gpu ? 10000 : 2000);
   const int warm = std::max(2, std::min(K, 1000));
   uint64_t base = 0;
-  std::vector<double> evt[2], steady[2];
+  constexpr int kModes = 3;
+  std::vector<double> evt[kModes], steady[kModes];
   // Each run: both ranks start together (bootstrap barrier), one kernel (or
-  // call) per rank runs all the round trips. Variant 0: signal() releases
-  // (the general case); variant 1: alreadyReleased = Scope::System.
-  for (int variant = 0; variant < 2; ++variant)
+  // call) per rank runs all the round trips, in each mode of pingPong().
+  for (int variant = 0; variant < kModes; ++variant)
     for (int r = -1; r < kLatRuns; ++r) {
       const int iters = r < 0 ? warm : K;
       comm.bootstrap().barrier();
       PingResult p{0, 0};
-      if (me <= 1) p = e.pingPong(iters, base, variant == 1);
+      if (me <= 1) p = e.pingPong(iters, base, variant);
       base += uint64_t(iters);
       // The rank that started second has no start skew in its time.
       const auto t = allGather(comm, p.seconds);
@@ -1196,8 +1199,9 @@ void runSignalLat(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
           gpu ? "%globaltimer" : "steady_clock"),
       "  / (ITERS-1): the same loop, with no launch or start skew in it",
       "verified: afterwards each rank's signal equals the total number of round trips",
-      "rows 'release': signal() releases the caller's earlier writes (system-scope release, the default);",
-      "rows 'alreadyReleased=System': the caller has nothing to publish and says so, no release fence",
+      "rows 'release/acquire': signal() releases the caller's earlier writes, the wait acquires (the defaults);",
+      "rows 'alreadyReleased/acquire': the caller has nothing to publish and says so (no release fence);",
+      "rows 'alreadyReleased/relaxed': and the wait is relaxed too (nothing to acquire): the signal's own latency",
   };
   if (!gpu) rep->method.push_back("CPU emulation: the waiting thread polls and yields its core every 64 polls");
   auto row = [&](const std::string& name, const std::vector<double>& v) {
@@ -1205,8 +1209,8 @@ void runSignalLat(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
                                fmt("%.3f", *std::max_element(v.begin(), v.end())), fmt("%.3f", median(v) / 2)});
   };
   rep->table.header = {"metric", "median us", "min us", "max us", "one-way us (median/2)"};
-  for (int v = 0; v < 2; ++v) {
-    const std::string tag = v == 0 ? "release" : "alreadyReleased=System";
+  for (int v = 0; v < kModes; ++v) {
+    const std::string tag = v == 0 ? "release/acquire" : v == 1 ? "alreadyReleased/acquire" : "alreadyReleased/relaxed";
     row("round trip, " + tag + " (" + (gpu ? "cudaEvents" : "chrono") + " / iters)", evt[v]);
     row("round trip, " + tag + " (in-run " + (gpu ? "globaltimer" : "clock") + ")", steady[v]);
   }
@@ -1236,7 +1240,9 @@ void runSignalLat(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
                                .set("round_trip_in_run_clock_us_runs", arr(steady[0]))
                                .set("already_released_round_trip_us_median", median(evt[1]))
                                .set("already_released_round_trip_us_runs", arr(evt[1]))
-                               .set("already_released_in_run_clock_us_median", median(steady[1])));
+                               .set("already_released_in_run_clock_us_median", median(steady[1]))
+                               .set("relaxed_round_trip_us_median", median(evt[2]))
+                               .set("relaxed_round_trip_us_runs", arr(evt[2])));
   rep->json.set("nccl", J::obj().set("measured", J::boolean(false)).set("reason", nccl));
 }
 

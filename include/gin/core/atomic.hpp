@@ -178,6 +178,27 @@ GIN_HD GIN_INLINE bool atomicCompareExchange(T* p, T& expected, T desired,
 #endif
 }
 
+// Read a word that does not change while kernels run (the communicator's
+// tables: peer pointers, transports, window bounds). On the device it goes
+// through the read-only data path (ld.global.nc), which the acquire loads of
+// waits do not invalidate, so a signal after a wait does not pay an L2 round
+// trip per table entry.
+template <class T>
+GIN_HD GIN_INLINE T loadConst(const T* p) {
+#if GIN_DEVICE_CODE
+  static_assert(sizeof(T) == 1 || sizeof(T) == 4 || sizeof(T) == 8, "loadConst: 1, 4 or 8 byte words");
+  if constexpr (sizeof(T) == 8) {
+    return __builtin_bit_cast(T, __ldg(reinterpret_cast<const unsigned long long*>(p)));
+  } else if constexpr (sizeof(T) == 4) {
+    return __builtin_bit_cast(T, __ldg(reinterpret_cast<const unsigned int*>(p)));
+  } else {
+    return __builtin_bit_cast(T, __ldg(reinterpret_cast<const unsigned char*>(p)));
+  }
+#else
+  return *p;
+#endif
+}
+
 // Plain volatile accesses, for where a fence already ordered things (a poll
 // loop followed by one acquire fence costs less than an acquire per iteration).
 template <class T>

@@ -238,7 +238,7 @@ class Net {
   const DevComm* c_;
   int ctx_;
 
-  GIN_HD Transport transportOf(int world) const { return Transport(c_->peerTransport[world]); }
+  GIN_HD Transport transportOf(int world) const { return Transport(loadConst(c_->peerTransport + world)); }
 
   GIN_HD bool checkPeer(int world, Team team, int peer) const {
     if (ctx_ >= 0 && peer >= 0 && peer < team.nRanks && world >= 0 && world < c_->nRanks) return true;
@@ -246,9 +246,9 @@ class Net {
     return false;
   }
   GIN_HD bool checkRange(Window w, size_t offset, size_t bytes) const {
-    if (w.dev && offset <= w.dev->bytes && bytes <= w.dev->bytes - offset) return true;
-    recordError(*c_, Op::BadArgument, -1, ctx_, w.dev ? w.dev->id : ~uint64_t(0), uint64_t(offset + bytes),
-                w.dev ? w.dev->bytes : 0);
+    const uint64_t size = w.dev ? loadConst(&w.dev->bytes) : 0;
+    if (w.dev && offset <= size && bytes <= size - offset) return true;
+    recordError(*c_, Op::BadArgument, -1, ctx_, w.dev ? w.dev->id : ~uint64_t(0), uint64_t(offset + bytes), size);
     return false;
   }
   GIN_HD bool checkSignal(uint32_t s) const {
@@ -288,7 +288,7 @@ class Net {
                             std::is_same_v<RemoteAction, SignalSet>,
                         "remote action must be None, SignalInc, SignalAdd or SignalSet");
           if (checkSignal(remote.signal)) {
-            uint64_t* peerSignal = c_->lsaSignals[li] + remote.signal;
+            uint64_t* peerSignal = loadConst(c_->lsaSignals + li) + remote.signal;
             if constexpr (std::is_same_v<RemoteAction, SignalInc>) lsa::signalAdd(peerSignal, 1, release);
             else if constexpr (std::is_same_v<RemoteAction, SignalAdd>) lsa::signalAdd(peerSignal, remote.value, release);
             else lsa::signalSet(peerSignal, remote.value, release);

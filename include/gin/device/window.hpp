@@ -28,12 +28,12 @@ static_assert(std::is_trivially_copyable_v<Window>);
 
 // Address of `offsetBytes` in this rank's part of `w` (ncclGetLocalPointer).
 GIN_HD GIN_INLINE void* localPointer(Window w, size_t offsetBytes) {
-  return w.dev->localBase + offsetBytes;
+  return loadConst(&w.dev->localBase) + offsetBytes;
 }
 // Address of `offsetBytes` in lsa member `lsaPeer`'s part of `w`, usable for
 // loads and stores from here (ncclGetLsaPointer).
 GIN_HD GIN_INLINE void* lsaPointer(Window w, size_t offsetBytes, int lsaPeer) {
-  return w.dev->lsaBases[lsaPeer] + offsetBytes;
+  return loadConst(loadConst(&w.dev->lsaBases) + lsaPeer) + offsetBytes;
 }
 // Same, with the peer named in any team; nullptr when it is not lsa-reachable.
 GIN_HD GIN_INLINE void* peerPointer(const DevComm& c, Team t, int peer, Window w, size_t offsetBytes) {
