@@ -45,7 +45,7 @@ class LsaBarrierSession {
                                                                                              : MemoryOrder::Release;
     const int n = c_.lsaSize, me = c_.lsaRank;
     for (int i = coop.rank(); i < n; i += coop.size())
-      if (i != me) atomicStore<Scope::System>(loadConst(c_.lsaInboxes + i) + size_t(row_) * n + me, epoch_, o);
+      if (i != me) atomicStore<Scope::System>(lsaInboxOf(c_, i) + size_t(row_) * n + me, epoch_, o);
   }
 
   GIN_HD bool wait(Coop coop, MemoryOrder order = MemoryOrder::Acquire) {

@@ -38,10 +38,18 @@ struct DevComm {
   uint64_t* signalShadows = nullptr;            // [nSignals] local only
   uint64_t* counters = nullptr;                 // [nCounters * 1] local completion counts
 
-  // Barriers: lsaInbox[index * lsaSize + from] holds the last epoch lsa member
-  // `from` announced for barrier `index`.
-  uint64_t* lsaInbox = nullptr;                 // [nBarriers * lsaSize] this rank's
+  // Barriers: lsaInbox[row * lsaSize + from] holds the last epoch lsa member
+  // `from` announced on barrier row `row` (rows 0..nBarriers-1: lsa sessions,
+  // nBarriers..2*nBarriers-1: world sessions).
+  uint64_t* lsaInbox = nullptr;                 // [2 * nBarriers * lsaSize] this rank's
   uint64_t* const* lsaInboxes = nullptr;        // [lsaSize] each lsa member's lsaInbox
+
+  // The first kLsaInline entries of lsaSignals and lsaInboxes, held in the
+  // DevComm itself: a kernel reads them from parameter space, so signalling an
+  // lsa peer costs no dependent global load (a wait's acquire invalidates L1).
+  static constexpr int kLsaInline = 8;
+  uint64_t* lsaSignalsInline[kLsaInline] = {};
+  uint64_t* lsaInboxesInline[kLsaInline] = {};
   uint64_t* lsaEpochs = nullptr;                // [nBarriers] local
   uint64_t* railEpochs = nullptr;               // [nBarriers] local
 
@@ -54,6 +62,14 @@ struct DevComm {
   uint32_t* errorClaim = nullptr;
 };
 static_assert(std::is_trivially_copyable_v<DevComm>, "DevComm must cross to the GPU by value");
+
+// Lsa member li's signal array / barrier inbox, mapped here.
+GIN_HD GIN_INLINE uint64_t* lsaSignalsOf(const DevComm& c, int li) {
+  return li < DevComm::kLsaInline ? c.lsaSignalsInline[li] : loadConst(c.lsaSignals + li);
+}
+GIN_HD GIN_INLINE uint64_t* lsaInboxOf(const DevComm& c, int li) {
+  return li < DevComm::kLsaInline ? c.lsaInboxesInline[li] : loadConst(c.lsaInboxes + li);
+}
 
 // World rank -> index in this rank's lsa team, or -1 when not load/store reachable.
 GIN_HD GIN_INLINE int lsaIndexOf(const DevComm& c, int worldRank) {

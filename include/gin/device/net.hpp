@@ -67,17 +67,12 @@ class Net {
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, bytes) ||
         !checkRange(srcWin, srcOffset, bytes))
       return;
-    switch (transportOf(world)) {
-      case Transport::Lsa:
-        if constexpr ((Backends & kBackendLsa) != 0) {
-          const int li = lsaIndexOf(*c_, world);
-          lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
-          lsaActions(coop, li, remote, local, /*wrote=*/true, alreadyReleased);
-          return;
-        }
-        break;
-      default:
-        break;
+    if constexpr ((Backends & kBackendLsa) != 0) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0) {
+        lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
+        lsaActions(coop, li, remote, local, /*wrote=*/true, alreadyReleased);
+        return;
+      }
     }
     noTransport(world);
   }
@@ -97,17 +92,12 @@ class Net {
     static_assert(sizeof(T) <= 8, "putValue carries at most 8 bytes; use put for more");
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, sizeof(T))) return;
-    switch (transportOf(world)) {
-      case Transport::Lsa:
-        if constexpr ((Backends & kBackendLsa) != 0) {
-          const int li = lsaIndexOf(*c_, world);
-          if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
-          lsaActions(coop, li, remote, None{}, /*wrote=*/true, alreadyReleased);
-          return;
-        }
-        break;
-      default:
-        break;
+    if constexpr ((Backends & kBackendLsa) != 0) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0) {
+        if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
+        lsaActions(coop, li, remote, None{}, /*wrote=*/true, alreadyReleased);
+        return;
+      }
     }
     noTransport(world);
   }
@@ -124,15 +114,11 @@ class Net {
                      Scope alreadyReleased = Scope::Thread) const {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer)) return;
-    switch (transportOf(world)) {
-      case Transport::Lsa:
-        if constexpr ((Backends & kBackendLsa) != 0) {
-          lsaActions(coop, lsaIndexOf(*c_, world), remote, None{}, /*wrote=*/false, alreadyReleased);
-          return;
-        }
-        break;
-      default:
-        break;
+    if constexpr ((Backends & kBackendLsa) != 0) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0) {
+        lsaActions(coop, li, remote, None{}, /*wrote=*/false, alreadyReleased);
+        return;
+      }
     }
     noTransport(world);
   }
@@ -238,7 +224,6 @@ class Net {
   const DevComm* c_;
   int ctx_;
 
-  GIN_HD Transport transportOf(int world) const { return Transport(loadConst(c_->peerTransport + world)); }
 
   GIN_HD bool checkPeer(int world, Team team, int peer) const {
     if (ctx_ >= 0 && peer >= 0 && peer < team.nRanks && world >= 0 && world < c_->nRanks) return true;
@@ -261,6 +246,10 @@ class Net {
     recordError(*c_, Op::BadArgument, -1, ctx_, s, s, uint64_t(c_->nCounters));
     return false;
   }
+  // The host gives every member of the lsa team the lsa transport, so the lsa
+  // test in each operation needs no table lookup. Other peers will dispatch on
+  // peerTransport once the network transports exist; until then reaching one
+  // is recorded as an error.
   GIN_HD void noTransport(int world) const { recordError(*c_, Op::NoTransport, world, ctx_, 0, 0, 0); }
 
   GIN_HD bool waitSignalValue(uint32_t signal, uint64_t least, int bits, MemoryOrder order, Op op) const {
@@ -288,7 +277,7 @@ class Net {
                             std::is_same_v<RemoteAction, SignalSet>,
                         "remote action must be None, SignalInc, SignalAdd or SignalSet");
           if (checkSignal(remote.signal)) {
-            uint64_t* peerSignal = loadConst(c_->lsaSignals + li) + remote.signal;
+            uint64_t* peerSignal = lsaSignalsOf(*c_, li) + remote.signal;
             if constexpr (std::is_same_v<RemoteAction, SignalInc>) lsa::signalAdd(peerSignal, 1, release);
             else if constexpr (std::is_same_v<RemoteAction, SignalAdd>) lsa::signalAdd(peerSignal, remote.value, release);
             else lsa::signalSet(peerSignal, remote.value, release);

@@ -429,6 +429,10 @@ class Comm {
     dev_.counters = reinterpret_cast<uint64_t*>(base + offCounter);
     dev_.lsaInbox = reinterpret_cast<uint64_t*>(shared_.data()) + sigWords;
     dev_.lsaInboxes = reinterpret_cast<uint64_t* const*>(base + offInboxPtrs);
+    for (size_t i = 0; i < L && i < size_t(DevComm::kLsaInline); ++i) {
+      dev_.lsaSignalsInline[i] = sigPtrs[i];
+      dev_.lsaInboxesInline[i] = inboxPtrs[i];
+    }
     dev_.lsaEpochs = reinterpret_cast<uint64_t*>(base + offLsaEpoch);
     dev_.railEpochs = reinterpret_cast<uint64_t*>(base + offRailEpoch);
     dev_.error = devRecord;
