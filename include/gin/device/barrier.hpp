@@ -45,7 +45,7 @@ class LsaBarrierSession {
                                                                                              : MemoryOrder::Release;
     const int n = c_.lsaSize, me = c_.lsaRank;
     for (int i = coop.rank(); i < n; i += coop.size())
-      if (i != me) atomicStore<Scope::System>(lsaInboxOf(c_, i) + size_t(row_) * n + me, epoch_, o);
+      if (i != me) atomicStore<Scope::System>(lsaInboxOf(c_, i) + size_t(row_) * c_.lsaInboxRowWords + me, epoch_, o);
   }
 
   GIN_HD bool wait(Coop coop, MemoryOrder order = MemoryOrder::Acquire) {
@@ -53,7 +53,7 @@ class LsaBarrierSession {
     const MemoryOrder o = (order == MemoryOrder::Relaxed || order == MemoryOrder::Release) ? MemoryOrder::Relaxed
                                                                                              : MemoryOrder::Acquire;
     const int n = c_.lsaSize, me = c_.lsaRank;
-    const uint64_t* row = c_.lsaInbox + size_t(row_) * n;
+    const uint64_t* row = c_.lsaInbox + size_t(row_) * c_.lsaInboxRowWords;
     bool ok = true;
     for (int i = coop.rank(); i < n; i += coop.size()) {
       if (i == me) continue;

@@ -38,10 +38,12 @@ struct DevComm {
   uint64_t* signalShadows = nullptr;            // [nSignals] local only
   uint64_t* counters = nullptr;                 // [nCounters * 1] local completion counts
 
-  // Barriers: lsaInbox[row * lsaSize + from] holds the last epoch lsa member
-  // `from` announced on barrier row `row` (rows 0..nBarriers-1: lsa sessions,
-  // nBarriers..2*nBarriers-1: world sessions).
-  uint64_t* lsaInbox = nullptr;                 // [2 * nBarriers * lsaSize] this rank's
+  // Barriers: lsaInbox[row * lsaInboxRowWords + from] holds the last epoch lsa
+  // member `from` announced on barrier row `row` (rows 0..nBarriers-1: lsa
+  // sessions, nBarriers..2*nBarriers-1: world sessions). Rows are padded to
+  // 128-byte lines so CTAs on different barrier indices never share a line.
+  int32_t lsaInboxRowWords = 0;
+  uint64_t* lsaInbox = nullptr;                 // [2 * nBarriers * lsaInboxRowWords] this rank's
   uint64_t* const* lsaInboxes = nullptr;        // [lsaSize] each lsa member's lsaInbox
 
   // The first kLsaInline entries of lsaSignals and lsaInboxes, held in the

@@ -374,7 +374,8 @@ class Comm {
     const size_t L = size_t(dev_.lsaSize);
     // Shared: signals (user ids, then one rail-barrier signal per index), then
     // 2*nB rows of lsa inbox (LsaBarrierSession rows, then BarrierSession rows).
-    const size_t sigWords = nS + nB, inboxWords = 2 * nB * L;
+    const size_t rowWords = (L + 15) / 16 * 16;  // 128-byte lines
+    const size_t sigWords = (nS + nB + 15) / 16 * 16, inboxWords = 2 * nB * rowWords;
     shared_ = SharedBuffer::allocate(backing(), (sigWords + inboxWords) * 8);
     std::vector<char*> sharedBases = exchange(shared_.share(shared_.data()), shared_.data(), sharedPeers_);
     shared_.unlinkName();
@@ -428,6 +429,7 @@ class Comm {
     dev_.signalShadows = reinterpret_cast<uint64_t*>(base + offShadow);
     dev_.counters = reinterpret_cast<uint64_t*>(base + offCounter);
     dev_.lsaInbox = reinterpret_cast<uint64_t*>(shared_.data()) + sigWords;
+    dev_.lsaInboxRowWords = int32_t(rowWords);
     dev_.lsaInboxes = reinterpret_cast<uint64_t* const*>(base + offInboxPtrs);
     for (size_t i = 0; i < L && i < size_t(DevComm::kLsaInline); ++i) {
       dev_.lsaSignalsInline[i] = sigPtrs[i];
