@@ -1,5 +1,6 @@
-// tests/common/ranks.hpp — run a test body on N CPU ranks (threads of this
-// process), each with its own Comm, and rethrow the first failure.
+// tests/common/ranks.hpp — run a test body on N ranks (threads of this
+// process), each with its own Comm, and rethrow the first failure. Used by
+// the CPU tests and, through gpu_common.cuh, by the GPU suite.
 #pragma once
 
 #include <exception>
@@ -21,11 +22,13 @@ inline gin::CommConfig cpuConfig(uint64_t timeoutNs = 20'000'000'000ull) {
   return c;
 }
 
-// Runs body(comm) on n rank threads. Exceptions (including Catch2 assertion
-// failures raised with REQUIRE inside a rank) are collected and the first is
-// rethrown on the calling thread once all ranks have ended.
-inline void runRanks(int n, const std::function<void(gin::Comm&)>& body, gin::CommConfig cfg = cpuConfig(),
-                     uint64_t bootstrapTimeoutNs = 20'000'000'000ull) {
+// Runs body(comm) on n rank threads of one InProcessGroup, rank r's Comm built
+// with configFor(r). Exceptions (including Catch2 assertion failures raised
+// with REQUIRE inside a rank) are collected and the first is rethrown on the
+// calling thread once all ranks have ended.
+inline void runRankThreads(int n, const std::function<gin::CommConfig(int)>& configFor,
+                           const std::function<void(gin::Comm&)>& body,
+                           uint64_t bootstrapTimeoutNs = 20'000'000'000ull) {
   gin::BootstrapConfig bcfg;
   bcfg.timeoutNs = bootstrapTimeoutNs;
   gin::InProcessGroup group(n, bcfg);
@@ -34,7 +37,7 @@ inline void runRanks(int n, const std::function<void(gin::Comm&)>& body, gin::Co
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        gin::Comm comm(group.rank(r), cfg);
+        gin::Comm comm(group.rank(r), configFor(r));
         body(comm);
       } catch (...) {
         errors[size_t(r)] = std::current_exception();
@@ -43,6 +46,12 @@ inline void runRanks(int n, const std::function<void(gin::Comm&)>& body, gin::Co
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+}
+
+// N CPU ranks, all with `cfg`.
+inline void runRanks(int n, const std::function<void(gin::Comm&)>& body, gin::CommConfig cfg = cpuConfig(),
+                     uint64_t bootstrapTimeoutNs = 20'000'000'000ull) {
+  runRankThreads(n, [&](int) { return cfg; }, body, bootstrapTimeoutNs);
 }
 
 // Catch2 assertions are not thread-safe: rank bodies check with expect(),
@@ -54,8 +63,8 @@ inline void expect(bool ok, const std::string& what) {
   if (!ok) throw Failure(what);
 }
 
-// Deterministic per-(seed, rank, index) byte pattern.
-inline uint8_t pattern(uint64_t seed, int rank, size_t i) {
+// Deterministic per-(seed, rank, index) byte pattern (host and device).
+GIN_HD inline uint8_t pattern(uint64_t seed, int rank, size_t i) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(rank) << 40) ^ i;
   x ^= x >> 33;
   x *= 0xff51afd7ed558ccdull;

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "gin/gin.hpp"
+#include "../common/ranks.hpp"
 
 namespace gputest {
 
@@ -22,12 +22,9 @@ inline int skipNoGpu(const char* what) {
   return 77;
 }
 
-struct Failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-inline void expect(bool ok, const std::string& what) {
-  if (!ok) throw Failure(what);
-}
+using gintest::expect;
+using gintest::Failure;
+using gintest::pattern;
 
 inline gin::CommConfig gpuConfig(uint64_t timeoutNs = 20'000'000'000ull) {
   gin::CommConfig c;
@@ -38,32 +35,14 @@ inline gin::CommConfig gpuConfig(uint64_t timeoutNs = 20'000'000'000ull) {
 
 // One thread per GPU, each with its own Comm on GPU r.
 inline void runGpus(int n, const std::function<void(gin::Comm&)>& body, gin::CommConfig cfg = gpuConfig()) {
-  gin::InProcessGroup group(n);
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
+  gintest::runRankThreads(
+      n,
+      [&](int r) {
         gin::CommConfig c = cfg;
         c.cudaDevice = r;
-        gin::Comm comm(group.rank(r), c);
-        body(comm);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
-
-// Same pattern as the CPU tests: a byte from (seed, rank, index).
-__host__ __device__ inline uint8_t pattern(uint64_t seed, int rank, size_t i) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(rank) << 40) ^ i;
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return uint8_t(x);
+        return c;
+      },
+      body);
 }
 
 #define GPU_CHECK(call)                                                                        \
