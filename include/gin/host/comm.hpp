@@ -95,12 +95,6 @@ class Comm {
       bs_.barrier();
     } catch (...) {
     }
-    windows_.clear();
-    userAllocs_.clear();
-#if GIN_WITH_CUDA
-    if (gpu_ && hostRecord_) (void)cudaFreeHost(hostRecord_);
-#endif
-    if (!gpu_) std::free(hostRecord_);
   }
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -238,7 +232,8 @@ class Comm {
   SharedBuffer shared_;                 // signals + barrier inboxes, mapped by lsa peers
   std::vector<PeerMapping> sharedPeers_;
   DeviceTable local_;                   // shadows, counters, epochs, pointer tables
-  DeviceErrorRecord* hostRecord_ = nullptr;  // host view of the error record (+ abort flag after it)
+  HostMappedBuffer record_;                  // the device error record
+  DeviceErrorRecord* hostRecord_ = nullptr;  // its host address
   uint32_t nextWindowId_ = 1;
   std::map<const WindowDev*, std::unique_ptr<WindowRecord>> windows_;
   std::vector<std::unique_ptr<SharedBuffer>> userAllocs_;
@@ -400,22 +395,8 @@ class Comm {
     // reads it while kernels run. The claim word and the abort flag stay in
     // device memory: waits poll the flag, and a PCIe read per poll batch
     // would cost every wait about a microsecond.
-    const size_t recBytes = sizeof(DeviceErrorRecord) + 64;
-    DeviceErrorRecord* devRecord = nullptr;
-    if (gpu_) {
-#if GIN_WITH_CUDA
-      void* p = nullptr;
-      GIN_CUDA_CHECK(cudaHostAlloc(&p, recBytes, cudaHostAllocMapped | cudaHostAllocPortable));
-      std::memset(p, 0, recBytes);
-      hostRecord_ = static_cast<DeviceErrorRecord*>(p);
-      void* d = nullptr;
-      GIN_CUDA_CHECK(cudaHostGetDevicePointer(&d, p, 0));
-      devRecord = static_cast<DeviceErrorRecord*>(d);
-#endif
-    } else {
-      hostRecord_ = static_cast<DeviceErrorRecord*>(std::calloc(1, recBytes));
-      devRecord = hostRecord_;
-    }
+    record_ = HostMappedBuffer(gpu_, sizeof(DeviceErrorRecord));
+    hostRecord_ = static_cast<DeviceErrorRecord*>(record_.host());
 
     char* base = local_.data();
     dev_.nContexts = cfg_.nContexts;
@@ -437,7 +418,7 @@ class Comm {
     }
     dev_.lsaEpochs = reinterpret_cast<uint64_t*>(base + offLsaEpoch);
     dev_.railEpochs = reinterpret_cast<uint64_t*>(base + offRailEpoch);
-    dev_.error = devRecord;
+    dev_.error = static_cast<DeviceErrorRecord*>(record_.device());
     dev_.errorClaim = reinterpret_cast<uint32_t*>(base + offClaim);
     dev_.abortFlag = reinterpret_cast<uint32_t*>(base + offClaim + 4);
   }

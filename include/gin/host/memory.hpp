@@ -151,6 +151,55 @@ class ShmSegment {
   }
 };
 
+// Zeroed host memory the device can also write: mapped pinned memory on a GPU
+// (host() and device() are two addresses of it), plain heap memory on CPU ranks.
+class HostMappedBuffer {
+ public:
+  HostMappedBuffer() = default;
+  HostMappedBuffer(bool gpu, size_t bytes) : gpu_(gpu) {
+    if (gpu_) {
+#if GIN_WITH_CUDA
+      void* p = nullptr;
+      GIN_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+      host_ = p;
+      std::memset(p, 0, bytes);
+      GIN_CUDA_CHECK(cudaHostGetDevicePointer(&device_, p, 0));
+#else
+      throw Error("mapped host memory requested, but this program was built without the CUDA runtime");
+#endif
+    } else {
+      host_ = device_ = std::calloc(1, bytes);
+      if (!host_) throw Error("out of host memory allocating " + std::to_string(bytes) + " bytes");
+    }
+  }
+  HostMappedBuffer(HostMappedBuffer&& o) noexcept { *this = std::move(o); }
+  HostMappedBuffer& operator=(HostMappedBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      gpu_ = o.gpu_;
+      host_ = std::exchange(o.host_, nullptr);
+      device_ = std::exchange(o.device_, nullptr);
+    }
+    return *this;
+  }
+  ~HostMappedBuffer() { release(); }
+  void* host() const { return host_; }
+  void* device() const { return device_; }
+
+ private:
+  bool gpu_ = false;
+  void* host_ = nullptr;
+  void* device_ = nullptr;
+  void release() {
+    if (!host_) return;
+#if GIN_WITH_CUDA
+    if (gpu_) (void)cudaFreeHost(host_);
+#endif
+    if (!gpu_) std::free(host_);
+    host_ = device_ = nullptr;
+  }
+};
+
 // Where a buffer lives and how a peer maps it. Fixed size, so it travels
 // through Bootstrap::allGather.
 struct ShareHandle {
