@@ -14,7 +14,7 @@ using gputest::runGpus;
 
 namespace {
 constexpr uint8_t kPoison = 0xAB;
-enum class Kind { Thread, Warp, Block };
+enum class Kind { Thread, Tile8, Warp, WarpSpan, Block };
 
 // Block b: peer b % nRanks, context b / nRanks. Each rank's block lands in
 // slot (ctx, me) of the peer's destination, at offset `mis` inside the slot.
@@ -25,8 +25,16 @@ __global__ void putAll(DevComm dc, Window dst, Window src, size_t bytes, size_t 
   const size_t off = (size_t(ctx) * dc.nRanks + dc.rank) * slot + mis;
   if constexpr (K == Kind::Thread) {
     if (threadIdx.x == 0) net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopThread{});
+  } else if constexpr (K == Kind::Tile8) {
+    // Lanes 8..15 of warp 1: an aligned tile that is not at the start of its warp.
+    if (threadIdx.x >= 40 && threadIdx.x < 48)
+      net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopTile<8>{});
   } else if constexpr (K == Kind::Warp) {
     if (threadIdx.x < 32) net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopWarp{});
+  } else if constexpr (K == Kind::WarpSpan) {
+    // Warps 2..5 of the block, on named barrier 1+3.
+    if (threadIdx.x >= 64 && threadIdx.x < 192)
+      net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopWarpSpan{2, 4, 3});
   } else {
     net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopBlock{});
   }
@@ -86,13 +94,16 @@ std::vector<int> rankCounts() {
 }
 }  // namespace
 
-TEST_CASE("GPU put: thread, warp and block coops deliver random data to every peer, poison untouched", "[gpu][put]") {
+TEST_CASE("GPU put: thread, tile, warp, warp-span and block coops deliver random data to every peer, poison untouched",
+          "[gpu][put]") {
   for (int n : rankCounts())
     for (size_t bytes : {size_t(1), size_t(13), size_t(4096), size_t(1 << 20) + 7})
       for (size_t mis : {size_t(0), size_t(3), size_t(8)}) {
         CAPTURE(n, bytes, mis);
         REQUIRE_NOTHROW(putTest<Kind::Thread>(n, bytes, mis, 11 + bytes));
+        REQUIRE_NOTHROW(putTest<Kind::Tile8>(n, bytes, mis, 14 + bytes));
         REQUIRE_NOTHROW(putTest<Kind::Warp>(n, bytes, mis, 12 + bytes));
+        REQUIRE_NOTHROW(putTest<Kind::WarpSpan>(n, bytes, mis, 15 + bytes));
         REQUIRE_NOTHROW(putTest<Kind::Block>(n, bytes, mis, 13 + bytes));
       }
 }
