@@ -66,9 +66,9 @@ constexpr uint32_t kSigTimed = 1;   // put-bw: the timed puts' signals (counted 
 constexpr uint32_t kSigPing = 2;    // signal-lat
 constexpr size_t kGuard = 64;       // bytes after each put's destination that must stay poisoned
 constexpr uint8_t kPoison = 0xAB;
-constexpr int kBlockThreads = 512;        // put-bw block coop
-constexpr size_t kBytesPerCta = 32 << 10; // put-bw block coop: one CTA per 32 KiB, up to one per SM
-constexpr int kCpuCtas = 132;             // CPU emulation: CTA count of an H100 SXM
+constexpr int kBlockThreads = 512;         // put-bw block coop
+constexpr size_t kBytesPerCta = 32 << 10;  // put-bw block coop: one CTA per 32 KiB, up to one per SM
+constexpr int kCpuCtas = 132;              // CPU emulation: CTA count of an H100 SXM
 constexpr int kBarrierThreads = 256;
 constexpr int kBarrierCtas[] = {1, 32, 132};
 constexpr double kSlowPutS = 0.25;  // a coop whose single put takes longer stops at that size
@@ -182,13 +182,14 @@ GIN_HD inline void barrierWrite(const gin::DevComm& dc, Window w, uint32_t b, ui
     if (p != lsa.rank) net.putValue(lsa, p, w, off, value, gin::None{}, gin::CoopThread{});
 }
 template <class Coop>
-GIN_HD inline uint64_t barrierRead(const gin::DevComm& dc, Window w, uint32_t b, uint32_t nB, uint64_t value, Coop coop) {
+GIN_HD inline uint64_t barrierRead(const gin::DevComm& dc, Window w, uint32_t b, uint32_t nB, uint64_t value,
+                                   Coop coop) {
   const gin::Team lsa = gin::teamLsa(dc);
   uint64_t bad = 0;
   for (int p = coop.rank(); p < lsa.nRanks; p += coop.size()) {
     if (p == lsa.rank) continue;
-    const auto* slot = static_cast<const uint64_t*>(
-        gin::localPointer(w, barrierSlot(int(value & 1), b, nB, lsa.nRanks, p)));
+    const auto* slot =
+        static_cast<const uint64_t*>(gin::localPointer(w, barrierSlot(int(value & 1), b, nB, lsa.nRanks, p)));
     bad += gin::volatileLoad(slot) != value;
   }
   return bad;
@@ -222,9 +223,7 @@ __global__ void waitSignalKernel(gin::DevComm dc, uint32_t sig, uint64_t least, 
   if (!net.waitSignal(gin::CoopThread{}, sig, least)) *failed = 1;
 }
 
-__global__ void resetSignalKernel(gin::DevComm dc, uint32_t sig) {
-  gin::Net<gin::kBackendLsa>(dc, 0).resetSignal(sig);
-}
+__global__ void resetSignalKernel(gin::DevComm dc, uint32_t sig) { gin::Net<gin::kBackendLsa>(dc, 0).resetSignal(sig); }
 
 __global__ void readSignalKernel(gin::DevComm dc, uint32_t sig, unsigned long long* out) {
   *out = gin::Net<gin::kBackendLsa>(dc, 0).readSignal(sig);
@@ -339,24 +338,59 @@ struct J {
   std::vector<std::string> keys;
   std::vector<J> vals;
 
-  static J num(double v) { J j; j.t = T::Num; j.n = v; return j; }
-  static J str(std::string v) { J j; j.t = T::Str; j.s = std::move(v); return j; }
-  static J boolean(bool v) { J j; j.t = T::Bool; j.b = v; return j; }
-  static J arr() { J j; j.t = T::Arr; return j; }
-  static J obj() { J j; j.t = T::Obj; return j; }
-  J& set(std::string k, J v) { keys.push_back(std::move(k)); vals.push_back(std::move(v)); return *this; }
+  static J num(double v) {
+    J j;
+    j.t = T::Num;
+    j.n = v;
+    return j;
+  }
+  static J str(std::string v) {
+    J j;
+    j.t = T::Str;
+    j.s = std::move(v);
+    return j;
+  }
+  static J boolean(bool v) {
+    J j;
+    j.t = T::Bool;
+    j.b = v;
+    return j;
+  }
+  static J arr() {
+    J j;
+    j.t = T::Arr;
+    return j;
+  }
+  static J obj() {
+    J j;
+    j.t = T::Obj;
+    return j;
+  }
+  J& set(std::string k, J v) {
+    keys.push_back(std::move(k));
+    vals.push_back(std::move(v));
+    return *this;
+  }
   J& set(std::string k, double v) { return set(std::move(k), num(v)); }
   J& set(std::string k, const char* v) { return set(std::move(k), str(v)); }
   J& set(std::string k, const std::string& v) { return set(std::move(k), str(v)); }
-  J& push(J v) { vals.push_back(std::move(v)); return *this; }
+  J& push(J v) {
+    vals.push_back(std::move(v));
+    return *this;
+  }
 
   static void quote(std::string& o, const std::string& v) {
     o += '"';
     for (unsigned char ch : v) {
-      if (ch == '"' || ch == '\\') { o += '\\'; o += char(ch); }
-      else if (ch == '\n') o += "\\n";
-      else if (ch < 0x20) o += fmt("\\u%04x", ch);
-      else o += char(ch);
+      if (ch == '"' || ch == '\\') {
+        o += '\\';
+        o += char(ch);
+      } else if (ch == '\n')
+        o += "\\n";
+      else if (ch < 0x20)
+        o += fmt("\\u%04x", ch);
+      else
+        o += char(ch);
     }
     o += '"';
   }
@@ -366,9 +400,12 @@ struct J {
       case T::Null: o += "null"; break;
       case T::Bool: o += b ? "true" : "false"; break;
       case T::Num:
-        if (!std::isfinite(n)) o += "null";
-        else if (n == std::floor(n) && std::fabs(n) < 9e15) o += fmt("%.0f", n);
-        else o += fmt("%.6g", n);
+        if (!std::isfinite(n))
+          o += "null";
+        else if (n == std::floor(n) && std::fabs(n) < 9e15)
+          o += fmt("%.0f", n);
+        else
+          o += fmt("%.6g", n);
         break;
       case T::Str: quote(o, s); break;
       case T::Arr:
@@ -378,10 +415,16 @@ struct J {
         for (size_t i = 0; i < vals.size(); ++i) {
           o += i ? ",\n" : "\n";
           o += pad;
-          if (isObj) { quote(o, keys[i]); o += ": "; }
+          if (isObj) {
+            quote(o, keys[i]);
+            o += ": ";
+          }
           vals[i].write(o, ind + 2);
         }
-        if (!vals.empty()) { o += "\n"; o += end; }
+        if (!vals.empty()) {
+          o += "\n";
+          o += end;
+        }
         o += isObj ? "}" : "]";
         break;
       }
@@ -478,11 +521,16 @@ bool parseSize(const std::string& s, uint64_t* out) {
   std::string suf(end);
   for (auto& ch : suf) ch = char(std::toupper(static_cast<unsigned char>(ch)));
   int shift = 0;
-  if (suf == "" || suf == "B") shift = 0;
-  else if (suf == "K" || suf == "KB" || suf == "KIB") shift = 10;
-  else if (suf == "M" || suf == "MB" || suf == "MIB") shift = 20;
-  else if (suf == "G" || suf == "GB" || suf == "GIB") shift = 30;
-  else return false;
+  if (suf == "" || suf == "B")
+    shift = 0;
+  else if (suf == "K" || suf == "KB" || suf == "KIB")
+    shift = 10;
+  else if (suf == "M" || suf == "MB" || suf == "MIB")
+    shift = 20;
+  else if (suf == "G" || suf == "GB" || suf == "GIB")
+    shift = 30;
+  else
+    return false;
   if (v == 0 || v > (~0ull >> (shift + 1))) return false;
   *out = uint64_t(v) << shift;
   return true;
@@ -550,10 +598,14 @@ Options parseArgs(int argc, char** argv) {
       if (haveOp) usageError("more than one OP given (" + o.opName + " and " + a + ")");
       haveOp = true;
       o.opName = a;
-      if (a == "put-bw") o.op = Op::PutBw;
-      else if (a == "signal-lat") o.op = Op::SignalLat;
-      else if (a == "barrier") o.op = Op::Barrier;
-      else usageError("unknown OP " + a + " (expected put-bw, signal-lat or barrier)");
+      if (a == "put-bw")
+        o.op = Op::PutBw;
+      else if (a == "signal-lat")
+        o.op = Op::SignalLat;
+      else if (a == "barrier")
+        o.op = Op::Barrier;
+      else
+        usageError("unknown OP " + a + " (expected put-bw, signal-lat or barrier)");
     }
   }
   if (!haveOp) usageError("no OP given");
@@ -636,9 +688,12 @@ class CpuEngine final : public Engine {
     // every coop is one thread doing the whole coop's share.
     for (int i = 0; i < iters; ++i)
       for (int part = 0; part < sh.ctas; ++part) {
-        if (k == CoopKind::Thread) putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopThread{});
-        else if (k == CoopKind::Warp) putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopWarp{});
-        else putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopBlock{});
+        if (k == CoopKind::Thread)
+          putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopThread{});
+        else if (k == CoopKind::Warp)
+          putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopWarp{});
+        else
+          putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopBlock{});
       }
     const double s = seconds(t0);
     comm_.check();
@@ -704,7 +759,8 @@ class CpuEngine final : public Engine {
   }
   std::vector<std::unique_ptr<Bar>> openBarriers(int ctas) {
     std::vector<std::unique_ptr<Bar>> bars;
-    for (int b = 0; b < ctas; ++b) bars.push_back(std::make_unique<Bar>(gin::CoopBlock{}, comm_.devComm(), uint32_t(b)));
+    for (int b = 0; b < ctas; ++b)
+      bars.push_back(std::make_unique<Bar>(gin::CoopBlock{}, comm_.devComm(), uint32_t(b)));
     return bars;
   }
 };
@@ -781,7 +837,7 @@ class GpuEngine final : public Engine {
     waitSignalKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), sig, least, scratch_ + 1);
     launched();
     verifyKernel<<<sms_ * 4, 256, 0, stream_>>>(static_cast<const uint8_t*>(comm_.localPointer(dst)), bytes, kGuard,
-                                                  seed, scratch_);
+                                                seed, scratch_);
     launched();
   }
   uint64_t endReceiveCheck() override {
@@ -795,16 +851,19 @@ class GpuEngine final : public Engine {
   uint64_t checkLocal(Window dst, size_t bytes, uint64_t seed) override {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
     verifyKernel<<<sms_ * 4, 256, 0, stream_>>>(static_cast<const uint8_t*>(comm_.localPointer(dst)), bytes, kGuard,
-                                                  seed, scratch_);
+                                                seed, scratch_);
     launched();
     return fetch(0);
   }
   double put(CoopKind k, Shape sh, Window dst, Window src, size_t bytes, int iters, uint32_t sig) override {
     const gin::DevComm dc = comm_.devComm();
     return timed([&] {
-      if (k == CoopKind::Thread) putKernel<gin::CoopThread><<<1, 1, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
-      else if (k == CoopKind::Warp) putKernel<gin::CoopWarp><<<1, 32, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
-      else putKernel<gin::CoopBlock><<<sh.ctas, sh.threads, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
+      if (k == CoopKind::Thread)
+        putKernel<gin::CoopThread><<<1, 1, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
+      else if (k == CoopKind::Warp)
+        putKernel<gin::CoopWarp><<<1, 32, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
+      else
+        putKernel<gin::CoopBlock><<<sh.ctas, sh.threads, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
     });
   }
   void setPeerDevice(int d) { peerDev_ = d; }
@@ -830,7 +889,8 @@ class GpuEngine final : public Engine {
   }
   double barrierTime(int ctas, int iters) override {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
-    const double s = timed([&] { ginBarrierKernel<<<ctas, kBarrierThreads, 0, stream_>>>(comm_.devComm(), iters, scratch_); });
+    const double s =
+        timed([&] { ginBarrierKernel<<<ctas, kBarrierThreads, 0, stream_>>>(comm_.devComm(), iters, scratch_); });
     if (fetch(0)) throw gin::Error("barrier: a wait gave up without a device error record");
     return s;
   }
@@ -922,7 +982,8 @@ void commonJson(Report& rep, const Options& o, const Setup& s, const std::vector
   rep.json.set("mode", s.gpu ? "gpu" : "cpu-emulation");
   if (!s.gpu)
     rep.json.set("note", fmt("CPU emulation: ranks are threads of one process on a %u-core machine; the numbers are "
-                             "CPU numbers, not GPU numbers", std::thread::hardware_concurrency()));
+                             "CPU numbers, not GPU numbers",
+                             std::thread::hardware_concurrency()));
   rep.json.set("transport", o.transport);
   rep.json.set("ranks", double(s.ranks));
   J w = J::arr();
@@ -977,9 +1038,7 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
   bool skipped[3] = {false, false, false};
   std::vector<std::array<Cell, 4>> cells(sizes.size());  // thread, warp, block, copy
 
-  auto fail = [&](const std::string& what) {
-    throw Failure("put-bw verification failed: " + what);
-  };
+  auto fail = [&](const std::string& what) { throw Failure("put-bw verification failed: " + what); };
 
   // Times `runOnce(iters)` on rank 0: warm-up, a one-iteration probe that
   // sizes the runs to the budget, then kPutRuns runs; returns the median cell.
@@ -1019,8 +1078,10 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
       uint64_t bad = me == 1 ? e.endReceiveCheck() : 0;
       bad = bcast(comm, bad, 1);
       if (bad == ~0ull)
-        fail(fmt("%s coop, %s: rank 1 never saw the put's signal (waitSignal gave up after the communicator's "
-                 "timeout, GIN_TIMEOUT_MS)", kCoopNames[ci], sizeName(bytes).c_str()));
+        fail(
+            fmt("%s coop, %s: rank 1 never saw the put's signal (waitSignal gave up after the communicator's "
+                "timeout, GIN_TIMEOUT_MS)",
+                kCoopNames[ci], sizeName(bytes).c_str()));
       if (bad)
         fail(fmt("%s coop, %s: rank 1 received %" PRIu64 " wrong bytes (of %zu, plus %zu guard bytes)", kCoopNames[ci],
                  sizeName(bytes).c_str(), bad, bytes, kGuard));
@@ -1028,7 +1089,8 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
       int calls = 0;
       double t1 = 0;
       if (me == 0) {
-        auto [c, probe] = measure(sh, [&](int it) { return e.put(k, sh, dst, src, bytes, it, kSigTimed); }, bytes, &calls);
+        auto [c, probe] = measure(
+            sh, [&](int it) { return e.put(k, sh, dst, src, bytes, it, kSigTimed); }, bytes, &calls);
         cells[si][size_t(ci)] = c;
         t1 = probe;
       }
@@ -1053,9 +1115,12 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
                sizeName(bytes).c_str(), bad));
     if (me == 0) {
       int calls = 0;
-      cells[si][3] = measure(Shape{0, 0}, [&](int it) {
-        return e.copyToPeer(reinterpret_cast<void*>(uintptr_t(peerDst)), src, bytes, it);
-      }, bytes, &calls).first;
+      cells[si][3] =
+          measure(
+              Shape{0, 0},
+              [&](int it) { return e.copyToPeer(reinterpret_cast<void*>(uintptr_t(peerDst)), src, bytes, it); }, bytes,
+              &calls)
+              .first;
     }
     comm.bootstrap().barrier();
   }
@@ -1071,9 +1136,11 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
       "rank 0 puts SIZE bytes from its src window into rank 1's dst window with gin Net<lsa>::put(..., SignalInc):",
       "  every put carries a remote SignalInc (system-scope release), one per CTA for the block coop",
       fmt("launch: thread = 1 CTA x 1 thread; warp = 1 CTA x 32 threads; block = min(%d, ceil(SIZE / 32 KiB)) CTAs x "
-          "%d threads,", maxCtas, kBlockThreads),
+          "%d threads,",
+          maxCtas, kBlockThreads),
       "  CTA b moving a contiguous 16-byte aligned share, or, from 2 x 64 KiB per CTA up, 64 KiB chunks dealt",
-      "  round-robin to the CTAs (CTA b: chunks b, b+G, ...; SignalInc on each CTA's last put) (shape per size in the table)",
+      "  round-robin to the CTAs (CTA b: chunks b, b+G, ...; SignalInc on each CTA's last put) (shape per size in the "
+      "table)",
       fmt("iterations: one %s runs ITERS puts back to back; ITERS = min(%d, %.0f ms / time of one put), at least 1;",
           gpu ? "kernel" : "call (per rank thread)", K, budget * 1e3),
       "  warm-up: one untimed put, then a timed one-put probe that sets ITERS",
@@ -1092,8 +1159,15 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
   if (!gpu)
     rep->method.push_back(
         "CPU emulation: every coop is one thread on the host, and the block coop's CTAs run one after another");
-  rep->table.header = {"size", "thread GB/s", "warp GB/s", "block GB/s", "block launch", std::string(base) + " GB/s",
-                       std::string("thread/") + base, std::string("warp/") + base, std::string("block/") + base,
+  rep->table.header = {"size",
+                       "thread GB/s",
+                       "warp GB/s",
+                       "block GB/s",
+                       "block launch",
+                       std::string(base) + " GB/s",
+                       std::string("thread/") + base,
+                       std::string("warp/") + base,
+                       std::string("block/") + base,
                        "iters t/w/b/" + std::string(gpu ? "ce" : "memcpy")};
   J rows = J::arr();
   for (size_t si = 0; si < sizes.size(); ++si) {
@@ -1129,17 +1203,17 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
              "not the load/store path between GPUs of one host";
   rep->notes.push_back("nccl: " + nccl);
   commonJson(*rep, o, s, where);
-  rep->json.set("method", J::obj()
-                              .set("operation", "Net<lsa>::put + SignalInc, rank 0 -> rank 1")
-                              .set("block_launch", fmt("min(%d, ceil(bytes/32KiB)) CTAs x %d threads", maxCtas,
-                                                       kBlockThreads))
-                              .set("iters_max", double(K))
-                              .set("budget_seconds_per_run", budget)
-                              .set("runs", double(kPutRuns))
-                              .set("statistic", "median")
-                              .set("timer", timerName(gpu))
-                              .set("GB", "1e9 bytes")
-                              .set("baseline", gpu ? "cudaMemcpyPeerAsync" : "std::memcpy"));
+  rep->json.set("method",
+                J::obj()
+                    .set("operation", "Net<lsa>::put + SignalInc, rank 0 -> rank 1")
+                    .set("block_launch", fmt("min(%d, ceil(bytes/32KiB)) CTAs x %d threads", maxCtas, kBlockThreads))
+                    .set("iters_max", double(K))
+                    .set("budget_seconds_per_run", budget)
+                    .set("runs", double(kPutRuns))
+                    .set("statistic", "median")
+                    .set("timer", timerName(gpu))
+                    .set("GB", "1e9 bytes")
+                    .set("baseline", gpu ? "cudaMemcpyPeerAsync" : "std::memcpy"));
   rep->json.set("verified", J::boolean(true));
   rep->json.set("results", std::move(rows));
   rep->json.set("nccl", J::obj().set("measured", J::boolean(false)).set("reason", nccl));
@@ -1178,7 +1252,8 @@ void runSignalLat(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
   for (int r = 0; r < 2; ++r)
     if (all[size_t(r)] != base)
       throw Failure(fmt("signal-lat verification failed: rank %d's signal is %" PRIu64 " after %" PRIu64
-                        " round trips (expected %" PRIu64 ")", r, all[size_t(r)], base, base));
+                        " round trips (expected %" PRIu64 ")",
+                        r, all[size_t(r)], base, base));
   comm.bootstrap().barrier();
   if (me != 0) return;
 
@@ -1188,9 +1263,11 @@ void runSignalLat(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
       "  rank 0: net.signal(world, 1, SignalInc) then net.waitSignal(CoopThread, sig, i+1);",
       "  rank 1: net.waitSignal(CoopThread, sig, i+1) then net.signal(world, 0, SignalInc)",
       gpu ? fmt("launch: one kernel of 1 CTA x 1 thread per rank, both started after a host barrier, each running "
-                "all ITERS = %d round trips", K)
+                "all ITERS = %d round trips",
+                K)
           : fmt("launch: one call per rank thread, both started after a host barrier, each running all ITERS = %d "
-                "round trips", K),
+                "round trips",
+                K),
       fmt("warm-up: one run of %d round trips; then %d timed runs; reported: median, min, max over the runs", warm,
           kLatRuns),
       fmt("timer (row 1): %s around each rank's run; per run the smaller of the two", timerName(gpu).c_str()),
@@ -1249,11 +1326,10 @@ void runSignalLat(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
 // ---- barrier ----
 
 #if GIN_BENCH_NCCL
-#define BENCH_NCCL_TRY(call, what)                                                       \
-  do {                                                                                   \
-    const ncclResult_t r_ = (call);                                                      \
-    if (r_ != ncclSuccess && reason.empty())                                             \
-      reason = std::string(what) + " failed: " + ncclGetErrorString(r_);                 \
+#define BENCH_NCCL_TRY(call, what)                                                                              \
+  do {                                                                                                          \
+    const ncclResult_t r_ = (call);                                                                             \
+    if (r_ != ncclSuccess && reason.empty()) reason = std::string(what) + " failed: " + ncclGetErrorString(r_); \
   } while (0)
 
 // NCCL communicator + device communicator with lsaBarrierCount barriers, for
@@ -1290,13 +1366,15 @@ struct NcclSide {
     ncclDevCommRequirements reqs;
     std::memset(&reqs, 0, sizeof reqs);
     reqs.lsaBarrierCount = barriers;
-    BENCH_NCCL_TRY(ncclDevCommCreate(comm, &reqs, &dev), "ncclDevCommCreate (needs symmetric memory: CUDA VMM, "
-                                                         "NCCL_CUMEM_ENABLE)");
+    BENCH_NCCL_TRY(ncclDevCommCreate(comm, &reqs, &dev),
+                   "ncclDevCommCreate (needs symmetric memory: CUDA VMM, "
+                   "NCCL_CUMEM_ENABLE)");
     reason = agree(g, reason);
     if (!reason.empty()) return fail(reason);
     reason = agree(g, dev.lsaSize == g.nRanks() ? std::string()
                                                 : fmt("NCCL's lsa team has %d ranks, not %d (are all GPUs "
-                                                      "peer-accessible?)", dev.lsaSize, g.nRanks()));
+                                                      "peer-accessible?)",
+                                                      dev.lsaSize, g.nRanks()));
     if (!reason.empty()) return fail(reason);
     ok = true;
   }
@@ -1338,8 +1416,10 @@ void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
   std::string ncclReason;
 #if GIN_BENCH_NCCL
   NcclSide nccl;
-  if (!gpu) ncclReason = "CPU emulation: NCCL's device API runs on GPUs only";
-  else if (o.noNccl) ncclReason = "disabled by --no-nccl";
+  if (!gpu)
+    ncclReason = "CPU emulation: NCCL's device API runs on GPUs only";
+  else if (o.noNccl)
+    ncclReason = "disabled by --no-nccl";
   else {
     nccl.open(comm, kBarrierCtas[2]);
     if (!nccl.ok) ncclReason = nccl.reason;
@@ -1381,7 +1461,8 @@ void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
     for (int r = 0; r < n; ++r)
       if (all[size_t(r)])
         throw Failure(fmt("barrier verification failed: %s barrier, %d CTAs: rank %d saw %" PRIu64
-                          " stale or missing peer writes after a sync", which, ctas, r, all[size_t(r)]));
+                          " stale or missing peer writes after a sync",
+                          which, ctas, r, all[size_t(r)]));
   };
 
   for (int ctas : ctaCounts) {
@@ -1411,13 +1492,15 @@ void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
       "every rank opens gin::LsaBarrierSession<CoopBlock>(CoopBlock{}, devComm, blockIdx.x) in each CTA (its own",
       "  barrier index) and calls sync(CoopBlock{}) ITERS times (default memory order: acq_rel)",
       gpu ? fmt("launch: 1, 32 and 132 CTAs x %d threads, one kernel per rank, all ranks started after a host "
-                "barrier", kBarrierThreads)
+                "barrier",
+                kBarrierThreads)
           : "launch: 1, 32 and 132 'CTAs' (barrier indices), one call per rank thread, all ranks started after a "
             "host barrier",
       fmt("ITERS = %d; warm-up: one run of %d syncs; then %d timed runs", K, warm, kBarRuns),
       fmt("timer: %s around each rank's run; per run the smallest time over the ranks", timerName(gpu).c_str()),
       "  (the rank that started last, whose time has no start skew) / ITERS; reported: median of runs",
-      fmt("verified first (%d syncs per CTA): before each sync every rank writes the iteration's value into its slot at",
+      fmt("verified first (%d syncs per CTA): before each sync every rank writes the iteration's value into its slot "
+          "at",
           checkIters),
       "  every peer (Net::putValue); after the sync every peer's value must be there (slots alternate by parity)",
   };
@@ -1460,14 +1543,15 @@ void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
   rep->notes.push_back(withNccl ? "nccl: measured (ncclLsaBarrierSession, same launch shapes)"
                                 : "nccl: not measured (" + ncclReason + ")");
   commonJson(*rep, o, s, where);
-  rep->json.set("method", J::obj()
-                              .set("operation", "LsaBarrierSession<CoopBlock>::sync, one barrier index per CTA")
-                              .set("threads_per_cta", double(kBarrierThreads))
-                              .set("iters", double(K))
-                              .set("warmup_iters", double(warm))
-                              .set("runs", double(kBarRuns))
-                              .set("statistic", "median over runs of the smallest per-rank time (the last rank to start)")
-                              .set("timer", timerName(gpu)));
+  rep->json.set("method",
+                J::obj()
+                    .set("operation", "LsaBarrierSession<CoopBlock>::sync, one barrier index per CTA")
+                    .set("threads_per_cta", double(kBarrierThreads))
+                    .set("iters", double(K))
+                    .set("warmup_iters", double(warm))
+                    .set("runs", double(kBarRuns))
+                    .set("statistic", "median over runs of the smallest per-rank time (the last rank to start)")
+                    .set("timer", timerName(gpu)));
   rep->json.set("verified", J::boolean(true));
   rep->json.set("results", std::move(rows));
   rep->json.set("nccl", withNccl ? J::obj().set("measured", J::boolean(true))

@@ -76,9 +76,12 @@ int main(int argc, char** argv) {
   bool cpu = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--ranks" && i + 1 < argc) ranks = std::atoi(argv[++i]);
-    else if (a == "--bytes" && i + 1 < argc) bytes = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--cpu") cpu = true;
+    if (a == "--ranks" && i + 1 < argc)
+      ranks = std::atoi(argv[++i]);
+    else if (a == "--bytes" && i + 1 < argc)
+      bytes = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--cpu")
+      cpu = true;
     else {
       std::fprintf(stderr, "usage: %s [--ranks N] [--bytes B] [--cpu]\n", argv[0]);
       return 2;

@@ -51,7 +51,8 @@ inline void runRankThreads(int n, const std::function<gin::CommConfig(int)>& con
 // N CPU ranks, all with `cfg`.
 inline void runRanks(int n, const std::function<void(gin::Comm&)>& body, gin::CommConfig cfg = cpuConfig(),
                      uint64_t bootstrapTimeoutNs = 20'000'000'000ull) {
-  runRankThreads(n, [&](int) { return cfg; }, body, bootstrapTimeoutNs);
+  runRankThreads(
+      n, [&](int) { return cfg; }, body, bootstrapTimeoutNs);
 }
 
 // Catch2 assertions are not thread-safe: rank bodies check with expect(),

@@ -58,8 +58,7 @@ void allToAllPut(Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_
 }
 }  // namespace
 
-TEST_CASE("put delivers every byte to every peer and signals after the payload, any size and alignment",
-          "[net][put]") {
+TEST_CASE("put delivers every byte to every peer and signals after the payload, any size and alignment", "[net][put]") {
   const int n = GENERATE(1, 2, 3, 5, 8);
   const size_t bytes = GENERATE(size_t(0), size_t(1), size_t(7), size_t(16), size_t(4099), size_t(65536 + 13));
   const size_t srcMis = GENERATE(size_t(0), size_t(3));

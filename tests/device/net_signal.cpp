@@ -87,18 +87,21 @@ TEST_CASE("many contexts are independent and each is usable", "[net][contexts]")
   CommConfig cfg = gintest::cpuConfig();
   cfg.nContexts = 64;
   cfg.nSignals = 64;
-  REQUIRE_NOTHROW(runRanks(3, [](Comm& comm) {
-    const DevComm dc = comm.devComm();
-    const int n = comm.nRanks();
-    expect(dc.nContexts == 64, "context count");
-    for (int c = 0; c < dc.nContexts; ++c) {
-      Net net(dc, c);
-      for (int p = 0; p < n; ++p) net.signal(teamWorld(dc), p, SignalInc{uint32_t(c)});
-    }
-    for (int c = 0; c < dc.nContexts; ++c) {
-      Net net(dc, c);
-      expect(net.waitSignal(CoopThread{}, uint32_t(c), uint64_t(n)), "context " + std::to_string(c));
-    }
-    comm.check();
-  }, cfg));
+  REQUIRE_NOTHROW(runRanks(
+      3,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        const int n = comm.nRanks();
+        expect(dc.nContexts == 64, "context count");
+        for (int c = 0; c < dc.nContexts; ++c) {
+          Net net(dc, c);
+          for (int p = 0; p < n; ++p) net.signal(teamWorld(dc), p, SignalInc{uint32_t(c)});
+        }
+        for (int c = 0; c < dc.nContexts; ++c) {
+          Net net(dc, c);
+          expect(net.waitSignal(CoopThread{}, uint32_t(c), uint64_t(n)), "context " + std::to_string(c));
+        }
+        comm.check();
+      },
+      cfg));
 }

@@ -45,9 +45,9 @@ inline void runGpus(int n, const std::function<void(gin::Comm&)>& body, gin::Com
       body);
 }
 
-#define GPU_CHECK(call)                                                                        \
-  do {                                                                                         \
-    cudaError_t e_ = (call);                                                                   \
+#define GPU_CHECK(call)                                                                                \
+  do {                                                                                                 \
+    cudaError_t e_ = (call);                                                                           \
     if (e_ != cudaSuccess) throw gputest::Failure(std::string(#call) + ": " + cudaGetErrorString(e_)); \
   } while (0)
 

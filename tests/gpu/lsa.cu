@@ -24,17 +24,20 @@ __global__ void putAll(DevComm dc, Window dst, Window src, size_t bytes, size_t 
   Net net(dc, ctx);
   const size_t off = (size_t(ctx) * dc.nRanks + dc.rank) * slot + mis;
   if constexpr (K == Kind::Thread) {
-    if (threadIdx.x == 0) net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopThread{});
+    if (threadIdx.x == 0)
+      net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopThread{});
   } else if constexpr (K == Kind::Tile8) {
     // Lanes 8..15 of warp 1: an aligned tile that is not at the start of its warp.
     if (threadIdx.x >= 40 && threadIdx.x < 48)
       net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopTile<8>{});
   } else if constexpr (K == Kind::Warp) {
-    if (threadIdx.x < 32) net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopWarp{});
+    if (threadIdx.x < 32)
+      net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopWarp{});
   } else if constexpr (K == Kind::WarpSpan) {
     // Warps 2..5 of the block, on named barrier 1+3.
     if (threadIdx.x >= 64 && threadIdx.x < 192)
-      net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopWarpSpan{2, 4, 3});
+      net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0},
+              CoopWarpSpan{2, 4, 3});
   } else {
     net.put(teamWorld(dc), p, dst, off, src, 1, bytes, SignalInc{uint32_t(ctx)}, CounterInc{0}, CoopBlock{});
   }
@@ -116,7 +119,8 @@ __global__ void contention(DevComm dc, Window dst, Window src, size_t chunk) {
   const size_t id = size_t(blockIdx.x) * nWarps + warp;
   Net net(dc, int(id % 4));
   const int peer = (dc.rank + 1) % dc.nRanks;
-  net.put(teamWorld(dc), peer, dst, id * chunk, src, id * chunk, chunk, SignalInc{uint32_t(id % 4)}, None{}, CoopWarp{});
+  net.put(teamWorld(dc), peer, dst, id * chunk, src, id * chunk, chunk, SignalInc{uint32_t(id % 4)}, None{},
+          CoopWarp{});
 }
 __global__ void waitContention(DevComm dc, uint64_t perCtx, int* ok) {
   Net net(dc, blockIdx.x);
@@ -235,10 +239,16 @@ __global__ void barrierRounds(DevComm dc, Window w, int rounds, int* bad) {
       volatileStore(static_cast<uint64_t*>(lsaPointer(w, (size_t(b) * n + me) * 8, p)), tag);
     if constexpr (World) {
       BarrierSession<CoopBlock> bar(CoopBlock{}, dc, b);
-      if (!bar.sync(CoopBlock{})) { atomicAdd(bad, 1000); return; }
+      if (!bar.sync(CoopBlock{})) {
+        atomicAdd(bad, 1000);
+        return;
+      }
     } else {
       LsaBarrierSession<CoopBlock> bar(CoopBlock{}, dc, b);
-      if (!bar.sync(CoopBlock{})) { atomicAdd(bad, 1000); return; }
+      if (!bar.sync(CoopBlock{})) {
+        atomicAdd(bad, 1000);
+        return;
+      }
     }
     for (int p = threadIdx.x; p < n; p += blockDim.x)
       if (volatileLoad(mine + size_t(b) * n + p) != tag) atomicAdd(bad, 1);
@@ -278,14 +288,17 @@ __global__ void waitForever(DevComm dc) {
 
 TEST_CASE("GPU: a wait that cannot finish gives a gin::Error naming rank, op, context and id", "[gpu][errors]") {
   std::string msg;
-  REQUIRE_NOTHROW(runGpus(1, [&](Comm& comm) {
-    waitForever<<<4, 64>>>(comm.devComm());
-    try {
-      comm.synchronize();
-    } catch (const Error& e) {
-      msg = e.what();
-    }
-  }, gputest::gpuConfig(200'000'000ull)));
+  REQUIRE_NOTHROW(runGpus(
+      1,
+      [&](Comm& comm) {
+        waitForever<<<4, 64>>>(comm.devComm());
+        try {
+          comm.synchronize();
+        } catch (const Error& e) {
+          msg = e.what();
+        }
+      },
+      gputest::gpuConfig(200'000'000ull)));
   CHECK_THAT(msg, Catch::Matchers::ContainsSubstring("rank 0") && Catch::Matchers::ContainsSubstring("waitSignal") &&
                       Catch::Matchers::ContainsSubstring("context 2") && Catch::Matchers::ContainsSubstring("id 42"));
 }

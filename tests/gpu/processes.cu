@@ -23,9 +23,15 @@ __global__ void ring(DevComm dc, Window dst, Window src, size_t bytes, int round
     const size_t share = (bytes + gridDim.x - 1) / gridDim.x, off = share * blockIdx.x;
     const size_t len = off >= bytes ? 0 : (bytes - off < share ? bytes - off : share);
     net.put(teamWorld(dc), next, dst, off, src, off, len, SignalInc{blockIdx.x}, None{}, CoopBlock{});
-    if (!net.waitSignal(CoopBlock{}, blockIdx.x, uint64_t(r))) { atomicAdd(bad, 1000); return; }
+    if (!net.waitSignal(CoopBlock{}, blockIdx.x, uint64_t(r))) {
+      atomicAdd(bad, 1000);
+      return;
+    }
     LsaBarrierSession<CoopBlock> bar(CoopBlock{}, dc, blockIdx.x);
-    if (!bar.sync(CoopBlock{})) { atomicAdd(bad, 1000); return; }
+    if (!bar.sync(CoopBlock{})) {
+      atomicAdd(bad, 1000);
+      return;
+    }
   }
 }
 
@@ -65,7 +71,8 @@ int worker() {
   comm.bootstrap().barrier();
   comm.deregisterWindow(uw);
   cudaFree(user);
-  std::printf("rank %d of %d (GPU %d): %zu wrong bytes, barrier/wait failures %d\n", me, n, comm.cudaDevice(), wrong, hb);
+  std::printf("rank %d of %d (GPU %d): %zu wrong bytes, barrier/wait failures %d\n", me, n, comm.cudaDevice(), wrong,
+              hb);
   return (wrong == 0 && hb == 0) ? 0 : 1;
 }
 }  // namespace

@@ -35,11 +35,31 @@ double secondsSince(Clock::time_point t0) { return std::chrono::duration<double>
 // Every variable bootstrap.hpp reads. Tests start from none of them set and put
 // the caller's environment back afterwards.
 const char* const kEnvVars[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-    "SLURM_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_LAUNCH_NODE_IPADDR", "SLURM_JOB_ID",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-    "GIN_RANK", "GIN_NRANKS", "GIN_LOCAL_RANK", "GIN_LOCAL_SIZE", "GIN_BOOTSTRAP_TIMEOUT_MS", "GIN_BOOTSTRAP_ADDR",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_NPROCS",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_TASKS_PER_NODE",
+    "SLURM_NODEID",
+    "SLURM_LAUNCH_NODE_IPADDR",
+    "SLURM_JOB_ID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "GIN_RANK",
+    "GIN_NRANKS",
+    "GIN_LOCAL_RANK",
+    "GIN_LOCAL_SIZE",
+    "GIN_BOOTSTRAP_TIMEOUT_MS",
+    "GIN_BOOTSTRAP_ADDR",
 };
 
 class CleanEnv {
@@ -135,7 +155,8 @@ std::string checkedAllGather(gin::Bootstrap& b, size_t n, uint64_t seed, uint64_
   fill(buf.data() + static_cast<size_t>(b.rank()) * n, n, key(seed, static_cast<uint64_t>(b.rank()), tag));
   b.allGather(buf.data(), n);
   for (int p = 0; p < N; ++p) {
-    const size_t at = firstMismatch(buf.data() + static_cast<size_t>(p) * n, n, key(seed, static_cast<uint64_t>(p), tag));
+    const size_t at =
+        firstMismatch(buf.data() + static_cast<size_t>(p) * n, n, key(seed, static_cast<uint64_t>(p), tag));
     if (at != n)
       return fail(b, "allGather of " + std::to_string(n) + " bytes (tag " + std::to_string(tag) + "): slot of rank " +
                          std::to_string(p) + " wrong at byte " + std::to_string(at));
@@ -327,17 +348,18 @@ gin::BootstrapConfig timeoutMs(uint64_t ms) { return gin::BootstrapConfig{ms * k
 // In-process groups
 // =============================================================================
 
-TEST_CASE("in-process group of 1, 2, 3, 5, 8 threads: allGather, broadcast from every root, barrier "
-          "ordering and many collectives in a row give every rank the right data",
-          "[bootstrap][inprocess]") {
+TEST_CASE(
+    "in-process group of 1, 2, 3, 5, 8 threads: allGather, broadcast from every root, barrier "
+    "ordering and many collectives in a row give every rank the right data",
+    "[bootstrap][inprocess]") {
   CleanEnv env;
   for (int n : {1, 2, 3, 5, 8}) {
     CAPTURE(n);
     gin::InProcessGroup g(n, timeoutMs(10'000));
     REQUIRE(g.nRanks() == n);
     std::atomic<int> counter{0};
-    const Workload w{Catch::getSeed() + static_cast<uint64_t>(n), {0, 1, 7, 64, 4096, 65536}, {0, 1, 13, 1000},
-                     12, &counter, 300};
+    const Workload w{
+        Catch::getSeed() + static_cast<uint64_t>(n), {0, 1, 7, 64, 4096, 65536}, {0, 1, 13, 1000}, 12, &counter, 300};
     const auto out = runThreads(g, [&](gin::Bootstrap& b) {
       if (b.nRanks() != n) return fail(b, "nRanks() is " + std::to_string(b.nRanks()));
       if (!b.sameProcessGroup()) return fail(b, "sameProcessGroup() is false");
@@ -360,7 +382,8 @@ TEST_CASE("in-process allGather works when all threads pass one shared buffer", 
     shared[static_cast<size_t>(b.rank())] = 100u + static_cast<uint32_t>(b.rank());
     b.allGather(shared.data(), sizeof(uint32_t));
     for (int p = 0; p < n; ++p)
-      if (shared[static_cast<size_t>(p)] != 100u + static_cast<uint32_t>(p)) return fail(b, "slot " + std::to_string(p));
+      if (shared[static_cast<size_t>(p)] != 100u + static_cast<uint32_t>(p))
+        return fail(b, "slot " + std::to_string(p));
     return std::string();
   });
   for (const auto& o : out) CHECK(o == "");
@@ -406,8 +429,7 @@ TEST_CASE("GIN_BOOTSTRAP_TIMEOUT_MS overrides BootstrapConfig::timeoutNs and mal
   for (const char* bad : {"abc", "0", "-5", "12ms"}) {
     CAPTURE(bad);
     env.set("GIN_BOOTSTRAP_TIMEOUT_MS", bad);
-    CHECK_THROWS_WITH(gin::InProcessGroup(2), ContainsSubstring("GIN_BOOTSTRAP_TIMEOUT_MS") &&
-                                                  ContainsSubstring(bad));
+    CHECK_THROWS_WITH(gin::InProcessGroup(2), ContainsSubstring("GIN_BOOTSTRAP_TIMEOUT_MS") && ContainsSubstring(bad));
   }
 }
 
@@ -509,16 +531,21 @@ TEST_CASE("makeUniqueId holds GIN_BOOTSTRAP_ADDR and a free port; damaged ids ar
   CHECK_THROWS_WITH(gin::TcpBootstrap(badPort, 0, 2), ContainsSubstring("99999"));
 }
 
-TEST_CASE("TCP with 2 and 4 processes: allGather, broadcast from every root, barrier ordering and many "
-          "collectives in a row give every rank the right data",
-          "[bootstrap][tcp]") {
+TEST_CASE(
+    "TCP with 2 and 4 processes: allGather, broadcast from every root, barrier ordering and many "
+    "collectives in a row give every rank the right data",
+    "[bootstrap][tcp]") {
   CleanEnv env;
   for (int n : {2, 4}) {
     CAPTURE(n);
     SharedArea sh;
     const gin::UniqueId id = loopbackId();
-    const Workload w{Catch::getSeed() + 77u + static_cast<uint64_t>(n), {0, 1, 7, 4096, 1 << 20}, {0, 1, 999, 300000},
-                     8, &sh->counter, 200};
+    const Workload w{Catch::getSeed() + 77u + static_cast<uint64_t>(n),
+                     {0, 1, 7, 4096, 1 << 20},
+                     {0, 1, 999, 300000},
+                     8,
+                     &sh->counter,
+                     200};
     // Ranks start in reverse so the others must retry until rank 0 listens.
     const auto codes = forkRanks(n, sh.get(), [&](int i) {
       const int rank = n - 1 - i;
@@ -617,15 +644,16 @@ TEST_CASE("TCP: a rank that dies mid-run gives every other rank an error naming 
     CAPTURE(victim);
     SharedArea sh;
     const gin::UniqueId id = loopbackId();
-    const std::string phrase =
-        victim == 0 ? std::string("lost the connection to rank 0") : "rank " + std::to_string(victim) + " closed its connection";
+    const std::string phrase = victim == 0 ? std::string("lost the connection to rank 0")
+                                           : "rank " + std::to_string(victim) + " closed its connection";
     const auto codes = forkRanks(n, sh.get(), [&](int rank) {
       gin::TcpBootstrap b(id, rank, n, timeoutMs(5000));
       for (int i = 0; i < 5; ++i) b.barrier();
       int x = rank;
       b.allGather(&x, 0);
       if (rank == victim) ::_exit(42);  // gone without a word, like a crash
-      return expectError(sh.get(), rank, [&] { b.barrier(); }, {phrase, "barrier #7"}, /*max*/ 4.5);
+      return expectError(
+          sh.get(), rank, [&] { b.barrier(); }, {phrase, "barrier #7"}, /*max*/ 4.5);
     });
     INFO(report(codes, sh.get()));
     for (int r = 0; r < n; ++r) CHECK(codes[static_cast<size_t>(r)] == (r == victim ? 42 : kOk));
@@ -640,9 +668,9 @@ TEST_CASE("TCP: mismatched calls between processes make both throw, naming the c
     gin::TcpBootstrap b(id, rank, 2, timeoutMs(5000));
     b.barrier();
     std::vector<char> buf(64);
-    return expectError(sh.get(), rank, [&] { b.allGather(buf.data(), rank == 0 ? 8 : 16); },
-                       {"rank 1 called allGather #2 (bytesPerRank 16) while rank 0 called allGather #2 (bytesPerRank 8)"},
-                       2.0);
+    return expectError(
+        sh.get(), rank, [&] { b.allGather(buf.data(), rank == 0 ? 8 : 16); },
+        {"rank 1 called allGather #2 (bytesPerRank 16) while rank 0 called allGather #2 (bytesPerRank 8)"}, 2.0);
   });
   INFO(report(codes, sh.get()));
   CHECK(codes == std::vector<int>{kOk, kOk});
@@ -655,8 +683,9 @@ TEST_CASE("TCP: nRanks disagreeing between processes, or a rank started twice, f
     SharedArea sh;
     const gin::UniqueId id = loopbackId();
     const auto codes = forkRanks(2, sh.get(), [&](int rank) {
-      return expectError(sh.get(), rank, [&] { gin::TcpBootstrap b(id, rank, rank == 0 ? 2 : 3, timeoutMs(3000)); },
-                         {"rank 1", "nRanks 3 but rank 0 with nRanks 2"}, 2.5);
+      return expectError(
+          sh.get(), rank, [&] { gin::TcpBootstrap b(id, rank, rank == 0 ? 2 : 3, timeoutMs(3000)); },
+          {"rank 1", "nRanks 3 but rank 0 with nRanks 2"}, 2.5);
     });
     INFO(report(codes, sh.get()));
     CHECK(codes == std::vector<int>{kOk, kOk});
@@ -666,8 +695,8 @@ TEST_CASE("TCP: nRanks disagreeing between processes, or a rank started twice, f
     const gin::UniqueId id = loopbackId();
     const auto codes = forkRanks(3, sh.get(), [&](int i) {
       const int rank = i == 0 ? 0 : 1;
-      return expectError(sh.get(), i, [&] { gin::TcpBootstrap b(id, rank, 3, timeoutMs(3000)); },
-                         {"rank 1 connected twice"}, 2.5);
+      return expectError(
+          sh.get(), i, [&] { gin::TcpBootstrap b(id, rank, 3, timeoutMs(3000)); }, {"rank 1 connected twice"}, 2.5);
     });
     INFO(report(codes, sh.get()));
     CHECK(codes == std::vector<int>{kOk, kOk, kOk});
@@ -728,9 +757,10 @@ TEST_CASE("TCP bad arguments throw gin::Error; a single rank needs no network", 
   CHECK_THROWS_WITH(solo2.allGather(nullptr, 4), ContainsSubstring("data is null"));
 }
 
-TEST_CASE("TCP: a bad argument on one process fails the others promptly with its reason, even a rank that "
-          "arrives after rank 0 has exited",
-          "[bootstrap][tcp][args]") {
+TEST_CASE(
+    "TCP: a bad argument on one process fails the others promptly with its reason, even a rank that "
+    "arrives after rank 0 has exited",
+    "[bootstrap][tcp][args]") {
   CleanEnv env;
   SharedArea sh;
   const gin::UniqueId id = loopbackId();
@@ -739,10 +769,11 @@ TEST_CASE("TCP: a bad argument on one process fails the others promptly with its
     std::vector<char> buf(24);
     // Rank 1 sends into a connection rank 0 has closed: the reason must still reach it.
     if (rank == 1) std::this_thread::sleep_for(300ms);
-    return expectError(sh.get(), rank, [&] { b.allGather(rank == 2 ? nullptr : buf.data(), 8); },
-                       rank == 2 ? std::vector<std::string>{"allGather #1 (bytesPerRank 8): allGather: data is null"}
-                                 : std::vector<std::string>{"rank 2 failed in allGather #1", "data is null"},
-                       2.0);
+    return expectError(
+        sh.get(), rank, [&] { b.allGather(rank == 2 ? nullptr : buf.data(), 8); },
+        rank == 2 ? std::vector<std::string>{"allGather #1 (bytesPerRank 8): allGather: data is null"}
+                  : std::vector<std::string>{"rank 2 failed in allGather #1", "data is null"},
+        2.0);
   });
   INFO(report(codes, sh.get()));
   CHECK(codes == std::vector<int>{kOk, kOk, kOk});
@@ -786,9 +817,10 @@ TEST_CASE("detectLaunch reads torchrun's variables, and they take precedence ove
   CHECK(li.masterPort == 29500);
 }
 
-TEST_CASE("detectLaunch reads Slurm's variables: address and port fallbacks, tasks per node, precedence over "
-          "Open MPI",
-          "[bootstrap][env]") {
+TEST_CASE(
+    "detectLaunch reads Slurm's variables: address and port fallbacks, tasks per node, precedence over "
+    "Open MPI",
+    "[bootstrap][env]") {
   CleanEnv env;
   env.set("SLURM_PROCID", "5");
   env.set("SLURM_NTASKS", "8");
@@ -868,8 +900,7 @@ TEST_CASE("detectLaunch reads GIN_RANK/GIN_NRANKS when no launcher is found", "[
   CHECK(li.masterPort == 29501);
 }
 
-TEST_CASE("detectLaunch rejects malformed values with an error naming the variable and the value",
-          "[bootstrap][env]") {
+TEST_CASE("detectLaunch rejects malformed values with an error naming the variable and the value", "[bootstrap][env]") {
   struct Case {
     std::vector<std::pair<const char*, const char*>> vars;
     std::vector<std::string> phrases;
@@ -884,7 +915,11 @@ TEST_CASE("detectLaunch rejects malformed values with an error naming the variab
       {{{"RANK", "0"}, {"WORLD_SIZE", "99999999999999999999"}}, {"WORLD_SIZE=\"99999999999999999999\""}},
       {{{"RANK", "1"}}, {"RANK is set but WORLD_SIZE is not"}},
       {{{"WORLD_SIZE", "2"}}, {"WORLD_SIZE is set but RANK is not"}},
-      {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+      {{{"RANK", "1"},
+        {"WORLD_SIZE", "2"},
+        {"LOCAL_RANK", "2"},
+        {"LOCAL_WORLD_SIZE", "2"},
+        {"MASTER_ADDR", "h"},
         {"MASTER_PORT", "1"}},
        {"LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"}},
       {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}, {"MASTER_PORT=70000"}},

@@ -49,8 +49,7 @@ TEST_CASE("team rank translation: world, lsa and rail", "[team]") {
   CHECK(lsaIndexOf(c, 13) == 1);
 }
 
-TEST_CASE("registerWindow shares the user's buffer; lsaPointer and peerPointer reach each peer's copy",
-          "[window]") {
+TEST_CASE("registerWindow shares the user's buffer; lsaPointer and peerPointer reach each peer's copy", "[window]") {
   REQUIRE_NOTHROW(runRanks(4, [](Comm& comm) {
     const DevComm dc = comm.devComm();
     const int n = comm.nRanks(), me = comm.rank();
@@ -132,5 +131,7 @@ TEST_CASE("windows and the communicator can be released in any order", "[window]
 TEST_CASE("bad CommConfig values are rejected with the values named", "[comm][errors]") {
   CommConfig cfg = gintest::cpuConfig();
   cfg.nContexts = 0;
-  REQUIRE_THROWS_WITH(runRanks(1, [](Comm&) {}, cfg), ContainsSubstring("nContexts"));
+  REQUIRE_THROWS_WITH(runRanks(
+                          1, [](Comm&) {}, cfg),
+                      ContainsSubstring("nContexts"));
 }

@@ -35,12 +35,12 @@ inline constexpr std::memory_order toStd(MemoryOrder o) {
 // A load may not be release and a store may not be acquire: widen or narrow to
 // the nearest legal order so a caller's "acquire" on a store means "relaxed".
 inline constexpr std::memory_order loadOrder(MemoryOrder o) {
-  return o == MemoryOrder::Release ? std::memory_order_relaxed
+  return o == MemoryOrder::Release  ? std::memory_order_relaxed
          : o == MemoryOrder::AcqRel ? std::memory_order_acquire
                                     : toStd(o);
 }
 inline constexpr std::memory_order storeOrder(MemoryOrder o) {
-  return o == MemoryOrder::Acquire ? std::memory_order_relaxed
+  return o == MemoryOrder::Acquire  ? std::memory_order_relaxed
          : o == MemoryOrder::AcqRel ? std::memory_order_release
                                     : toStd(o);
 }
@@ -54,35 +54,47 @@ __device__ __forceinline__ constexpr cuda::memory_order toCuda(MemoryOrder o) {
 }
 template <Scope S>
 struct CudaScope;
-template <> struct CudaScope<Scope::Thread> { static constexpr auto value = cuda::thread_scope_thread; };
-template <> struct CudaScope<Scope::Block> { static constexpr auto value = cuda::thread_scope_block; };
-template <> struct CudaScope<Scope::Device> { static constexpr auto value = cuda::thread_scope_device; };
-template <> struct CudaScope<Scope::System> { static constexpr auto value = cuda::thread_scope_system; };
+template <>
+struct CudaScope<Scope::Thread> {
+  static constexpr auto value = cuda::thread_scope_thread;
+};
+template <>
+struct CudaScope<Scope::Block> {
+  static constexpr auto value = cuda::thread_scope_block;
+};
+template <>
+struct CudaScope<Scope::Device> {
+  static constexpr auto value = cuda::thread_scope_device;
+};
+template <>
+struct CudaScope<Scope::System> {
+  static constexpr auto value = cuda::thread_scope_system;
+};
 
 // PTX fast paths for the 64-bit signal/counter/epoch words gin polls and bumps.
-#define GIN_PTX_LD(name, qual)                                                        \
-  __device__ __forceinline__ uint64_t name(const uint64_t* p) {                      \
-    uint64_t v;                                                                      \
-    asm volatile("ld." qual ".u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");         \
-    return v;                                                                        \
+#define GIN_PTX_LD(name, qual)                                               \
+  __device__ __forceinline__ uint64_t name(const uint64_t* p) {              \
+    uint64_t v;                                                              \
+    asm volatile("ld." qual ".u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); \
+    return v;                                                                \
   }
 GIN_PTX_LD(ldAcquireSys, "acquire.sys")
 GIN_PTX_LD(ldAcquireGpu, "acquire.gpu")
 GIN_PTX_LD(ldRelaxedSys, "relaxed.sys")
 GIN_PTX_LD(ldVolatile, "volatile")
 #undef GIN_PTX_LD
-#define GIN_PTX_ST(name, qual)                                                        \
-  __device__ __forceinline__ void name(uint64_t* p, uint64_t v) {                    \
-    asm volatile("st." qual ".u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");           \
+#define GIN_PTX_ST(name, qual)                                             \
+  __device__ __forceinline__ void name(uint64_t* p, uint64_t v) {          \
+    asm volatile("st." qual ".u64 [%0], %1;" ::"l"(p), "l"(v) : "memory"); \
   }
 GIN_PTX_ST(stReleaseSys, "release.sys")
 GIN_PTX_ST(stReleaseGpu, "release.gpu")
 GIN_PTX_ST(stRelaxedSys, "relaxed.sys")
 GIN_PTX_ST(stVolatile, "volatile")
 #undef GIN_PTX_ST
-#define GIN_PTX_RED(name, qual)                                                       \
-  __device__ __forceinline__ void name(uint64_t* p, uint64_t v) {                    \
-    asm volatile("red." qual ".add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");      \
+#define GIN_PTX_RED(name, qual)                                                 \
+  __device__ __forceinline__ void name(uint64_t* p, uint64_t v) {               \
+    asm volatile("red." qual ".add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory"); \
   }
 GIN_PTX_RED(redReleaseSys, "release.sys")
 GIN_PTX_RED(redRelaxedSys, "relaxed.sys")
@@ -96,9 +108,12 @@ GIN_PTX_RED(redRelaxedGpu, "relaxed.gpu")
 template <Scope S = Scope::System>
 GIN_HD GIN_INLINE void fence() {
 #if GIN_DEVICE_CODE
-  if constexpr (S == Scope::System) asm volatile("fence.acq_rel.sys;" ::: "memory");
-  else if constexpr (S == Scope::Device) asm volatile("fence.acq_rel.gpu;" ::: "memory");
-  else if constexpr (S == Scope::Block) asm volatile("fence.acq_rel.cta;" ::: "memory");
+  if constexpr (S == Scope::System)
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+  else if constexpr (S == Scope::Device)
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  else if constexpr (S == Scope::Block)
+    asm volatile("fence.acq_rel.cta;" ::: "memory");
 #else
   if constexpr (S != Scope::Thread) std::atomic_thread_fence(std::memory_order_seq_cst);
 #endif
@@ -111,8 +126,10 @@ GIN_HD GIN_INLINE T atomicLoad(const T* p, MemoryOrder order = MemoryOrder::Acqu
     const uint64_t* q = reinterpret_cast<const uint64_t*>(p);
     uint64_t v;
     const bool acq = order != MemoryOrder::Relaxed && order != MemoryOrder::Release;
-    if constexpr (S == Scope::System) v = acq ? detail::ldAcquireSys(q) : detail::ldRelaxedSys(q);
-    else v = acq ? detail::ldAcquireGpu(q) : detail::ldRelaxedSys(q);
+    if constexpr (S == Scope::System)
+      v = acq ? detail::ldAcquireSys(q) : detail::ldRelaxedSys(q);
+    else
+      v = acq ? detail::ldAcquireGpu(q) : detail::ldRelaxedSys(q);
     return __builtin_bit_cast(T, v);
   } else {
     cuda::atomic_ref<T, detail::CudaScope<S>::value> r(*const_cast<T*>(p));
@@ -130,8 +147,10 @@ GIN_HD GIN_INLINE void atomicStore(T* p, T v, MemoryOrder order = MemoryOrder::R
     uint64_t* q = reinterpret_cast<uint64_t*>(p);
     const uint64_t u = __builtin_bit_cast(uint64_t, v);
     const bool rel = order != MemoryOrder::Relaxed && order != MemoryOrder::Acquire;
-    if constexpr (S == Scope::System) rel ? detail::stReleaseSys(q, u) : detail::stRelaxedSys(q, u);
-    else rel ? detail::stReleaseGpu(q, u) : detail::stRelaxedSys(q, u);
+    if constexpr (S == Scope::System)
+      rel ? detail::stReleaseSys(q, u) : detail::stRelaxedSys(q, u);
+    else
+      rel ? detail::stReleaseGpu(q, u) : detail::stRelaxedSys(q, u);
   } else {
     cuda::atomic_ref<T, detail::CudaScope<S>::value> r(*p);
     r.store(v, order == MemoryOrder::Relaxed ? cuda::memory_order_relaxed : cuda::memory_order_release);
@@ -146,8 +165,10 @@ template <Scope S = Scope::System>
 GIN_HD GIN_INLINE void atomicAdd(uint64_t* p, uint64_t v, MemoryOrder order = MemoryOrder::Release) {
 #if GIN_DEVICE_CODE
   const bool rel = order != MemoryOrder::Relaxed && order != MemoryOrder::Acquire;
-  if constexpr (S == Scope::System) rel ? detail::redReleaseSys(p, v) : detail::redRelaxedSys(p, v);
-  else if constexpr (S == Scope::Device) rel ? detail::redReleaseGpu(p, v) : detail::redRelaxedGpu(p, v);
+  if constexpr (S == Scope::System)
+    rel ? detail::redReleaseSys(p, v) : detail::redRelaxedSys(p, v);
+  else if constexpr (S == Scope::Device)
+    rel ? detail::redReleaseGpu(p, v) : detail::redRelaxedGpu(p, v);
   else {
     cuda::atomic_ref<uint64_t, detail::CudaScope<S>::value> r(*p);
     r.fetch_add(v, detail::toCuda(order));
@@ -168,8 +189,7 @@ GIN_HD GIN_INLINE T atomicFetchAdd(T* p, T v, MemoryOrder order = MemoryOrder::A
 }
 
 template <Scope S = Scope::System, class T>
-GIN_HD GIN_INLINE bool atomicCompareExchange(T* p, T& expected, T desired,
-                                             MemoryOrder order = MemoryOrder::AcqRel) {
+GIN_HD GIN_INLINE bool atomicCompareExchange(T* p, T& expected, T desired, MemoryOrder order = MemoryOrder::AcqRel) {
 #if GIN_DEVICE_CODE
   cuda::atomic_ref<T, detail::CudaScope<S>::value> r(*p);
   return r.compare_exchange_strong(expected, desired, detail::toCuda(order));

@@ -74,8 +74,10 @@ struct CoopWarpSpan {
   }
   GIN_HD void sync() const {
 #if GIN_DEVICE_CODE
-    if (nWarps == 1) __syncwarp();
-    else asm volatile("barrier.sync %0, %1;" ::"r"(1 + id), "r"(32 * nWarps) : "memory");
+    if (nWarps == 1)
+      __syncwarp();
+    else
+      asm volatile("barrier.sync %0, %1;" ::"r"(1 + id), "r"(32 * nWarps) : "memory");
 #endif
   }
 };

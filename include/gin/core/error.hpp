@@ -53,10 +53,10 @@ GIN_HD inline const char* opName(Op op) {
 // `state` goes 0 -> 1 (claimed, being written) -> 2 (complete).
 struct DeviceErrorRecord {
   uint32_t state;
-  uint32_t op;        // gin::Op
-  int32_t rank;       // world rank that failed
-  int32_t peer;       // world rank it was waiting on or talking to; -1: any/unknown
-  int32_t context;    // network context index; -1: none
+  uint32_t op;      // gin::Op
+  int32_t rank;     // world rank that failed
+  int32_t peer;     // world rank it was waiting on or talking to; -1: any/unknown
+  int32_t context;  // network context index; -1: none
   uint32_t pad;
   uint64_t objectId;  // signal, counter or barrier index
   uint64_t expected;  // value waited for (or argument that was bad)
@@ -70,12 +70,11 @@ class Error : public std::runtime_error {
 };
 
 inline std::string describe(const DeviceErrorRecord& r) {
-  std::string s = "device error on rank " + std::to_string(r.rank) + ": " +
-                  opName(static_cast<Op>(r.op));
+  std::string s = "device error on rank " + std::to_string(r.rank) + ": " + opName(static_cast<Op>(r.op));
   const Op op = static_cast<Op>(r.op);
   if (op == Op::BadArgument) {
-    s += " (argument check failed: value " + std::to_string(r.expected) + ", limit " +
-         std::to_string(r.observed) + ", id " + std::to_string(r.objectId) + ")";
+    s += " (argument check failed: value " + std::to_string(r.expected) + ", limit " + std::to_string(r.observed) +
+         ", id " + std::to_string(r.objectId) + ")";
     return s;
   }
   if (op == Op::NoTransport) {
@@ -86,8 +85,8 @@ inline std::string describe(const DeviceErrorRecord& r) {
   s += " timed out";
   if (r.peer >= 0) s += " waiting for peer " + std::to_string(r.peer);
   if (r.context >= 0) s += " on context " + std::to_string(r.context);
-  s += ": id " + std::to_string(r.objectId) + ", expected " + std::to_string(r.expected) +
-       ", observed " + std::to_string(r.observed) +
+  s += ": id " + std::to_string(r.objectId) + ", expected " + std::to_string(r.expected) + ", observed " +
+       std::to_string(r.observed) +
        ". A peer did not arrive or signal; check that every rank runs the matching "
        "operation, or raise CommConfig::timeoutNs.";
   return s;

@@ -41,8 +41,8 @@ class LsaBarrierSession {
     if (!valid_) return;
     coop.sync();  // the coop's writes happen before any thread announces
     epoch_ += 1;
-    const MemoryOrder o = (order == MemoryOrder::Relaxed || order == MemoryOrder::Acquire) ? MemoryOrder::Relaxed
-                                                                                             : MemoryOrder::Release;
+    const MemoryOrder o =
+        (order == MemoryOrder::Relaxed || order == MemoryOrder::Acquire) ? MemoryOrder::Relaxed : MemoryOrder::Release;
     const int n = c_.lsaSize, me = c_.lsaRank;
     for (int i = coop.rank(); i < n; i += coop.size())
       if (i != me) atomicStore<Scope::System>(lsaInboxOf(c_, i) + size_t(row_) * c_.lsaInboxRowWords + me, epoch_, o);
@@ -50,8 +50,8 @@ class LsaBarrierSession {
 
   GIN_HD bool wait(Coop coop, MemoryOrder order = MemoryOrder::Acquire) {
     if (!valid_) return false;
-    const MemoryOrder o = (order == MemoryOrder::Relaxed || order == MemoryOrder::Release) ? MemoryOrder::Relaxed
-                                                                                             : MemoryOrder::Acquire;
+    const MemoryOrder o =
+        (order == MemoryOrder::Relaxed || order == MemoryOrder::Release) ? MemoryOrder::Relaxed : MemoryOrder::Acquire;
     const int n = c_.lsaSize, me = c_.lsaRank;
     const uint64_t* row = c_.lsaInbox + size_t(row_) * c_.lsaInboxRowWords;
     bool ok = true;
@@ -82,8 +82,10 @@ class LsaBarrierSession {
 
   GIN_HD LsaBarrierSession(Coop, const DevComm& comm, uint32_t index, uint32_t row, Op op)
       : c_(comm), index_(index), row_(row), op_(op), valid_(index < uint32_t(comm.nBarriers)) {
-    if (valid_) epoch_ = volatileLoad(c_.lsaEpochs + row_);
-    else recordError(comm, Op::BadArgument, -1, -1, index, index, uint64_t(comm.nBarriers));
+    if (valid_)
+      epoch_ = volatileLoad(c_.lsaEpochs + row_);
+    else
+      recordError(comm, Op::BadArgument, -1, -1, index, index, uint64_t(comm.nBarriers));
   }
 };
 

@@ -33,18 +33,18 @@ struct DevComm {
   const uint8_t* peerTransport = nullptr;  // [nRanks] gin::Transport
 
   // Signals: remote arrival counts, in memory every lsa peer has mapped.
-  uint64_t* signals = nullptr;                  // [nSignals + nBarriers] this rank's
-  uint64_t* const* lsaSignals = nullptr;        // [lsaSize] each lsa member's `signals`
-  uint64_t* signalShadows = nullptr;            // [nSignals] local only
-  uint64_t* counters = nullptr;                 // [nCounters * 1] local completion counts
+  uint64_t* signals = nullptr;            // [nSignals + nBarriers] this rank's
+  uint64_t* const* lsaSignals = nullptr;  // [lsaSize] each lsa member's `signals`
+  uint64_t* signalShadows = nullptr;      // [nSignals] local only
+  uint64_t* counters = nullptr;           // [nCounters * 1] local completion counts
 
   // Barriers: lsaInbox[row * lsaInboxRowWords + from] holds the last epoch lsa
   // member `from` announced on barrier row `row` (rows 0..nBarriers-1: lsa
   // sessions, nBarriers..2*nBarriers-1: world sessions). Rows are padded to
   // 128-byte lines so CTAs on different barrier indices never share a line.
   int32_t lsaInboxRowWords = 0;
-  uint64_t* lsaInbox = nullptr;                 // [2 * nBarriers * lsaInboxRowWords] this rank's
-  uint64_t* const* lsaInboxes = nullptr;        // [lsaSize] each lsa member's lsaInbox
+  uint64_t* lsaInbox = nullptr;           // [2 * nBarriers * lsaInboxRowWords] this rank's
+  uint64_t* const* lsaInboxes = nullptr;  // [lsaSize] each lsa member's lsaInbox
 
   // The first kLsaInline entries of lsaSignals and lsaInboxes, held in the
   // DevComm itself: a kernel reads them from parameter space, so signalling an
@@ -52,8 +52,8 @@ struct DevComm {
   static constexpr int kLsaInline = 8;
   uint64_t* lsaSignalsInline[kLsaInline] = {};
   uint64_t* lsaInboxesInline[kLsaInline] = {};
-  uint64_t* lsaEpochs = nullptr;                // [nBarriers] local
-  uint64_t* railEpochs = nullptr;               // [nBarriers] local
+  uint64_t* lsaEpochs = nullptr;   // [nBarriers] local
+  uint64_t* railEpochs = nullptr;  // [nBarriers] local
 
   // The record lives in memory the host reads while kernels run (mapped
   // pinned memory on a GPU). Only plain stores go there: PCIe does not carry
@@ -80,8 +80,8 @@ GIN_HD GIN_INLINE int lsaIndexOf(const DevComm& c, int worldRank) {
 }
 
 // Fill the error record once (first writer wins) and raise the abort flag.
-GIN_HD inline void recordError(const DevComm& c, Op op, int peer, int context, uint64_t id,
-                               uint64_t expected, uint64_t observed) {
+GIN_HD inline void recordError(const DevComm& c, Op op, int peer, int context, uint64_t id, uint64_t expected,
+                               uint64_t observed) {
   if (c.error && c.errorClaim) {
     uint32_t idle = 0;
     if (atomicCompareExchange<Scope::Device>(c.errorClaim, idle, 1u)) {
@@ -122,8 +122,7 @@ struct WaitWhat {
 // `what` and the last value seen; on abort (another wait failed) it returns
 // at once. Returns whether the condition was met.
 template <class Ready>
-GIN_HD bool boundedWait(const DevComm& c, const uint64_t* word, MemoryOrder order, Ready ready,
-                        const WaitWhat& what) {
+GIN_HD bool boundedWait(const DevComm& c, const uint64_t* word, MemoryOrder order, Ready ready, const WaitWhat& what) {
   uint64_t start = 0;
   for (uint32_t spins = 1;; ++spins) {
     uint64_t v = atomicLoad<Scope::System>(word, MemoryOrder::Relaxed);

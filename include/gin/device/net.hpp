@@ -30,11 +30,21 @@ namespace gin {
 
 // Actions. Remote: applied at the peer once the payload is there.
 struct None {};
-struct SignalInc { uint32_t signal; };
-struct SignalAdd { uint32_t signal; uint64_t value; };
-struct SignalSet { uint32_t signal; uint64_t value; };
+struct SignalInc {
+  uint32_t signal;
+};
+struct SignalAdd {
+  uint32_t signal;
+  uint64_t value;
+};
+struct SignalSet {
+  uint32_t signal;
+  uint64_t value;
+};
 // Local: applied here once the source has been consumed.
-struct CounterInc { uint32_t counter; };
+struct CounterInc {
+  uint32_t counter;
+};
 
 // Backend mask: which transports a Net may dispatch to. Leaving one out
 // compiles its code out of the kernel.
@@ -60,12 +70,11 @@ class Net {
   // Copy `bytes` from srcWin+srcOffset here to dstWin+dstOffset at `peer`
   // (an index in `team`), then apply the actions.
   template <class RemoteAction = None, class LocalAction = None, class Coop = CoopThread>
-  GIN_HD void put(Team team, int peer, Window dstWin, size_t dstOffset, Window srcWin, size_t srcOffset,
-                  size_t bytes, RemoteAction remote = None{}, LocalAction local = None{}, Coop coop = Coop{},
+  GIN_HD void put(Team team, int peer, Window dstWin, size_t dstOffset, Window srcWin, size_t srcOffset, size_t bytes,
+                  RemoteAction remote = None{}, LocalAction local = None{}, Coop coop = Coop{},
                   Scope alreadyReleased = Scope::Thread) const {
     const int world = teamToWorld(*c_, team, peer);
-    if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, bytes) ||
-        !checkRange(srcWin, srcOffset, bytes))
+    if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, bytes) || !checkRange(srcWin, srcOffset, bytes))
       return;
     if constexpr ((Backends & kBackendLsa) != 0) {
       if (const int li = lsaIndexOf(*c_, world); li >= 0) {
@@ -224,7 +233,6 @@ class Net {
   const DevComm* c_;
   int ctx_;
 
-
   GIN_HD bool checkPeer(int world, Team team, int peer) const {
     if (ctx_ >= 0 && peer >= 0 && peer < team.nRanks && world >= 0 && world < c_->nRanks) return true;
     recordError(*c_, Op::BadArgument, world, ctx_, uint64_t(peer), uint64_t(peer), uint64_t(team.nRanks));
@@ -278,9 +286,12 @@ class Net {
                         "remote action must be None, SignalInc, SignalAdd or SignalSet");
           if (checkSignal(remote.signal)) {
             uint64_t* peerSignal = lsaSignalsOf(*c_, li) + remote.signal;
-            if constexpr (std::is_same_v<RemoteAction, SignalInc>) lsa::signalAdd(peerSignal, 1, release);
-            else if constexpr (std::is_same_v<RemoteAction, SignalAdd>) lsa::signalAdd(peerSignal, remote.value, release);
-            else lsa::signalSet(peerSignal, remote.value, release);
+            if constexpr (std::is_same_v<RemoteAction, SignalInc>)
+              lsa::signalAdd(peerSignal, 1, release);
+            else if constexpr (std::is_same_v<RemoteAction, SignalAdd>)
+              lsa::signalAdd(peerSignal, remote.value, release);
+            else
+              lsa::signalSet(peerSignal, remote.value, release);
           }
         }
         if constexpr (hasLocal) {
@@ -294,6 +305,5 @@ class Net {
     }
   }
 };
-
 
 }  // namespace gin

@@ -21,9 +21,7 @@ GIN_HD GIN_INLINE Team teamLsa(const DevComm& c) { return Team{c.lsaSize, c.lsaR
 GIN_HD GIN_INLINE Team teamRail(const DevComm& c) { return Team{c.railSize, c.railRank, c.lsaSize}; }
 
 // Team index -> world rank.
-GIN_HD GIN_INLINE int teamToWorld(const DevComm& c, Team t, int peer) {
-  return c.rank + (peer - t.rank) * t.stride;
-}
+GIN_HD GIN_INLINE int teamToWorld(const DevComm& c, Team t, int peer) { return c.rank + (peer - t.rank) * t.stride; }
 // World rank -> index in `t`, or -1 if that rank is not a member.
 GIN_HD GIN_INLINE int worldToTeam(const DevComm& c, Team t, int worldRank) {
   const int d = worldRank - c.rank;
@@ -32,8 +30,6 @@ GIN_HD GIN_INLINE int worldToTeam(const DevComm& c, Team t, int worldRank) {
   return (i >= 0 && i < t.nRanks) ? i : -1;
 }
 // Team index -> index in the lsa team, or -1 if not load/store reachable.
-GIN_HD GIN_INLINE int teamToLsa(const DevComm& c, Team t, int peer) {
-  return lsaIndexOf(c, teamToWorld(c, t, peer));
-}
+GIN_HD GIN_INLINE int teamToLsa(const DevComm& c, Team t, int peer) { return lsaIndexOf(c, teamToWorld(c, t, peer)); }
 
 }  // namespace gin

@@ -12,11 +12,11 @@
 namespace gin {
 
 struct WindowDev {
-  char* localBase;           // this rank's buffer
-  uint64_t bytes;            // same on every rank
-  uint32_t id;               // communicator-wide window id
+  char* localBase;  // this rank's buffer
+  uint64_t bytes;   // same on every rank
+  uint32_t id;      // communicator-wide window id
   int32_t lsaSize;
-  char* const* lsaBases;     // [lsaSize] each lsa member's buffer, mapped here
+  char* const* lsaBases;  // [lsaSize] each lsa member's buffer, mapped here
 };
 
 struct Window {
@@ -49,11 +49,16 @@ struct SymPtr {
   SymPtr() = default;
   GIN_HD SymPtr(Window w, uint64_t offsetBytes) : window(w), offset(offsetBytes) {}
   GIN_HD SymPtr operator+(int64_t nElts) const { return SymPtr(window, offset + nElts * int64_t(sizeof(T))); }
-  GIN_HD SymPtr& operator+=(int64_t nElts) { offset += nElts * int64_t(sizeof(T)); return *this; }
+  GIN_HD SymPtr& operator+=(int64_t nElts) {
+    offset += nElts * int64_t(sizeof(T));
+    return *this;
+  }
   GIN_HD T* local() const { return static_cast<T*>(localPointer(window, offset)); }
   GIN_HD T* lsa(int lsaPeer) const { return static_cast<T*>(lsaPointer(window, offset, lsaPeer)); }
   template <class U>
-  GIN_HD SymPtr<U> cast() const { return SymPtr<U>(window, offset); }
+  GIN_HD SymPtr<U> cast() const {
+    return SymPtr<U>(window, offset);
+  }
 };
 
 }  // namespace gin

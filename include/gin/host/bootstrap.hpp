@@ -52,7 +52,7 @@ struct LaunchInfo {
   int rank = 0, nRanks = 1, localRank = 0, localSize = 1;
   std::string masterAddr;  // host or IPv4 address of rank 0's rendezvous
   int masterPort = 0;
-  std::string source;      // "torchrun", "slurm", "openmpi", "gin", or "single"
+  std::string source;  // "torchrun", "slurm", "openmpi", "gin", or "single"
 };
 
 namespace detail {
@@ -87,11 +87,10 @@ inline long long parseEnvInt(const char* name, const std::string& value, long lo
   const char* e = b + value.size();
   auto [p, ec] = std::from_chars(b, e, v);
   if (ec != std::errc() || p != e)
-    throw Error(std::string(name) + "=\"" + value +
-                "\" is not a decimal integer; fix the launcher's environment");
+    throw Error(std::string(name) + "=\"" + value + "\" is not a decimal integer; fix the launcher's environment");
   if (v < lo || v > hi)
-    throw Error(std::string(name) + "=" + value + " is out of range (expected " + std::to_string(lo) +
-                ".." + std::to_string(hi) + "); fix the launcher's environment");
+    throw Error(std::string(name) + "=" + value + " is out of range (expected " + std::to_string(lo) + ".." +
+                std::to_string(hi) + "); fix the launcher's environment");
   return v;
 }
 
@@ -102,8 +101,9 @@ inline uint64_t bootstrapTimeoutNs(const BootstrapConfig& cfg) {
     return static_cast<uint64_t>(ms) * 1'000'000ull;
   }
   if (cfg.timeoutNs == 0)
-    throw Error("BootstrapConfig::timeoutNs is 0; every bootstrap wait needs a positive deadline "
-                "(default 60 s, or set GIN_BOOTSTRAP_TIMEOUT_MS)");
+    throw Error(
+        "BootstrapConfig::timeoutNs is 0; every bootstrap wait needs a positive deadline "
+        "(default 60 s, or set GIN_BOOTSTRAP_TIMEOUT_MS)");
   return std::min(cfg.timeoutNs, kMaxTimeoutNs);
 }
 
@@ -146,8 +146,8 @@ inline void checkBuffer(const void* data, size_t bytes, const char* what) {
 
 inline size_t gatherBytes(size_t bytesPerRank, int nRanks) {
   if (bytesPerRank != 0 && static_cast<size_t>(nRanks) > SIZE_MAX / bytesPerRank)
-    throw Error("allGather: bytesPerRank " + std::to_string(bytesPerRank) + " times " +
-                std::to_string(nRanks) + " ranks overflows size_t");
+    throw Error("allGather: bytesPerRank " + std::to_string(bytesPerRank) + " times " + std::to_string(nRanks) +
+                " ranks overflows size_t");
   return bytesPerRank * static_cast<size_t>(nRanks);
 }
 
@@ -293,9 +293,9 @@ inline std::string hexText(uint32_t v) {
 }
 
 inline std::string frameText(const FrameHeader& h) {
-  return "{magic " + hexText(h.magic) + ", op " + opText(h.op) + ", seq " + std::to_string(h.seq) +
-         ", length " + std::to_string(h.length) + ", size " + std::to_string(h.size) + ", sender " +
-         std::to_string(h.sender) + ", root " + std::to_string(h.root) + "}";
+  return "{magic " + hexText(h.magic) + ", op " + opText(h.op) + ", seq " + std::to_string(h.seq) + ", length " +
+         std::to_string(h.length) + ", size " + std::to_string(h.size) + ", sender " + std::to_string(h.sender) +
+         ", root " + std::to_string(h.root) + "}";
 }
 
 inline void setNoDelay(int fd) {
@@ -373,8 +373,7 @@ inline std::optional<int> slurmTasksOnNode(const std::string& spec, int node) {
     auto [p, ec] = std::from_chars(countText.data(), countText.data() + countText.size(), count);
     if (ec != std::errc() || p != countText.data() + countText.size() || count < 1) return std::nullopt;
     if (paren != std::string::npos) {
-      if (item.size() < paren + 4 || item.compare(paren, 2, "(x") != 0 || item.back() != ')')
-        return std::nullopt;
+      if (item.size() < paren + 4 || item.compare(paren, 2, "(x") != 0 || item.back() != ')') return std::nullopt;
       const std::string r = item.substr(paren + 2, item.size() - paren - 3);
       auto [q, ec2] = std::from_chars(r.data(), r.data() + r.size(), repeat);
       if (ec2 != std::errc() || q != r.data() + r.size() || repeat < 1) return std::nullopt;
@@ -404,8 +403,8 @@ inline LaunchInfo detectLaunch() {
   };
   // Fills rank/size/local from the launcher's four variable names; a missing local
   // pair means the launcher did not say, and one node is the only safe reading.
-  auto counts = [&](const char* rankVar, const char* sizeVar, const char* localRankVar,
-                    const char* localSizeVar, const std::string& rankV, const std::string& sizeV) {
+  auto counts = [&](const char* rankVar, const char* sizeVar, const char* localRankVar, const char* localSizeVar,
+                    const std::string& rankV, const std::string& sizeV) {
     info.nRanks = num(sizeVar, sizeV, 1, detail::kMaxRanks);
     info.rank = num(rankVar, rankV, 0, detail::kMaxRanks);
     if (info.rank >= info.nRanks)
@@ -416,10 +415,9 @@ inline LaunchInfo detectLaunch() {
     info.localRank = lr ? num(localRankVar, *lr, 0, detail::kMaxRanks) : info.rank;
     info.localSize = ls ? num(localSizeVar, *ls, 1, detail::kMaxRanks) : info.nRanks;
     if (info.localRank >= info.localSize)
-      throw Error(std::string(localRankVar ? localRankVar : "local rank") + "=" +
-                  std::to_string(info.localRank) + " is not below " +
-                  (localSizeVar ? localSizeVar : "local size") + "=" + std::to_string(info.localSize) +
-                  "; fix the launcher's environment");
+      throw Error(std::string(localRankVar ? localRankVar : "local rank") + "=" + std::to_string(info.localRank) +
+                  " is not below " + (localSizeVar ? localSizeVar : "local size") + "=" +
+                  std::to_string(info.localSize) + "; fix the launcher's environment");
   };
   auto masterPort = [&]() -> std::optional<int> {
     if (auto p = envVar("MASTER_PORT")) return num("MASTER_PORT", *p, 1, 65535);
@@ -452,8 +450,7 @@ inline LaunchInfo detectLaunch() {
     auto ntasks = envVar("SLURM_NTASKS");
     if (!ntasks) ntasks = envVar("SLURM_NPROCS");
     if (!ntasks)
-      throw Error("SLURM_PROCID=" + *procid +
-                  " is set but SLURM_NTASKS is not; run the job step with srun -n N");
+      throw Error("SLURM_PROCID=" + *procid + " is set but SLURM_NTASKS is not; run the job step with srun -n N");
     counts("SLURM_PROCID", "SLURM_NTASKS", nullptr, nullptr, *procid, *ntasks);
     info.localRank = 0;
     if (auto lid = envVar("SLURM_LOCALID")) info.localRank = num("SLURM_LOCALID", *lid, 0, detail::kMaxRanks);
@@ -480,18 +477,20 @@ inline LaunchInfo detectLaunch() {
       // Same job -> same port on every task, different jobs sharing a node rarely collide.
       info.masterPort = 20000 + static_cast<int>(detail::parseEnvInt("SLURM_JOB_ID", *job, 0, LLONG_MAX) % 20000);
     }
-    requireMaster("set MASTER_ADDR (or run under srun, which sets SLURM_LAUNCH_NODE_IPADDR) and "
-                  "MASTER_PORT (or SLURM_JOB_ID)");
+    requireMaster(
+        "set MASTER_ADDR (or run under srun, which sets SLURM_LAUNCH_NODE_IPADDR) and "
+        "MASTER_PORT (or SLURM_JOB_ID)");
     return info;
   }
   if (auto [r, w] = pair("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"); r) {
     info.source = "openmpi";
-    counts("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-           "OMPI_COMM_WORLD_LOCAL_SIZE", *r, *w);
+    counts("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+           *r, *w);
     info.masterAddr = envVar("MASTER_ADDR").value_or("");
     info.masterPort = masterPort().value_or(0);
-    requireMaster("Open MPI does not publish one; set MASTER_ADDR and MASTER_PORT for every rank "
-                  "(e.g. mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500)");
+    requireMaster(
+        "Open MPI does not publish one; set MASTER_ADDR and MASTER_PORT for every rank "
+        "(e.g. mpirun -x MASTER_ADDR=<rank 0's host> -x MASTER_PORT=29500)");
     return info;
   }
   if (auto [r, w] = pair("GIN_RANK", "GIN_NRANKS"); r) {
@@ -554,8 +553,7 @@ class InProcessBootstrap final : public Bootstrap {
   void broadcast(void* data, size_t bytes, int root) override {
     try {
       if (root < 0 || root >= s_->nRanks)
-        throw Error("broadcast: root " + std::to_string(root) + " is outside 0.." +
-                    std::to_string(s_->nRanks - 1));
+        throw Error("broadcast: root " + std::to_string(root) + " is outside 0.." + std::to_string(s_->nRanks - 1));
       detail::checkBuffer(data, bytes, "broadcast");
     } catch (const Error& e) {
       breakGroup(e.what());
@@ -587,8 +585,7 @@ class InProcessBootstrap final : public Bootstrap {
 
   // Waits until every rank has published `phase`; the group's failure (or our
   // own timeout, which becomes it) ends the wait for everyone.
-  void waitPhase(std::unique_lock<std::mutex>& lk, uint64_t phase, const std::string& call,
-                 const char* verb) {
+  void waitPhase(std::unique_lock<std::mutex>& lk, uint64_t phase, const std::string& call, const char* verb) {
     const auto deadline = detail::deadlineAfter(s_->timeoutNs);
     auto missing = [&] {
       std::vector<int> m;
@@ -604,9 +601,9 @@ class InProcessBootstrap final : public Bootstrap {
         const auto late = missing();
         if (late.empty()) return;
         if (s_->failure.empty())
-          s_->failure = "in-process bootstrap: " + detail::rankList(late) + " of " +
-                        std::to_string(s_->nRanks) + " did not " + verb + " " + call + " within " +
-                        detail::secondsText(s_->timeoutNs) + " (rank " + std::to_string(rank_) +
+          s_->failure = "in-process bootstrap: " + detail::rankList(late) + " of " + std::to_string(s_->nRanks) +
+                        " did not " + verb + " " + call + " within " + detail::secondsText(s_->timeoutNs) + " (rank " +
+                        std::to_string(rank_) +
                         " gave up waiting); check that every thread calls the same collectives in "
                         "the same order, or raise BootstrapConfig::timeoutNs / GIN_BOOTSTRAP_TIMEOUT_MS";
         s_->cv.notify_all();
@@ -725,8 +722,9 @@ inline std::pair<std::string, int> parseUniqueId(const UniqueId& id) {
   const std::string prefix = kUniqueIdPrefix;
   const size_t space = text.rfind(' ');
   if (end == nullptr || text.rfind(prefix, 0) != 0 || space == std::string::npos || space < prefix.size() + 1)
-    throw Error("TcpBootstrap: the UniqueId was not made by makeUniqueId() (or was damaged in transit); "
-                "ship all 128 bytes from the process that called makeUniqueId()");
+    throw Error(
+        "TcpBootstrap: the UniqueId was not made by makeUniqueId() (or was damaged in transit); "
+        "ship all 128 bytes from the process that called makeUniqueId()");
   const std::string addr = text.substr(prefix.size(), space - prefix.size());
   const std::string portText = text.substr(space + 1);
   int port = 0;
@@ -793,8 +791,9 @@ class TcpBootstrap final : public Bootstrap {
     if (nRanks_ == 1) return;
     char* bytes = static_cast<char*>(data);
     if (rank_ == 0) {
-      collect(detail::kAllGather, seq, n, -1, [&](int) { return n; },
-              [&](int p) -> void* { return bytes + static_cast<size_t>(p) * n; });
+      collect(
+          detail::kAllGather, seq, n, -1, [&](int) { return n; },
+          [&](int p) -> void* { return bytes + static_cast<size_t>(p) * n; });
       answer(detail::kAllGather, seq, n, -1, [&](int) { return std::pair<const void*, size_t>{bytes, total}; });
     } else {
       call(detail::kAllGather, seq, n, -1, bytes + static_cast<size_t>(rank_) * n, n, bytes, total);
@@ -812,8 +811,9 @@ class TcpBootstrap final : public Bootstrap {
     }
     if (nRanks_ == 1) return;
     if (rank_ == 0) {
-      collect(detail::kBroadcast, seq, bytes, root, [&](int p) { return p == root ? bytes : size_t{0}; },
-              [&](int) { return data; });
+      collect(
+          detail::kBroadcast, seq, bytes, root, [&](int p) { return p == root ? bytes : size_t{0}; },
+          [&](int) { return data; });
       answer(detail::kBroadcast, seq, bytes, root, [&](int p) {
         return std::pair<const void*, size_t>{data, p == root ? 0 : bytes};
       });
@@ -827,7 +827,8 @@ class TcpBootstrap final : public Bootstrap {
     const uint64_t seq = begin();
     if (nRanks_ == 1) return;
     if (rank_ == 0) {
-      collect(detail::kBarrier, seq, 0, -1, [](int) { return size_t{0}; }, [](int) -> void* { return nullptr; });
+      collect(
+          detail::kBarrier, seq, 0, -1, [](int) { return size_t{0}; }, [](int) -> void* { return nullptr; });
       answer(detail::kBarrier, seq, 0, -1, [](int) { return std::pair<const void*, size_t>{nullptr, 0}; });
     } else {
       call(detail::kBarrier, seq, 0, -1, nullptr, 0, nullptr, 0);
@@ -841,15 +842,12 @@ class TcpBootstrap final : public Bootstrap {
   TcpBootstrap(const std::pair<std::string, int>& where, int rank, int nRanks, BootstrapConfig cfg)
       : TcpBootstrap(where.first, where.second, rank, nRanks, cfg) {}
 
-  std::string me() const {
-    return "bootstrap rank " + std::to_string(rank_) + "/" + std::to_string(nRanks_) + ": ";
-  }
+  std::string me() const { return "bootstrap rank " + std::to_string(rank_) + "/" + std::to_string(nRanks_) + ": "; }
   std::string where() const { return addr_ + ":" + std::to_string(port_); }
   std::string timeoutText() const { return detail::secondsText(timeoutNs_); }
 
   uint64_t begin() {
-    if (!failure_.empty())
-      throw Error(me() + "unusable after an earlier failure: " + failure_);
+    if (!failure_.empty()) throw Error(me() + "unusable after an earlier failure: " + failure_);
     return ++seq_;
   }
 
@@ -888,8 +886,7 @@ class TcpBootstrap final : public Bootstrap {
 
   // A bad argument on one rank must not leave the others waiting out the timeout.
   [[noreturn]] void localFailure(const std::string& call, const std::string& what) {
-    const std::string why =
-        call + ": " + (what.rfind("gin: ", 0) == 0 ? what.substr(5) : what);
+    const std::string why = call + ": " + (what.rfind("gin: ", 0) == 0 ? what.substr(5) : what);
     if (rank_ == 0) failAll("rank 0 failed in " + why);
     if (root_) sendAbort(root_.get(), why);
     fail(why);
@@ -898,8 +895,7 @@ class TcpBootstrap final : public Bootstrap {
   std::string readAbortText(int fd, uint64_t length, Clock::time_point deadline) {
     if (length > detail::kMaxAbortText) return "(abort message of " + std::to_string(length) + " bytes, not read)";
     std::string text(length, '\0');
-    if (detail::recvAll(fd, text.data(), length, deadline).kind != detail::Io::Ok)
-      return "(abort message cut short)";
+    if (detail::recvAll(fd, text.data(), length, deadline).kind != detail::Io::Ok) return "(abort message cut short)";
     return text;
   }
 
@@ -947,8 +943,7 @@ class TcpBootstrap final : public Bootstrap {
         for (int p = 1; p < nRanks_; ++p)
           if (!peers_[static_cast<size_t>(p)]) missing.push_back(p);
         failAll(detail::rankList(missing) + " of " + std::to_string(nRanks_) + " never connected to " + where() +
-                " within " + timeoutText() +
-                "; check that every process started and that RANK/WORLD_SIZE agree");
+                " within " + timeoutText() + "; check that every process started and that RANK/WORLD_SIZE agree");
       }
       sockaddr_in peer{};
       socklen_t len = sizeof peer;
@@ -964,8 +959,8 @@ class TcpBootstrap final : public Bootstrap {
       // if it was a rank, the missing-rank message will name it.
       if (detail::recvAll(s.get(), &h, sizeof h, deadline).kind != detail::Io::Ok) continue;
       if (h.magic != detail::kFrameMagic || h.op != detail::kHello)
-        failAll("a process at " + peerText + " connected to the rendezvous " + where() +
-                " but sent " + detail::frameText(h) + " instead of a gin bootstrap hello (magic " +
+        failAll("a process at " + peerText + " connected to the rendezvous " + where() + " but sent " +
+                detail::frameText(h) + " instead of a gin bootstrap hello (magic " +
                 detail::hexText(detail::kFrameMagic) + "); is another program using this port?");
       const int r = h.sender;
       std::string why;
@@ -997,8 +992,8 @@ class TcpBootstrap final : public Bootstrap {
                                header(detail::kWelcome, 0, 0, static_cast<uint64_t>(nRanks_), -1), nullptr,
                                detail::deadlineAfter(timeoutNs_));
       if (r.kind != detail::Io::Ok)
-        failAll("rank " + std::to_string(p) + " closed its connection during the rendezvous at " + where() +
-                " (" + detail::errnoText(r.err) + "); its process exited or failed: look at its output");
+        failAll("rank " + std::to_string(p) + " closed its connection during the rendezvous at " + where() + " (" +
+                detail::errnoText(r.err) + "); its process exited or failed: look at its output");
     }
   }
 
@@ -1028,8 +1023,9 @@ class TcpBootstrap final : public Bootstrap {
       }
       lastErr = err;
       if (Clock::now() >= deadline)
-        fail("could not connect to rank 0 at " + where() + " within " + timeoutText() + " (last error: " +
-             std::strerror(lastErr) + "); check that rank 0 started, that MASTER_ADDR/MASTER_PORT (or the "
+        fail("could not connect to rank 0 at " + where() + " within " + timeoutText() +
+             " (last error: " + std::strerror(lastErr) +
+             "); check that rank 0 started, that MASTER_ADDR/MASTER_PORT (or the "
              "UniqueId) point at it, and that no firewall blocks the port");
       std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - Clock::now()));
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
@@ -1040,8 +1036,8 @@ class TcpBootstrap final : public Bootstrap {
     if (sent.kind != detail::Io::Ok) {
       if (auto why = abortReasonIfAny(root_.get()); !why.empty())
         fail("rendezvous at " + where() + " aborted by rank 0: " + why);
-      fail("rank 0 at " + where() + " closed the connection during the rendezvous (" +
-           detail::errnoText(sent.err) + "); look at rank 0's output");
+      fail("rank 0 at " + where() + " closed the connection during the rendezvous (" + detail::errnoText(sent.err) +
+           "); look at rank 0's output");
     }
     // Rank 0 started no later than we connected and gives up one timeout after it
     // started, so twice the timeout is enough to hear its verdict either way.
@@ -1052,8 +1048,8 @@ class TcpBootstrap final : public Bootstrap {
       fail("rank 0 at " + where() + " accepted the connection but did not complete the rendezvous within " +
            detail::secondsText(2 * timeoutNs_) + "; rank 0 is stuck");
     if (got.kind == detail::Io::Closed)
-      fail("rank 0 at " + where() + " closed the connection during the rendezvous (" +
-           detail::errnoText(got.err) + "); it failed or exited: look at its output");
+      fail("rank 0 at " + where() + " closed the connection during the rendezvous (" + detail::errnoText(got.err) +
+           "); it failed or exited: look at its output");
     if (h.magic == detail::kFrameMagic && h.op == detail::kAbort)
       fail("rendezvous at " + where() + " aborted by rank 0: " + readAbortText(root_.get(), h.length, replyDeadline));
     if (h.magic != detail::kFrameMagic || h.op != detail::kWelcome || h.sender != 0 ||
@@ -1090,8 +1086,8 @@ class TcpBootstrap final : public Bootstrap {
       if (r < 0 && errno != EINTR) failAll(std::string("poll failed in ") + call + ": " + std::strerror(errno));
       if (r <= 0) {
         if (Clock::now() < deadline) continue;
-        failAll(detail::rankList(pending) + " of " + std::to_string(nRanks_) + " did not join " + call +
-                " within " + timeoutText() + " (rank 0 waited at " + where() +
+        failAll(detail::rankList(pending) + " of " + std::to_string(nRanks_) + " did not join " + call + " within " +
+                timeoutText() + " (rank 0 waited at " + where() +
                 "); it is stuck, or calling a different collective; raise GIN_BOOTSTRAP_TIMEOUT_MS if it is just slow");
       }
       std::vector<int> still;
@@ -1106,8 +1102,8 @@ class TcpBootstrap final : public Bootstrap {
     }
   }
 
-  void receiveFrom(int p, uint32_t op, uint64_t seq, uint64_t size, int root, const std::string& call,
-                   size_t expectLen, void* dest, Clock::time_point deadline) {
+  void receiveFrom(int p, uint32_t op, uint64_t seq, uint64_t size, int root, const std::string& call, size_t expectLen,
+                   void* dest, Clock::time_point deadline) {
     const int fd = peers_[static_cast<size_t>(p)].get();
     const std::string who = "rank " + std::to_string(p);
     auto lost = [&](const detail::IoResult& r) {
@@ -1121,8 +1117,7 @@ class TcpBootstrap final : public Bootstrap {
     if (h.magic != detail::kFrameMagic)
       failAll("rank 0 received a frame with magic " + detail::hexText(h.magic) + " from " + who + " in " + call +
               " (expected " + detail::hexText(detail::kFrameMagic) + "): the stream is corrupt or not gin's");
-    if (h.op == detail::kAbort)
-      failAll(who + " failed in " + readAbortText(fd, h.length, deadline));
+    if (h.op == detail::kAbort) failAll(who + " failed in " + readAbortText(fd, h.length, deadline));
     if (h.op != op || h.seq != seq || h.size != size || h.root != root || h.sender != p)
       failAll(who + " called " + detail::callText(h.op, h.seq, h.size, h.root) + " while rank 0 called " + call +
               " (frame " + detail::frameText(h) +
@@ -1139,14 +1134,14 @@ class TcpBootstrap final : public Bootstrap {
     const auto deadline = detail::deadlineAfter(timeoutNs_);
     for (int p = 1; p < nRanks_; ++p) {
       const auto [payload, len] = reply(p);
-      const auto r = sendFrame(peers_[static_cast<size_t>(p)].get(), header(op, seq, len, size, root), payload, deadline);
+      const auto r =
+          sendFrame(peers_[static_cast<size_t>(p)].get(), header(op, seq, len, size, root), payload, deadline);
       if (r.kind == detail::Io::Timeout)
         failAll("rank " + std::to_string(p) + " did not take the result of " + detail::callText(op, seq, size, root) +
                 " within " + timeoutText() + "; it is stuck");
       if (r.kind == detail::Io::Closed)
-        failAll("rank " + std::to_string(p) + " closed its connection during " +
-                detail::callText(op, seq, size, root) + " (" + detail::errnoText(r.err) +
-                "); its process exited or crashed: look at its output");
+        failAll("rank " + std::to_string(p) + " closed its connection during " + detail::callText(op, seq, size, root) +
+                " (" + detail::errnoText(r.err) + "); its process exited or crashed: look at its output");
     }
   }
 

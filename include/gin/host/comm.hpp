@@ -34,10 +34,10 @@ namespace gin {
 enum class DeviceKind { Auto, Cpu, Gpu };
 
 struct CommConfig {
-  int nContexts = 4;     // network contexts (queue pairs per peer on network transports)
-  int nSignals = 256;    // signal ids 0..nSignals-1
-  int nCounters = 256;   // counter ids 0..nCounters-1
-  int nBarriers = 132;   // barrier indices per kind (lsa, world): one per CTA of an H100/H200
+  int nContexts = 4;    // network contexts (queue pairs per peer on network transports)
+  int nSignals = 256;   // signal ids 0..nSignals-1
+  int nCounters = 256;  // counter ids 0..nCounters-1
+  int nBarriers = 132;  // barrier indices per kind (lsa, world): one per CTA of an H100/H200
   // Bound on every device-side wait; 0 takes GIN_TIMEOUT_MS from the
   // environment, else 30 s.
   uint64_t timeoutNs = 0;
@@ -131,7 +131,9 @@ class Comm {
   // any memory. On CPU ranks in several processes: memory from memAlloc.
   Window registerWindow(void* ptr, size_t bytes) {
     agreeOnSize("registerWindow", bytes,
-                ptr == nullptr ? "ptr is null" : bytes == 0 ? "bytes must be greater than 0" : nullptr);
+                ptr == nullptr ? "ptr is null"
+                : bytes == 0   ? "bytes must be greater than 0"
+                               : nullptr);
     auto rec = std::make_unique<WindowRecord>();
     rec->local = static_cast<char*>(ptr);
     const ShareHandle h = shareUserRange(ptr, bytes);
@@ -178,8 +180,9 @@ class Comm {
   // pointer on GPUs, for cudaMemcpy and kernel arguments).
   void* localPointer(Window w, size_t offset = 0) const {
     const WindowRecord& r = record(w, "localPointer");
-    if (offset > r.bytes) throw Error("localPointer: offset " + std::to_string(offset) + " is past the window's " +
-                                      std::to_string(r.bytes) + " bytes");
+    if (offset > r.bytes)
+      throw Error("localPointer: offset " + std::to_string(offset) + " is past the window's " +
+                  std::to_string(r.bytes) + " bytes");
     return r.local + offset;
   }
   size_t windowBytes(Window w) const { return record(w, "windowBytes").bytes; }
@@ -214,7 +217,7 @@ class Comm {
   struct PeerInfo {
     uint64_t hostId;
     uint64_t pid;
-    int32_t gpu;      // 1: GPU ranks, 0: CPU ranks
+    int32_t gpu;  // 1: GPU ranks, 0: CPU ranks
     int32_t cudaDev;
     char busId[32];
   };
@@ -229,18 +232,23 @@ class Comm {
   DevComm dev_{};
   bool lsaAllSameProcess_ = true;
 
-  SharedBuffer shared_;                 // signals + barrier inboxes, mapped by lsa peers
+  SharedBuffer shared_;  // signals + barrier inboxes, mapped by lsa peers
   std::vector<PeerMapping> sharedPeers_;
-  DeviceTable local_;                   // shadows, counters, epochs, pointer tables
+  DeviceTable local_;                        // shadows, counters, epochs, pointer tables
   HostMappedBuffer record_;                  // the device error record
   DeviceErrorRecord* hostRecord_ = nullptr;  // its host address
   uint32_t nextWindowId_ = 1;
   std::map<const WindowDev*, std::unique_ptr<WindowRecord>> windows_;
   std::vector<std::unique_ptr<SharedBuffer>> userAllocs_;
 
-  bool sameProcess(int r) const { return peers_[size_t(r)].hostId == peers_[size_t(rank_)].hostId && peers_[size_t(r)].pid == peers_[size_t(rank_)].pid; }
+  bool sameProcess(int r) const {
+    return peers_[size_t(r)].hostId == peers_[size_t(rank_)].hostId &&
+           peers_[size_t(r)].pid == peers_[size_t(rank_)].pid;
+  }
   SharedBuffer::Backing backing() const {
-    return gpu_ ? SharedBuffer::Backing::Cuda : lsaAllSameProcess_ ? SharedBuffer::Backing::Heap : SharedBuffer::Backing::Shm;
+    return gpu_                 ? SharedBuffer::Backing::Cuda
+           : lsaAllSameProcess_ ? SharedBuffer::Backing::Heap
+                                : SharedBuffer::Backing::Shm;
   }
 
   void discover() {
@@ -249,7 +257,8 @@ class Comm {
     const char* envDev = std::getenv("GIN_DEVICE");
     const int nGpus = cudaDeviceCountOrZero();
     if (cfg_.device == DeviceKind::Gpu) {
-      if (nGpus == 0) throw Error("CommConfig::device is Gpu but no CUDA device is visible on rank " + std::to_string(rank_));
+      if (nGpus == 0)
+        throw Error("CommConfig::device is Gpu but no CUDA device is visible on rank " + std::to_string(rank_));
       wantGpu = true;
     } else if (cfg_.device == DeviceKind::Auto) {
       wantGpu = nGpus > 0 && !(envDev && std::string(envDev) == "cpu");
@@ -285,9 +294,11 @@ class Comm {
     bool regular = perNode * nNodes == nRanks_;
     for (int r = 0; regular && r < nRanks_; ++r) regular = nodeOf[size_t(r)] == r / perNode;
     if (!regular)
-      throw Error("ranks must be numbered host by host with the same number on every host (as torchrun and srun "
-                  "do); rank " + std::to_string(rank_) + " sees " + std::to_string(nNodes) + " hosts over " +
-                  std::to_string(nRanks_) + " ranks in another order");
+      throw Error(
+          "ranks must be numbered host by host with the same number on every host (as torchrun and srun "
+          "do); rank " +
+          std::to_string(rank_) + " sees " + std::to_string(nNodes) + " hosts over " + std::to_string(nRanks_) +
+          " ranks in another order");
     dev_.rank = rank_;
     dev_.nRanks = nRanks_;
     dev_.lsaSize = perNode;
@@ -314,12 +325,15 @@ class Comm {
     if (dev < 0) {
       const char* lr = std::getenv("LOCAL_RANK");
       // In-process groups share one environment, so LOCAL_RANK cannot tell threads apart.
-      if (lr && !lsaAllSameProcess_) dev = std::atoi(lr);
-      else dev = rank_ - lsaBase;
+      if (lr && !lsaAllSameProcess_)
+        dev = std::atoi(lr);
+      else
+        dev = rank_ - lsaBase;
       dev %= nGpus;
     }
     if (dev >= nGpus)
-      throw Error("CommConfig::cudaDevice " + std::to_string(dev) + " is out of range: " + std::to_string(nGpus) + " GPUs are visible");
+      throw Error("CommConfig::cudaDevice " + std::to_string(dev) + " is out of range: " + std::to_string(nGpus) +
+                  " GPUs are visible");
     cudaDev_ = dev;
     GIN_CUDA_CHECK(cudaSetDevice(dev));
     PeerInfo& me = peers_[size_t(rank_)];
@@ -336,8 +350,10 @@ class Comm {
         throw Error("GPU " + std::to_string(dev) + " cannot access GPU " + std::to_string(peers_[size_t(r)].cudaDev) +
                     " by load/store (no NVLink or PCIe peer access); gin's lsa transport needs it");
       const cudaError_t e = cudaDeviceEnablePeerAccess(peers_[size_t(r)].cudaDev, 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
-      else GIN_CUDA_CHECK(e);
+      if (e == cudaErrorPeerAccessAlreadyEnabled)
+        (void)cudaGetLastError();
+      else
+        GIN_CUDA_CHECK(e);
     }
 #else
     (void)nGpus, (void)lsaBase;
@@ -425,7 +441,10 @@ class Comm {
 
   // Collective argument check: every rank learns every rank's size and verdict.
   void agreeOnSize(const char* what, size_t bytes, const char* localProblem) {
-    struct Vote { uint64_t bytes; char problem[56]; };
+    struct Vote {
+      uint64_t bytes;
+      char problem[56];
+    };
     std::vector<Vote> votes(static_cast<size_t>(nRanks_));
     Vote& v = votes[size_t(rank_)];
     v.bytes = bytes;
@@ -449,7 +468,8 @@ class Comm {
 #if GIN_WITH_CUDA
       auto [base, allocBytes] = cudaAllocationRange(p);
       if (p + bytes > base + allocBytes)
-        throw Error("registerWindow: [ptr, ptr+" + std::to_string(bytes) + ") runs past the end of its cudaMalloc allocation (" +
+        throw Error("registerWindow: [ptr, ptr+" + std::to_string(bytes) +
+                    ") runs past the end of its cudaMalloc allocation (" +
                     std::to_string(allocBytes - size_t(p - base)) + " bytes left)");
       ShareHandle h{};
       h.kind = ShareHandle::CudaIpc;
@@ -482,7 +502,8 @@ class Comm {
   const WindowRecord& record(Window w, const char* what) const {
     auto it = windows_.find(w.dev);
     if (it == windows_.end())
-      throw Error(std::string(what) + ": the window is not registered with this communicator (deregistered already, or "
+      throw Error(std::string(what) +
+                  ": the window is not registered with this communicator (deregistered already, or "
                   "from another communicator)");
     return *it->second;
   }

@@ -37,8 +37,8 @@ namespace gin {
 namespace detail {
 inline void cudaCheck(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) {
-    throw Error(std::string(what) + " failed: " + cudaGetErrorString(e) + " (" + file + ":" +
-                std::to_string(line) + ")");
+    throw Error(std::string(what) + " failed: " + cudaGetErrorString(e) + " (" + file + ":" + std::to_string(line) +
+                ")");
   }
 }
 }  // namespace detail
@@ -89,7 +89,8 @@ class ShmSegment {
     ShmSegment s;
     s.name_ = "/gin." + std::to_string(::getpid()) + "." + std::to_string(tag);
     const int fd = ::shm_open(s.name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) throw Error("shm_open(" + s.name_ + ") failed: " + std::strerror(errno) + "; is /dev/shm mounted and writable?");
+    if (fd < 0)
+      throw Error("shm_open(" + s.name_ + ") failed: " + std::strerror(errno) + "; is /dev/shm mounted and writable?");
     s.owner_ = true;
     if (::ftruncate(fd, off_t(bytes)) != 0) {
       const int e = errno;
@@ -205,11 +206,11 @@ class HostMappedBuffer {
 struct ShareHandle {
   enum Kind : uint32_t { Heap = 1, Shm = 2, CudaIpc = 3 } kind;
   uint32_t pad = 0;
-  uint64_t rawPtr;          // valid in the owner's process
-  uint64_t offset;          // of the buffer inside the shared allocation
-  uint64_t allocBytes;      // size of the shared allocation
+  uint64_t rawPtr;      // valid in the owner's process
+  uint64_t offset;      // of the buffer inside the shared allocation
+  uint64_t allocBytes;  // size of the shared allocation
   char shmName[64];
-  unsigned char ipc[64];    // cudaIpcMemHandle_t
+  unsigned char ipc[64];  // cudaIpcMemHandle_t
 };
 
 // One peer's buffer mapped into this process (or just borrowed by pointer).
@@ -243,8 +244,9 @@ class PeerMapping {
 #endif
       }
       case ShareHandle::Heap:
-        throw Error("a peer in another process registered ordinary heap memory, which this process cannot map; "
-                    "on CPU ranks in several processes allocate window memory with Comm::memAlloc");
+        throw Error(
+            "a peer in another process registered ordinary heap memory, which this process cannot map; "
+            "on CPU ranks in several processes allocate window memory with Comm::memAlloc");
     }
     throw Error("unknown memory share handle kind " + std::to_string(uint32_t(h.kind)));
   }

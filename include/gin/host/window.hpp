@@ -69,10 +69,10 @@ struct WindowRecord {
   uint32_t id = 0;
   size_t bytes = 0;
   char* local = nullptr;
-  bool owned = false;          // allocWindow (true) or registerWindow (false)
-  SharedBuffer buffer;         // when owned
+  bool owned = false;   // allocWindow (true) or registerWindow (false)
+  SharedBuffer buffer;  // when owned
   std::vector<PeerMapping> peers;
-  DeviceTable table;           // WindowDev followed by lsaBases[lsaSize]
+  DeviceTable table;  // WindowDev followed by lsaBases[lsaSize]
 
   Window handle() const { return Window{reinterpret_cast<const WindowDev*>(table.data())}; }
 

@@ -10,7 +10,7 @@ static_assert(gin::rollingLessEqual(1, 2));
 static_assert(gin::rollingLessEqual(5, 5));
 static_assert(!gin::rollingLessEqual(2, 1));
 static_assert(gin::rollingLessEqual(~uint64_t(0), 0));  // wraps: max <= 0
-static_assert(gin::rollingLess(0xff, 0x00, 8));          // 8-bit wrap
+static_assert(gin::rollingLess(0xff, 0x00, 8));         // 8-bit wrap
 static_assert(gin::kVersionMajor == GIN_VERSION_MAJOR);
 
 int main() {
@@ -19,7 +19,6 @@ int main() {
     std::printf("gin consumer (cmake): rolling comparison FAILED\n");
     return 1;
   }
-  std::printf("gin consumer (cmake): gin %d.%d.%d OK\n", gin::kVersionMajor, gin::kVersionMinor,
-              gin::kVersionPatch);
+  std::printf("gin consumer (cmake): gin %d.%d.%d OK\n", gin::kVersionMajor, gin::kVersionMinor, gin::kVersionPatch);
   return 0;
 }

@@ -24,9 +24,9 @@ GIN_HD GIN_INLINE void copyUnits(Coop coop, V* dst, const V* src, size_t n) {
   size_t i = size_t(coop.rank());
   for (; i + (kUnroll - 1) * stride < n; i += kUnroll * stride) {
     V v[kUnroll];
-GIN_UNROLL
+    GIN_UNROLL
     for (int u = 0; u < kUnroll; ++u) v[u] = src[i + u * stride];
-GIN_UNROLL
+    GIN_UNROLL
     for (int u = 0; u < kUnroll; ++u) dst[i + u * stride] = v[u];
   }
   for (; i < n; i += stride) dst[i] = src[i];
@@ -54,10 +54,14 @@ GIN_HD GIN_INLINE void coopCopy(Coop coop, void* dstv, const void* srcv, size_t 
   const char* src = static_cast<const char*>(srcv);
 #if GIN_DEVICE_CODE
   const uintptr_t mis = uintptr_t(dst) ^ uintptr_t(src);
-  if ((mis & 15) == 0) detail::copyAligned<uint4>(coop, dst, src, bytes);
-  else if ((mis & 7) == 0) detail::copyAligned<uint64_t>(coop, dst, src, bytes);
-  else if ((mis & 3) == 0) detail::copyAligned<uint32_t>(coop, dst, src, bytes);
-  else detail::copyUnits<char>(coop, dst, src, bytes);
+  if ((mis & 15) == 0)
+    detail::copyAligned<uint4>(coop, dst, src, bytes);
+  else if ((mis & 7) == 0)
+    detail::copyAligned<uint64_t>(coop, dst, src, bytes);
+  else if ((mis & 3) == 0)
+    detail::copyAligned<uint32_t>(coop, dst, src, bytes);
+  else
+    detail::copyUnits<char>(coop, dst, src, bytes);
 #else
   (void)coop;
   if (bytes) std::memcpy(dst, src, bytes);
