@@ -303,6 +303,25 @@ TEST_CASE("GPU: a wait that cannot finish gives a gin::Error naming rank, op, co
                       Catch::Matchers::ContainsSubstring("context 2") && Catch::Matchers::ContainsSubstring("id 42"));
 }
 
+TEST_CASE("GPU: registerWindow of host memory fails on every rank with the reason", "[gpu][errors]") {
+  const int n = rankCounts().back();
+  std::vector<std::string> msgs(static_cast<size_t>(n));
+  REQUIRE_NOTHROW(runGpus(n, [&](Comm& comm) {
+    std::vector<char> host(4096);
+    void* dev = nullptr;
+    GPU_CHECK(cudaMalloc(&dev, 4096));
+    try {
+      comm.registerWindow(comm.rank() == 0 ? static_cast<void*>(host.data()) : dev, 4096);
+    } catch (const Error& e) {
+      msgs[size_t(comm.rank())] = e.what();
+    }
+    cudaFree(dev);
+  }));
+  for (auto& m : msgs)
+    CHECK_THAT(m, Catch::Matchers::ContainsSubstring("registerWindow") &&
+                      Catch::Matchers::ContainsSubstring("rank 0") && Catch::Matchers::ContainsSubstring("cudaMalloc"));
+}
+
 int main(int argc, char** argv) {
   if (gputest::gpuCount() == 0) return gputest::skipNoGpu("GPU lsa suite");
   std::printf("GPU lsa suite: %d GPU(s) visible, rank counts tested:", gputest::gpuCount());

@@ -130,13 +130,20 @@ class Comm {
   // On a GPU: memory from cudaMalloc or memAlloc. On CPU ranks of one process:
   // any memory. On CPU ranks in several processes: memory from memAlloc.
   Window registerWindow(void* ptr, size_t bytes) {
-    agreeOnSize("registerWindow", bytes,
-                ptr == nullptr ? "ptr is null"
-                : bytes == 0   ? "bytes must be greater than 0"
-                               : nullptr);
+    // Every local check happens before the vote, so a bad buffer on one rank
+    // stops all ranks together.
+    std::string problem = ptr == nullptr ? "ptr is null" : bytes == 0 ? "bytes must be greater than 0" : "";
+    ShareHandle h{};
+    if (problem.empty()) {
+      try {
+        h = shareUserRange(ptr, bytes);
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+    }
+    agreeOnSize("registerWindow", bytes, problem.empty() ? nullptr : problem.c_str());
     auto rec = std::make_unique<WindowRecord>();
     rec->local = static_cast<char*>(ptr);
-    const ShareHandle h = shareUserRange(ptr, bytes);
     return finishWindow(std::move(rec), bytes, h);
   }
 
@@ -241,10 +248,10 @@ class Comm {
   std::map<const WindowDev*, std::unique_ptr<WindowRecord>> windows_;
   std::vector<std::unique_ptr<SharedBuffer>> userAllocs_;
 
-  bool sameProcess(int r) const {
-    return peers_[size_t(r)].hostId == peers_[size_t(rank_)].hostId &&
-           peers_[size_t(r)].pid == peers_[size_t(rank_)].pid;
+  bool sameProcess(int a, int b) const {
+    return peers_[size_t(a)].hostId == peers_[size_t(b)].hostId && peers_[size_t(a)].pid == peers_[size_t(b)].pid;
   }
+  bool sameProcess(int r) const { return sameProcess(r, rank_); }
   SharedBuffer::Backing backing() const {
     return gpu_                 ? SharedBuffer::Backing::Cuda
            : lsaAllSameProcess_ ? SharedBuffer::Backing::Heap
@@ -366,6 +373,18 @@ class Comm {
     all[size_t(rank_)] = mine;
     bs_.allGather(all.data(), sizeof(ShareHandle));
     const int lsaBase = rank_ - dev_.lsaRank;
+    // Heap memory cannot be mapped by another process. Every rank sees every
+    // handle, so every rank reaches the same verdict and none is left waiting.
+    for (int i = 0; i < dev_.lsaSize; ++i) {
+      const int r = lsaBase + i;
+      if (all[size_t(r)].kind != ShareHandle::Heap) continue;
+      for (int j = 0; j < dev_.lsaSize; ++j)
+        if (!sameProcess(r, lsaBase + j))
+          throw Error("rank " + std::to_string(r) + " registered ordinary heap memory, which rank " +
+                      std::to_string(lsaBase + j) +
+                      " (another process) cannot map; on CPU ranks in several processes allocate window memory "
+                      "with Comm::memAlloc");
+    }
     std::vector<char*> bases(size_t(dev_.lsaSize), nullptr);
     for (int i = 0; i < dev_.lsaSize; ++i) {
       const int r = lsaBase + i;
@@ -443,7 +462,7 @@ class Comm {
   void agreeOnSize(const char* what, size_t bytes, const char* localProblem) {
     struct Vote {
       uint64_t bytes;
-      char problem[56];
+      char problem[240];
     };
     std::vector<Vote> votes(static_cast<size_t>(nRanks_));
     Vote& v = votes[size_t(rank_)];
