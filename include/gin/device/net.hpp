@@ -140,8 +140,13 @@ class Net {
   }
 
   // ---- signals (remote arrival) ----
-  GIN_HD uint64_t* getSignalShadowPtr(uint32_t signal) const { return c_->signalShadows + signal; }
-  GIN_HD void increaseSignalShadow(uint32_t signal, uint64_t delta) const { c_->signalShadows[signal] += delta; }
+  // The shadow is plain memory of this rank, the caller's to use (nullptr for a bad id).
+  GIN_HD uint64_t* getSignalShadowPtr(uint32_t signal) const {
+    return checkSignal(signal) ? c_->signalShadows + signal : nullptr;
+  }
+  GIN_HD void increaseSignalShadow(uint32_t signal, uint64_t delta) const {
+    if (checkSignal(signal)) c_->signalShadows[signal] += delta;
+  }
 
   // Current value, low `bits` bits.
   GIN_HD uint64_t readSignal(uint32_t signal, int bits = 64, MemoryOrder order = MemoryOrder::Acquire) const {
@@ -165,7 +170,8 @@ class Net {
   GIN_HD bool waitSignalMeetShadow(Coop coop, uint32_t signal, int bits = 64,
                                    MemoryOrder order = MemoryOrder::Acquire) const {
     bool ok = true;
-    if (coop.rank() == 0) ok = waitSignalValue(signal, c_->signalShadows[signal], bits, order, Op::WaitShadow);
+    if (coop.rank() == 0)
+      ok = checkSignal(signal) && waitSignalValue(signal, c_->signalShadows[signal], bits, order, Op::WaitShadow);
     coop.sync();
     return ok;
   }
