@@ -280,25 +280,38 @@ TEST_CASE("GPU barriers: lsa and world sessions on 1, 32 and 132 CTAs, one index
 }
 
 namespace {
-__global__ void waitForever(DevComm dc) {
+// Every thread of every coop must see the wait's failure, not only the one
+// that polled: counts the threads that were told "satisfied".
+__global__ void waitForever(DevComm dc, int* toldOk) {
   Net net(dc, 2);
-  net.waitSignal(CoopBlock{}, 42, 1);
+  if (net.waitSignal(CoopBlock{}, 42, 1)) atomicAdd(toldOk, 1);
+  if (net.waitSignal(CoopWarp{}, 43, 1)) atomicAdd(toldOk, 1);
+  if (threadIdx.x < 128 && net.waitSignal(CoopWarpSpan{0, 4, 2}, 44, 1)) atomicAdd(toldOk, 1);
+  LsaBarrierSession<CoopBlock> bar(CoopBlock{}, dc, blockIdx.x);
+  if (dc.nRanks > 1 && bar.sync(CoopBlock{})) atomicAdd(toldOk, 1);
 }
 }  // namespace
 
 TEST_CASE("GPU: a wait that cannot finish gives a gin::Error naming rank, op, context and id", "[gpu][errors]") {
   std::string msg;
+  int toldOkHost = -1;
   REQUIRE_NOTHROW(runGpus(
       1,
       [&](Comm& comm) {
-        waitForever<<<4, 64>>>(comm.devComm());
+        int* toldOk = nullptr;
+        GPU_CHECK(cudaMalloc(&toldOk, sizeof(int)));
+        GPU_CHECK(cudaMemset(toldOk, 0, sizeof(int)));
+        waitForever<<<4, 256>>>(comm.devComm(), toldOk);
         try {
           comm.synchronize();
         } catch (const Error& e) {
           msg = e.what();
         }
+        GPU_CHECK(cudaMemcpy(&toldOkHost, toldOk, sizeof(int), cudaMemcpyDeviceToHost));
+        cudaFree(toldOk);
       },
       gputest::gpuConfig(200'000'000ull)));
+  CHECK(toldOkHost == 0);
   CHECK_THAT(msg, Catch::Matchers::ContainsSubstring("rank 0") && Catch::Matchers::ContainsSubstring("waitSignal") &&
                       Catch::Matchers::ContainsSubstring("context 2") && Catch::Matchers::ContainsSubstring("id 42"));
 }

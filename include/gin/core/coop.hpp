@@ -7,6 +7,9 @@
 // one warp; CoopWarp = CoopTile<32>), CoopWarpSpan (consecutive warps of a block,
 // synchronized by named barrier 1+id), CoopBlock (the whole block).
 //
+// syncAll(v) is sync() that also returns whether v was true on every thread
+// (a wait that gave up on one thread makes the whole coop see false).
+//
 // On CPU ranks every coop is one thread that does the whole coop's work:
 // size() is 1 and sync() does nothing. That keeps the device API's meaning
 // (the coop's work gets done once) in emulation.
@@ -20,6 +23,7 @@ struct CoopThread {
   GIN_HD constexpr int rank() const { return 0; }
   GIN_HD constexpr int size() const { return 1; }
   GIN_HD void sync() const {}
+  GIN_HD bool syncAll(bool v) const { return v; }
 };
 
 template <int N>
@@ -46,6 +50,15 @@ struct CoopTile {
       __syncwarp((~0u >> (32 - N)) << (lane & ~unsigned(N - 1)));
     }
 #endif
+  }
+  GIN_HD bool syncAll(bool v) const {
+#if GIN_DEVICE_CODE
+    if constexpr (N > 1) {
+      const unsigned lane = threadIdx.x % 32u;
+      return __all_sync((~0u >> (32 - N)) << (lane & ~unsigned(N - 1)), v);
+    }
+#endif
+    return v;
   }
 };
 
@@ -80,6 +93,23 @@ struct CoopWarpSpan {
       asm volatile("barrier.sync %0, %1;" ::"r"(1 + id), "r"(32 * nWarps) : "memory");
 #endif
   }
+  GIN_HD bool syncAll(bool v) const {
+#if GIN_DEVICE_CODE
+    if (nWarps == 1) return __all_sync(~0u, v);
+    int all;
+    asm volatile(
+        "{ .reg .pred p, q;\n"
+        "  setp.ne.s32 p, %1, 0;\n"
+        "  barrier.red.and.pred q, %2, %3, p;\n"
+        "  selp.s32 %0, 1, 0, q; }"
+        : "=r"(all)
+        : "r"(int(v)), "r"(1 + id), "r"(32 * nWarps)
+        : "memory");
+    return all != 0;
+#else
+    return v;
+#endif
+  }
 };
 
 // All threads of the block (1-D blocks; rank is threadIdx.x).
@@ -101,6 +131,13 @@ struct CoopBlock {
   GIN_HD void sync() const {
 #if GIN_DEVICE_CODE
     __syncthreads();
+#endif
+  }
+  GIN_HD bool syncAll(bool v) const {
+#if GIN_DEVICE_CODE
+    return __syncthreads_and(int(v)) != 0;
+#else
+    return v;
 #endif
   }
 };

@@ -63,8 +63,7 @@ class LsaBarrierSession {
           detail::WaitWhat{op_, c_.rank - me + i, -1, index_, want});
       if (!ok) break;
     }
-    coop.sync();
-    return ok;
+    return coop.syncAll(ok);
   }
 
   GIN_HD bool sync(Coop coop, MemoryOrder order = MemoryOrder::AcqRel) {
@@ -124,7 +123,7 @@ class BarrierSession {
           c_, sig, MemoryOrder::Acquire, [&](uint64_t v) { return rollingLessEqual(want, v); },
           detail::WaitWhat{Op::RailBarrier, -1, -1, index_, want});
     }
-    coop.sync();
+    ok = coop.syncAll(ok);
     // Second lsa round: nobody on this node leaves before all rail peers arrived.
     return lsa_.sync(coop, order) && ok;
   }

@@ -161,8 +161,7 @@ class Net {
                          MemoryOrder order = MemoryOrder::Acquire) const {
     bool ok = true;
     if (coop.rank() == 0) ok = waitSignalValue(signal, least, bits, order, Op::WaitSignal);
-    coop.sync();
-    return ok;
+    return coop.syncAll(ok);
   }
 
   // Wait until the signal reaches its shadow.
@@ -172,8 +171,7 @@ class Net {
     bool ok = true;
     if (coop.rank() == 0)
       ok = checkSignal(signal) && waitSignalValue(signal, c_->signalShadows[signal], bits, order, Op::WaitShadow);
-    coop.sync();
-    return ok;
+    return coop.syncAll(ok);
   }
 
   // Wait until the signal is at least shadow + leastDelta, then move the shadow
@@ -198,7 +196,7 @@ class Net {
           detail::WaitWhat{Op::WaitShadow, -1, ctx_, signal, target});
       volatileStore(shadow, ok ? seen : old);
     }
-    coop.sync();
+    ok = coop.syncAll(ok);
     const uint64_t now = volatileLoad(shadow);
     if (before) *before = Uint(old);
     if (delta) *delta = Uint((now - old) & rollingMask(bits));
@@ -227,8 +225,7 @@ class Net {
           *c_, c_->counters + counter, order, [&](uint64_t v) { return rollingLessEqual(least & m, v & m, bits); },
           detail::WaitWhat{Op::WaitCounter, -1, ctx_, counter, least & m});
     }
-    coop.sync();
-    return ok;
+    return coop.syncAll(ok);
   }
   GIN_HD void resetCounter(uint32_t counter) const {
     if (!checkCounter(counter)) return;
