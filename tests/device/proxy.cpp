@@ -474,3 +474,42 @@ TEST_CASE("proxy: the engine rejects bad descriptors without writing anything", 
       proxyConfig()));
   CHECK_THAT(msg, ContainsSubstring("rank 0") && ContainsSubstring("badArgument") && ContainsSubstring("id 999"));
 }
+
+TEST_CASE("proxy: tickets and credits keep working across the 2^64 wrap of the ring counters", "[proxy][wrap]") {
+  // A ring built by hand, with no engine: the test plays the consumer.
+  DevComm c{};
+  c.nContexts = 1;
+  c.timeoutNs = 50'000'000ull;
+  DeviceErrorRecord rec{};
+  uint32_t claimAndAbort[2] = {0, 0};
+  c.error = &rec;
+  c.errorClaim = &claimAndAbort[0];
+  c.abortFlag = &claimAndAbort[1];
+  std::vector<ProxyDesc> slots(8);
+  const uint64_t start = ~uint64_t(0) - 5;  // the 7th ticket wraps to 0
+  uint64_t head = start, consumed = start;
+  const ProxyRingDev ring{slots.data(), &head, &consumed, 8, 0};
+  c.proxyRings = &ring;
+  ProxyDesc d{};
+  d.op = uint8_t(ProxyOp::Signal);
+  for (uint64_t i = 0; i < 8; ++i) {
+    d.dstOffset = i;
+    REQUIRE(proxy::push(c, 0, d));
+  }
+  for (uint64_t i = 0; i < 8; ++i) {
+    const ProxyDesc& s = slots[size_t((start + i) & 7)];
+    CHECK(s.seq == start + i + 1);
+    CHECK(s.dstOffset == i);
+  }
+  CHECK(head == start + 8);  // wrapped
+  // Full across the wrap: the 9th push must wait and give up, not overwrite.
+  d.dstOffset = 99;
+  CHECK_FALSE(proxy::push(c, 0, d));
+  CHECK(rec.state == 2u);
+  CHECK(rec.op == uint32_t(Op::ProxyFull));
+  for (const ProxyDesc& s : slots) CHECK(s.dstOffset != 99);
+  // Flush compares rolling: consumed (wrapped) reaching head (wrapped) completes it.
+  claimAndAbort[1] = 0;
+  consumed = head;
+  CHECK(proxy::waitConsumed(c, 0, MemoryOrder::Acquire));
+}
