@@ -166,7 +166,17 @@ class ProxyEngine {
 
   // Test hook: a paused engine consumes nothing (so producers see a full ring
   // and flush times out) until resumed. Stopping drains even when paused.
-  void pause(bool p) { paused_.store(p, std::memory_order_release); }
+  // pause(true) returns once the engine has parked, so nothing pushed after
+  // it returns is consumed: the engine may be in the middle of a pass when
+  // the flag goes up, and only a park that starts after it proves the pass
+  // is over.
+  void pause(bool p) {
+    const uint64_t seen = parks_.load(std::memory_order_acquire);
+    paused_.store(p, std::memory_order_seq_cst);
+    if (!p) return;
+    while (parks_.load(std::memory_order_acquire) == seen && !done_.load(std::memory_order_acquire))
+      std::this_thread::yield();
+  }
   bool running() const { return !done_.load(std::memory_order_acquire); }
   uint64_t executed() const { return executed_.load(std::memory_order_relaxed); }
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
@@ -194,7 +204,7 @@ class ProxyEngine {
   uint32_t nSignalWords_;
   ProxyConfig cfg_;
   std::atomic<bool> stop_{false}, paused_{false}, done_{false};
-  std::atomic<uint64_t> executed_{0}, rejected_{0};
+  std::atomic<uint64_t> executed_{0}, rejected_{0}, parks_{0};
   std::thread thread_;
 
   void run() {
@@ -202,7 +212,8 @@ class ProxyEngine {
       uint64_t idle = 0;
       for (;;) {
         const bool stopping = stop_.load(std::memory_order_acquire);
-        if (!stopping && paused_.load(std::memory_order_acquire)) {
+        if (!stopping && paused_.load(std::memory_order_seq_cst)) {
+          parks_.fetch_add(1, std::memory_order_release);
           std::this_thread::sleep_for(std::chrono::microseconds(100));
           continue;
         }
