@@ -209,7 +209,8 @@ TEST_CASE("proxy: CounterInc counts consumed sources; waitCounter, readCounter a
         Window w = comm.allocWindow(4096);
         Net net(dc, 3);
         for (int k = 0; k < 10; ++k)
-          for (int p = 0; p < n; ++p) net.put(teamWorld(dc), p, w, 0, w, 1024, 100, None{}, CounterInc{4});
+          for (int p = 0; p < n; ++p)  // each sender its own destination bytes: no racing writers
+            net.put(teamWorld(dc), p, w, 128 * size_t(comm.rank()), w, 1024, 100, None{}, CounterInc{4});
         expect(net.waitCounter(CoopThread{}, 4, uint64_t(10 * n)), "waitCounter");
         expect(net.flush(CoopThread{}), "flush");
         expect(net.readCounter(4) == uint64_t(10 * n), "readCounter");
