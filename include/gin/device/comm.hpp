@@ -30,9 +30,6 @@ struct DevComm {
   int32_t lsaRank = 0, lsaSize = 0;
   int32_t railRank = 0, railSize = 0;
   int32_t nContexts = 0, nSignals = 0, nCounters = 0, nBarriers = 0;
-  // 1: every peer, lsa members included, goes through the proxy (testing and
-  // debugging; CommConfig::transport = Proxy). Fills padding before timeoutNs.
-  int32_t proxyAll = 0;
   uint64_t timeoutNs = 0;  // 0: waits never give up
 
   const uint8_t* peerTransport = nullptr;    // [nRanks] gin::Transport
@@ -49,6 +46,9 @@ struct DevComm {
   // sessions, nBarriers..2*nBarriers-1: world sessions). Rows are padded to
   // 128-byte lines so CTAs on different barrier indices never share a line.
   int32_t lsaInboxRowWords = 0;
+  // 1: every peer, lsa members included, goes through the proxy (testing and
+  // debugging; CommConfig::transport = Proxy). Fills the padding before lsaInbox.
+  int32_t proxyAll = 0;
   uint64_t* lsaInbox = nullptr;           // [2 * nBarriers * lsaInboxRowWords] this rank's
   uint64_t* const* lsaInboxes = nullptr;  // [lsaSize] each lsa member's lsaInbox
 
