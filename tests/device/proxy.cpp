@@ -514,3 +514,75 @@ TEST_CASE("proxy: tickets and credits keep working across the 2^64 wrap of the r
   consumed = head;
   CHECK(proxy::waitConsumed(c, 0, MemoryOrder::Acquire));
 }
+
+TEST_CASE("proxy: GIN_TRANSPORT overrides CommConfig::transport; a bad value is an error", "[proxy][env]") {
+  const char* old = std::getenv("GIN_TRANSPORT");
+  const std::string saved = old ? old : "";
+  ::setenv("GIN_TRANSPORT", "proxy", 1);
+  CHECK_NOTHROW(runRanks(2, [](Comm& comm) {
+    expect(comm.transportTo(1 - comm.rank()) == Transport::Proxy && comm.proxyEngine(), "env proxy ignored");
+  }));
+  ::setenv("GIN_TRANSPORT", "lsa", 1);
+  CHECK_NOTHROW(runRanks(
+      2,
+      [](Comm& comm) {
+        expect(comm.transportTo(1 - comm.rank()) == Transport::Lsa && !comm.proxyEngine(), "env lsa ignored");
+      },
+      proxyConfig()));
+  ::setenv("GIN_TRANSPORT", "carrier-pigeon", 1);
+  CHECK_THROWS_WITH(runRanks(2, [](Comm&) {}), ContainsSubstring("GIN_TRANSPORT=carrier-pigeon"));
+  if (old)
+    ::setenv("GIN_TRANSPORT", saved.c_str(), 1);
+  else
+    ::unsetenv("GIN_TRANSPORT");
+}
+
+namespace {
+// A wire that fails inside: the engine must record it, not crash or hang.
+struct ThrowingWire final : Wire {
+  bool put(int, uint32_t, uint64_t, const void*, uint64_t, WireReject*) override {
+    throw std::runtime_error("the wire broke");
+  }
+  bool signal(int, uint32_t, ProxyAction, uint64_t, WireReject*) override { return true; }
+};
+}  // namespace
+
+TEST_CASE("proxy: an engine that fails internally stops, records proxyEngine and makes waits give up",
+          "[proxy][errors]") {
+  DevComm c{};
+  c.nRanks = 2;
+  c.nContexts = 1;
+  c.nCounters = 4;
+  c.timeoutNs = 5'000'000'000ull;
+  DeviceErrorRecord rec{};
+  uint32_t claimAndAbort[2] = {0, 0};
+  c.error = &rec;
+  c.errorClaim = &claimAndAbort[0];
+  c.abortFlag = &claimAndAbort[1];
+  std::vector<ProxyDesc> slots(8);
+  uint64_t head = 0, consumed = 0;
+  const ProxyRingDev ringDev{slots.data(), &head, &consumed, 8, 0};
+  c.proxyRings = &ringDev;
+  std::vector<char> buf(64);
+  WindowDirectory dir;
+  dir.add(1, WindowDirectory::Entry{64, buf.data(), {buf.data(), buf.data()}});
+  ThrowingWire wire;
+  ProxyEngine engine(c, {ProxyEngine::Ring{slots.data(), &consumed, &head, 8}}, wire, dir, 16, ProxyConfig{});
+  ProxyDesc d{};
+  d.op = uint8_t(ProxyOp::Put);
+  d.peer = 1;
+  d.dstWindow = d.srcWindow = 1;
+  d.bytes = 8;
+  d.counterId = kProxyNoCounter;
+  REQUIRE(proxy::push(c, 0, d));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (engine.running() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK_FALSE(engine.running());
+  CHECK(rec.state == 2u);
+  CHECK(rec.op == uint32_t(Op::ProxyEngine));
+  CHECK_THAT(describe(rec), ContainsSubstring("proxyEngine"));
+  // The abort flag is up, so a flush returns at once instead of waiting 5 s.
+  CHECK_FALSE(proxy::waitConsumed(c, 0, MemoryOrder::Acquire));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+}
