@@ -160,7 +160,9 @@ class Net {
     }
     if constexpr ((Backends & kBackendProxy) != 0) {
       if (viaProxy(world)) {
-        proxyPush(coop, proxyDesc(ProxyOp::Signal, world, remote, None{}));
+        const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, None{});
+        // No action (None, or a bad id already recorded): nothing to carry.
+        if (d.action != uint8_t(ProxyAction::None)) proxyPush(coop, d);
         return;
       }
     }
@@ -302,10 +304,10 @@ class Net {
     recordError(*c_, Op::BadArgument, -1, ctx_, s, s, uint64_t(c_->nCounters));
     return false;
   }
-  // The host gives every member of the lsa team the lsa transport, so the lsa
-  // test in each operation needs no table lookup. Other peers will dispatch on
-  // peerTransport once the network transports exist; until then reaching one
-  // is recorded as an error.
+  // The host gives every member of the lsa team the lsa transport (unless the
+  // proxy is forced), so the lsa test in each operation needs no table lookup.
+  // Other peers dispatch on peerTransport; a peer no compiled-in transport
+  // reaches is recorded as an error.
   GIN_HD void noTransport(int world) const { recordError(*c_, Op::NoTransport, world, ctx_, 0, 0, 0); }
 
   // Proxy forced for every peer (a parameter-space load; compiled out of
