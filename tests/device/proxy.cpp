@@ -178,6 +178,7 @@ TEST_CASE("proxy: SignalInc, SignalAdd and SignalSet reach the peer's signal wor
         Net net(dc, 2);
         const Team world = teamWorld(dc);
         for (int p = 0; p < n; ++p) {
+          net.signal(world, p, None{});  // nothing to carry: must not reach the engine as a bad descriptor
           net.signal(world, p, SignalInc{0});
           net.signal(world, p, SignalAdd{1, uint64_t(me + 1)});
         }
@@ -192,6 +193,7 @@ TEST_CASE("proxy: SignalInc, SignalAdd and SignalSet reach the peer's signal wor
         expect(net.waitSignal(CoopThread{}, 2, 1000 + uint64_t(prev)), "SignalSet wait");
         expect(net.readSignal(2) == 1000 + uint64_t(prev), "SignalSet value");
         expect(net.flush(CoopThread{}), "flush");
+        expect(comm.proxyEngine()->rejected() == 0, "the engine rejected a descriptor");
         expectEngineRan(comm, 2 * uint64_t(n) + 1);
         comm.check();
         comm.bootstrap().barrier();
