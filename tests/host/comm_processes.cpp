@@ -1,6 +1,6 @@
 // Tests of gin/host/comm.hpp with one rank per process: TCP bootstrap on
 // 127.0.0.1, windows in POSIX shared memory, lsa put/signal and barriers
-// across processes.
+// across processes, directly (lsa) and through the proxy engine.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -59,38 +59,58 @@ std::vector<int> forkRanks(int n, const std::function<int(int)>& body, int limit
 }
 }  // namespace
 
+namespace {
+// One rank of the two-process test; nonzero: which check failed.
+int twoProcessRank(const UniqueId& id, int r, CommConfig cfg) {
+  TcpBootstrap bs(id, r, 2);
+  Comm comm(bs, cfg);
+  const DevComm dc = comm.devComm();
+  const int peer = 1 - r;
+  if (comm.lsaSize() != 2) return 10;
+  const bool proxy = cfg.transport == TransportChoice::Proxy;
+  if (comm.transportTo(peer) != (proxy ? Transport::Proxy : Transport::Lsa)) return 16;
+  constexpr size_t kBytes = 1 << 20;
+  Window w = comm.allocWindow(2 * kBytes);
+  auto* base = static_cast<uint8_t*>(comm.localPointer(w));
+  for (size_t i = 0; i < kBytes; ++i) base[i] = gintest::pattern(5, r, i);
+  Net net(dc, 0);
+  for (int round = 1; round <= 50; ++round) {
+    net.put(teamWorld(dc), peer, w, kBytes, w, 0, kBytes, SignalInc{0});
+    if (!net.waitSignal(CoopThread{}, 0, uint64_t(round))) return 11;
+    for (size_t i = 0; i < kBytes; i += 4093)
+      if (base[kBytes + i] != gintest::pattern(5, peer, i)) return 12;
+    LsaBarrierSession<CoopThread> bar(CoopThread{}, dc, uint32_t(round % 8));
+    if (!bar.sync(CoopThread{})) return 13;
+  }
+  void* m = comm.memAlloc(4096);
+  Window u = comm.registerWindow(m, 4096);
+  net.putValue(teamWorld(dc), peer, u, 8, uint64_t(0xABCD0000 + r), SignalInc{1});
+  if (!net.waitSignal(CoopThread{}, 1, 1)) return 14;
+  if (static_cast<uint64_t*>(m)[1] != uint64_t(0xABCD0000 + peer)) return 15;
+  if (!net.flush(CoopThread{})) return 17;
+  // Over the proxy every operation went through this process's engine, into
+  // the peer process's shared memory.
+  if (proxy && (!comm.proxyEngine() || comm.proxyEngine()->executed() != 51)) return 18;
+  comm.deregisterWindow(u);
+  comm.memFree(m);
+  comm.check();
+  return 0;
+}
+}  // namespace
+
 TEST_CASE("two processes over TCP: windows in shared memory, put+signal, barrier and memAlloc windows",
           "[comm][processes]") {
   const UniqueId id = makeUniqueId();
-  auto status = forkRanks(2, [&](int r) {
-    TcpBootstrap bs(id, r, 2);
-    Comm comm(bs, gintest::cpuConfig());
-    const DevComm dc = comm.devComm();
-    const int peer = 1 - r;
-    if (comm.lsaSize() != 2) return 10;
-    constexpr size_t kBytes = 1 << 20;
-    Window w = comm.allocWindow(2 * kBytes);
-    auto* base = static_cast<uint8_t*>(comm.localPointer(w));
-    for (size_t i = 0; i < kBytes; ++i) base[i] = gintest::pattern(5, r, i);
-    Net net(dc, 0);
-    for (int round = 1; round <= 50; ++round) {
-      net.put(teamWorld(dc), peer, w, kBytes, w, 0, kBytes, SignalInc{0});
-      if (!net.waitSignal(CoopThread{}, 0, uint64_t(round))) return 11;
-      for (size_t i = 0; i < kBytes; i += 4093)
-        if (base[kBytes + i] != gintest::pattern(5, peer, i)) return 12;
-      LsaBarrierSession<CoopThread> bar(CoopThread{}, dc, uint32_t(round % 8));
-      if (!bar.sync(CoopThread{})) return 13;
-    }
-    void* m = comm.memAlloc(4096);
-    Window u = comm.registerWindow(m, 4096);
-    net.putValue(teamWorld(dc), peer, u, 8, uint64_t(0xABCD0000 + r), SignalInc{1});
-    if (!net.waitSignal(CoopThread{}, 1, 1)) return 14;
-    if (static_cast<uint64_t*>(m)[1] != uint64_t(0xABCD0000 + peer)) return 15;
-    comm.deregisterWindow(u);
-    comm.memFree(m);
-    comm.check();
-    return 0;
-  });
+  auto status = forkRanks(2, [&](int r) { return twoProcessRank(id, r, gintest::cpuConfig()); });
+  CHECK(status == std::vector<int>{0, 0});
+}
+
+TEST_CASE("two processes, proxy transport forced: the local wire writes into the peer process's shared memory",
+          "[comm][processes][proxy]") {
+  const UniqueId id = makeUniqueId();
+  CommConfig cfg = gintest::cpuConfig();
+  cfg.transport = TransportChoice::Proxy;
+  auto status = forkRanks(2, [&](int r) { return twoProcessRank(id, r, cfg); });
   CHECK(status == std::vector<int>{0, 0});
 }
 

@@ -29,6 +29,9 @@ enum class Op : uint32_t {
   Signal,
   BadArgument,
   NoTransport,
+  ProxyFull,    // a producer waited for a free slot in a proxy ring
+  ProxyFlush,   // flush waited for the proxy engine to consume descriptors
+  ProxyEngine,  // the proxy engine stopped on an internal failure
 };
 
 GIN_HD inline const char* opName(Op op) {
@@ -44,6 +47,9 @@ GIN_HD inline const char* opName(Op op) {
     case Op::Signal: return "signal";
     case Op::BadArgument: return "badArgument";
     case Op::NoTransport: return "noTransport";
+    case Op::ProxyFull: return "proxyRingFull";
+    case Op::ProxyFlush: return "proxyFlush";
+    case Op::ProxyEngine: return "proxyEngine";
   }
   return "unknown";
 }
@@ -80,6 +86,18 @@ inline std::string describe(const DeviceErrorRecord& r) {
   if (op == Op::NoTransport) {
     s += " (no compiled-in transport reaches peer " + std::to_string(r.peer) +
          "; build the kernel with a backend mask that includes it)";
+    return s;
+  }
+  if (op == Op::ProxyEngine) {
+    s += " (the host proxy engine stopped; its message was printed to stderr)";
+    return s;
+  }
+  if (op == Op::ProxyFull || op == Op::ProxyFlush) {
+    // A proxy wait depends on this rank's own engine, not on a peer.
+    s +=
+        " timed out on context " + std::to_string(r.context) + ": the proxy engine consumed " +
+        std::to_string(r.observed) + " descriptors, " + std::to_string(r.expected) +
+        " were needed. Is the engine running (Comm alive, not paused)? Raise CommConfig::timeoutNs if it is just slow.";
     return s;
   }
   s += " timed out";

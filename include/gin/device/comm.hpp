@@ -20,6 +20,8 @@ namespace gin {
 // How a peer is reached; one per world rank in DevComm::peerTransport.
 enum class Transport : uint8_t { None = 0, Lsa = 1, Proxy = 2, Ibgda = 4 };
 
+struct ProxyRingDev;  // gin/device/transport/proxy.hpp
+
 struct DevComm {
   int32_t rank = 0, nRanks = 0;
   // lsa team: world ranks [rank - lsaRank, rank - lsaRank + lsaSize) reach each
@@ -30,7 +32,8 @@ struct DevComm {
   int32_t nContexts = 0, nSignals = 0, nCounters = 0, nBarriers = 0;
   uint64_t timeoutNs = 0;  // 0: waits never give up
 
-  const uint8_t* peerTransport = nullptr;  // [nRanks] gin::Transport
+  const uint8_t* peerTransport = nullptr;    // [nRanks] gin::Transport
+  const ProxyRingDev* proxyRings = nullptr;  // [nContexts]; nullptr when no peer uses proxy
 
   // Signals: remote arrival counts, in memory every lsa peer has mapped.
   uint64_t* signals = nullptr;            // [nSignals + nBarriers] this rank's
@@ -43,6 +46,9 @@ struct DevComm {
   // sessions, nBarriers..2*nBarriers-1: world sessions). Rows are padded to
   // 128-byte lines so CTAs on different barrier indices never share a line.
   int32_t lsaInboxRowWords = 0;
+  // 1: every peer, lsa members included, goes through the proxy (testing and
+  // debugging; CommConfig::transport = Proxy). Fills the padding before lsaInbox.
+  int32_t proxyAll = 0;
   uint64_t* lsaInbox = nullptr;           // [2 * nBarriers * lsaInboxRowWords] this rank's
   uint64_t* const* lsaInboxes = nullptr;  // [lsaSize] each lsa member's lsaInbox
 

@@ -10,7 +10,9 @@
 //    the peer only after that put's payload, and the payloads of the calling
 //    coop's earlier puts on this context to the same peer, are visible there.
 //  - flush(coop): the source buffers of every put issued by `coop` on this
-//    context may be reused. It does not promise remote visibility.
+//    context may be reused. It does not promise remote visibility. (Over the
+//    proxy it waits for every descriptor claimed on the context before the
+//    call, whichever coop pushed it: a stronger promise.)
 //  - Counters count local completion (source consumed); signals count arrival.
 //  - Waits compare with rolling arithmetic (gin/core/rolling.hpp) and are bounded
 //    by the communicator's timeout: on expiry the error record names rank, peer,
@@ -24,6 +26,7 @@
 #include "gin/core/coop.hpp"
 #include "gin/core/rolling.hpp"
 #include "gin/device/transport/lsa.hpp"
+#include "gin/device/transport/proxy.hpp"
 #include "gin/device/window.hpp"
 
 namespace gin {
@@ -77,9 +80,21 @@ class Net {
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, bytes) || !checkRange(srcWin, srcOffset, bytes))
       return;
     if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !proxyForced()) {
         lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
         lsaActions(coop, li, remote, local, /*wrote=*/true, alreadyReleased);
+        return;
+      }
+    }
+    if constexpr ((Backends & kBackendProxy) != 0) {
+      if (viaProxy(world)) {
+        ProxyDesc d = proxyDesc(ProxyOp::Put, world, remote, local);
+        d.dstWindow = loadConst(&dstWin.dev->id);
+        d.dstOffset = dstOffset;
+        d.srcWindow = loadConst(&srcWin.dev->id);
+        d.srcOffset = srcOffset;
+        d.bytes = bytes;
+        proxyPush(coop, d);
         return;
       }
     }
@@ -102,9 +117,23 @@ class Net {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, sizeof(T))) return;
     if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !proxyForced()) {
         if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
         lsaActions(coop, li, remote, None{}, /*wrote=*/true, alreadyReleased);
+        return;
+      }
+    }
+    if constexpr ((Backends & kBackendProxy) != 0) {
+      if (viaProxy(world)) {
+        ProxyDesc d = proxyDesc(ProxyOp::PutValue, world, remote, None{});
+        d.dstWindow = loadConst(&dstWin.dev->id);
+        d.dstOffset = dstOffset;
+        // Carried inline: byte i of the value in bits 8i..8i+7 (what the host unpacks).
+        const unsigned char* vb = reinterpret_cast<const unsigned char*>(&value);
+        d.srcOffset = 0;
+        for (size_t i = 0; i < sizeof(T); ++i) d.srcOffset |= uint64_t(vb[i]) << (8 * i);
+        d.bytes = sizeof(T);
+        proxyPush(coop, d);
         return;
       }
     }
@@ -124,8 +153,16 @@ class Net {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer)) return;
     if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !proxyForced()) {
         lsaActions(coop, li, remote, None{}, /*wrote=*/false, alreadyReleased);
+        return;
+      }
+    }
+    if constexpr ((Backends & kBackendProxy) != 0) {
+      if (viaProxy(world)) {
+        const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, None{});
+        // No action (None, or a bad id already recorded): nothing to carry.
+        if (d.action != uint8_t(ProxyAction::None)) proxyPush(coop, d);
         return;
       }
     }
@@ -133,10 +170,23 @@ class Net {
   }
 
   // Every source buffer of puts issued by `coop` on this context may be reused.
+  // lsa completes in place. Over the proxy: wait until the host has consumed
+  // every descriptor claimed on this context so far (by any coop: one counter
+  // per ring is cheaper than per-coop bookkeeping, and the promise is stronger).
+  // Returns false if the wait gave up (Op::ProxyFlush in the error record).
   template <class Coop>
-  GIN_HD void flush(Coop coop, MemoryOrder order = MemoryOrder::Acquire) const {
-    (void)order;  // lsa completes in place; later transports wait for completions here
+  GIN_HD bool flush(Coop coop, MemoryOrder order = MemoryOrder::Acquire) const {
     coop.sync();
+    bool ok = true;
+    if constexpr ((Backends & kBackendProxy) != 0) {
+      if (c_->proxyRings != nullptr && ctx_ >= 0) {
+        if (coop.rank() == 0) ok = proxy::waitConsumed(*c_, ctx_, order);
+        coop.sync();
+      }
+    } else {
+      (void)order;
+    }
+    return ok;
   }
 
   // ---- signals (remote arrival) ----
@@ -257,11 +307,65 @@ class Net {
     recordError(*c_, Op::BadArgument, -1, ctx_, s, s, uint64_t(c_->nCounters));
     return false;
   }
-  // The host gives every member of the lsa team the lsa transport, so the lsa
-  // test in each operation needs no table lookup. Other peers will dispatch on
-  // peerTransport once the network transports exist; until then reaching one
-  // is recorded as an error.
+  // The host gives every member of the lsa team the lsa transport (unless the
+  // proxy is forced), so the lsa test in each operation needs no table lookup.
+  // Other peers dispatch on peerTransport; a peer no compiled-in transport
+  // reaches is recorded as an error.
   GIN_HD void noTransport(int world) const { recordError(*c_, Op::NoTransport, world, ctx_, 0, 0, 0); }
+
+  // Proxy forced for every peer (a parameter-space load; compiled out of
+  // kernels without the proxy backend, so the lsa path does not pay it).
+  GIN_HD bool proxyForced() const {
+    if constexpr ((Backends & kBackendProxy) != 0)
+      return c_->proxyAll != 0;
+    else
+      return false;
+  }
+  GIN_HD bool viaProxy(int world) const {
+    return c_->proxyRings != nullptr && loadConst(c_->peerTransport + world) == uint8_t(Transport::Proxy);
+  }
+
+  // A descriptor with the actions filled in. A bad signal or counter id is
+  // recorded here, on the device, and the action dropped (as lsa does).
+  template <class RemoteAction, class LocalAction>
+  GIN_HD ProxyDesc proxyDesc(ProxyOp op, int world, RemoteAction remote, LocalAction local) const {
+    ProxyDesc d{};
+    d.op = uint8_t(op);
+    d.peer = world;
+    d.action = uint8_t(ProxyAction::None);
+    d.counterId = kProxyNoCounter;
+    if constexpr (!std::is_same_v<RemoteAction, None>) {
+      static_assert(std::is_same_v<RemoteAction, SignalInc> || std::is_same_v<RemoteAction, SignalAdd> ||
+                        std::is_same_v<RemoteAction, SignalSet>,
+                    "remote action must be None, SignalInc, SignalAdd or SignalSet");
+      if (checkSignal(remote.signal)) {
+        d.signalId = remote.signal;
+        if constexpr (std::is_same_v<RemoteAction, SignalInc>) {
+          d.action = uint8_t(ProxyAction::Add);
+          d.signalValue = 1;
+        } else {
+          d.action = uint8_t(std::is_same_v<RemoteAction, SignalAdd> ? ProxyAction::Add : ProxyAction::Set);
+          d.signalValue = remote.value;
+        }
+      }
+    } else {
+      (void)remote;
+    }
+    if constexpr (!std::is_same_v<LocalAction, None>) {
+      static_assert(std::is_same_v<LocalAction, CounterInc>, "local action must be None or CounterInc");
+      if (checkCounter(local.counter)) d.counterId = local.counter;
+    } else {
+      (void)local;
+    }
+    return d;
+  }
+  // The coop's writes (the put's source) are ordered before the push by the
+  // sync; one thread pushes, and its release of the sequence word publishes them.
+  template <class Coop>
+  GIN_HD void proxyPush(Coop coop, const ProxyDesc& d) const {
+    coop.sync();
+    if (coop.rank() == 0) (void)proxy::push(*c_, ctx_, d);
+  }
 
   GIN_HD bool waitSignalValue(uint32_t signal, uint64_t least, int bits, MemoryOrder order, Op op) const {
     if (!checkSignal(signal)) return false;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -27,11 +28,18 @@
 #include "gin/device/window.hpp"
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/memory.hpp"
+#include "gin/host/proxy.hpp"
 #include "gin/host/window.hpp"
 
 namespace gin {
 
 enum class DeviceKind { Auto, Cpu, Gpu };
+
+// How peers are reached. Auto: lsa for every peer load/store reaches (today,
+// every peer: ranks on several hosts are refused). Lsa: the same, never proxy.
+// Proxy: every peer through the proxy engine, lsa members included (testing,
+// debugging). GIN_TRANSPORT=auto|lsa|proxy overrides.
+enum class TransportChoice { Auto, Lsa, Proxy };
 
 struct CommConfig {
   int nContexts = 4;    // network contexts (queue pairs per peer on network transports)
@@ -46,6 +54,8 @@ struct CommConfig {
   // GPU to use; -1: LOCAL_RANK from the launcher, else this rank's index among
   // the ranks of its host (modulo the number of visible GPUs).
   int cudaDevice = -1;
+  TransportChoice transport = TransportChoice::Auto;
+  ProxyConfig proxy;  // rings and engine of the proxy transport
 };
 
 namespace detail {
@@ -72,6 +82,28 @@ inline uint64_t envTimeoutNs() {
   }
   return 30'000'000'000ull;
 }
+inline TransportChoice envTransport(TransportChoice fallback) {
+  const char* e = std::getenv("GIN_TRANSPORT");
+  if (!e || !*e) return fallback;
+  const std::string v(e);
+  if (v == "auto") return TransportChoice::Auto;
+  if (v == "lsa") return TransportChoice::Lsa;
+  if (v == "proxy") return TransportChoice::Proxy;
+  throw Error("GIN_TRANSPORT=" + v + " is not one of auto, lsa, proxy");
+}
+inline bool envDebug() {
+  const char* e = std::getenv("GIN_DEBUG");
+  return e && *e && std::string(e) != "0";
+}
+inline const char* transportName(Transport t) {
+  switch (t) {
+    case Transport::None: return "none";
+    case Transport::Lsa: return "lsa";
+    case Transport::Proxy: return "proxy";
+    case Transport::Ibgda: return "ibgda";
+  }
+  return "?";
+}
 }  // namespace detail
 
 class Comm {
@@ -83,13 +115,23 @@ class Comm {
       throw Error("CommConfig: nContexts and nBarriers must be >= 1, nSignals and nCounters >= 0 (got " +
                   std::to_string(cfg.nContexts) + ", " + std::to_string(cfg.nBarriers) + ", " +
                   std::to_string(cfg.nSignals) + ", " + std::to_string(cfg.nCounters) + ")");
+    if (cfg.proxy.ringSlots < 2 || (cfg.proxy.ringSlots & (cfg.proxy.ringSlots - 1)) != 0 ||
+        cfg.proxy.ringSlots > (1u << 24) || cfg.proxy.batch < 1)
+      throw Error("CommConfig::proxy: ringSlots must be a power of two in [2, 2^24] and batch >= 1 (got " +
+                  std::to_string(cfg.proxy.ringSlots) + ", " + std::to_string(cfg.proxy.batch) + ")");
     if (cfg_.timeoutNs == 0) cfg_.timeoutNs = detail::envTimeoutNs();
+    cfg_.transport = detail::envTransport(cfg_.transport);
     discover();
     buildState();
     bs_.barrier();  // every rank's signals and inboxes are zero before anyone uses them
+    if (dev_.proxyRings) startProxy();
+    if (rank_ == 0 && detail::envDebug()) printTransports();
   }
 
   ~Comm() {
+    // Our engine writes into peers' memory: it drains and stops before the
+    // barrier that lets them free it.
+    engine_.reset();
     // Peers may still be writing into our memory until they too are done.
     try {
       bs_.barrier();
@@ -110,6 +152,8 @@ class Comm {
   const CommConfig& config() const { return cfg_; }
   Bootstrap& bootstrap() const { return bs_; }
   Transport transportTo(int worldRank) const { return Transport(transports_.at(size_t(worldRank))); }
+  // The proxy engine, or nullptr when no peer uses the proxy (tests pause it).
+  ProxyEngine* proxyEngine() const { return engine_.get(); }
 
   // What kernels receive (by value).
   const DevComm& devComm() const { return dev_; }
@@ -165,7 +209,12 @@ class Comm {
                     ", rank " + std::to_string(r) + " window " + std::to_string(ids[size_t(r)]) +
                     "); deregister windows in the same order everywhere");
     }
+    // Our engine finishes what was pushed before, so it never writes into a
+    // window a peer is about to free (bounded; a stuck engine is reported
+    // through the error record anyway).
+    if (engine_) (void)engine_->quiesce(cfg_.timeoutNs);
     bs_.barrier();  // nobody still writes into it
+    dir_.remove(id);
     windows_.erase(it);
   }
   void freeWindow(Window w) { deregisterWindow(w); }
@@ -248,6 +297,18 @@ class Comm {
   std::map<const WindowDev*, std::unique_ptr<WindowRecord>> windows_;
   std::vector<std::unique_ptr<SharedBuffer>> userAllocs_;
 
+  // Proxy transport (only when some peer uses it). The engine is declared
+  // last so it is destroyed first: it polls the rings and writes through the
+  // wire and the directory.
+  std::vector<uint64_t*> lsaSignalPtrs_;  // each lsa member's signal array, mapped here
+  uint32_t nSignalWords_ = 0;
+  HostMappedBuffer ringMem_;  // ring slots and consumer indices
+  size_t ringPad_ = 0;        // to 64-byte alignment
+  DeviceTable ringTable_;     // ProxyRingDev[nContexts], then the producer tickets
+  WindowDirectory dir_;
+  std::unique_ptr<Wire> wire_;
+  std::unique_ptr<ProxyEngine> engine_;
+
   bool sameProcess(int a, int b) const {
     return peers_[size_t(a)].hostId == peers_[size_t(b)].hostId && peers_[size_t(a)].pid == peers_[size_t(b)].pid;
   }
@@ -318,12 +379,20 @@ class Comm {
     if (gpu_) pickGpu(nGpus, lsaBase);
 
     transports_.assign(size_t(nRanks_), uint8_t(Transport::None));
+    const bool forceProxy = cfg_.transport == TransportChoice::Proxy;
     for (int r = 0; r < nRanks_; ++r)
-      if (r >= lsaBase && r < lsaBase + perNode) transports_[size_t(r)] = uint8_t(Transport::Lsa);
+      if (r >= lsaBase && r < lsaBase + perNode)
+        transports_[size_t(r)] = uint8_t(forceProxy ? Transport::Proxy : Transport::Lsa);
     if (nNodes > 1)
       throw Error("the ranks span " + std::to_string(nNodes) +
-                  " hosts, and ranks on different hosts need a network transport (proxy or ibgda), which this "
-                  "build of gin does not have yet; run all ranks on one host");
+                  " hosts, and ranks on different hosts need a network wire (proxy over tcp/verbs, or ibgda), "
+                  "which this build of gin does not have yet; run all ranks on one host");
+    if (forceProxy && gpu_)
+      throw Error(
+          "the proxy transport runs on CPU ranks only so far (GPU rings come in a later phase); "
+          "use GIN_TRANSPORT=lsa or DeviceKind::Cpu on rank " +
+          std::to_string(rank_));
+    dev_.proxyAll = forceProxy ? 1 : 0;
   }
 
   void pickGpu(int nGpus, int lsaBase) {
@@ -425,6 +494,9 @@ class Comm {
     local_.upload(offSigPtrs, sigPtrs.data(), L * 8);
     local_.upload(offInboxPtrs, inboxPtrs.data(), L * 8);
     local_.upload(offTransport, transports_.data(), transports_.size());
+    lsaSignalPtrs_ = sigPtrs;
+    nSignalWords_ = uint32_t(nS + nB);
+    if (std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Proxy)) != transports_.end()) buildRings();
 
     // Error record: host memory the GPU can write (mapped pinned), so check()
     // reads it while kernels run. The claim word and the abort flag stay in
@@ -456,6 +528,53 @@ class Comm {
     dev_.error = static_cast<DeviceErrorRecord*>(record_.device());
     dev_.errorClaim = reinterpret_cast<uint32_t*>(base + offClaim);
     dev_.abortFlag = reinterpret_cast<uint32_t*>(base + offClaim + 4);
+  }
+
+  // One ring per context: slots and the consumer index in memory the host
+  // polls (mapped pinned memory once GPUs push), the producer ticket counters
+  // and the ProxyRingDev table where the producers are (device memory on GPUs).
+  void buildRings() {
+    const size_t nCtx = size_t(cfg_.nContexts), nSlots = cfg_.proxy.ringSlots;
+    const size_t slotBytes = nCtx * nSlots * sizeof(ProxyDesc), consumedAt = slotBytes;
+    ringMem_ = HostMappedBuffer(gpu_, slotBytes + nCtx * 64 + 64);
+    ringPad_ = (64 - reinterpret_cast<uintptr_t>(ringMem_.host()) % 64) % 64;
+    const size_t headsAt = (nCtx * sizeof(ProxyRingDev) + 63) / 64 * 64;
+    ringTable_ = DeviceTable(gpu_, headsAt + nCtx * 64);
+    std::vector<ProxyRingDev> rings(nCtx);
+    char* dev = static_cast<char*>(ringMem_.device()) + ringPad_;
+    for (size_t i = 0; i < nCtx; ++i) {
+      rings[i].slots = reinterpret_cast<ProxyDesc*>(dev) + i * nSlots;
+      rings[i].consumed = reinterpret_cast<uint64_t*>(dev + consumedAt + i * 64);
+      rings[i].head = reinterpret_cast<uint64_t*>(ringTable_.data() + headsAt + i * 64);
+      rings[i].nSlots = uint32_t(nSlots);
+    }
+    ringTable_.upload(0, rings.data(), nCtx * sizeof(ProxyRingDev));
+    dev_.proxyRings = reinterpret_cast<const ProxyRingDev*>(ringTable_.data());
+  }
+
+  void startProxy() {
+    const size_t nCtx = size_t(cfg_.nContexts), nSlots = cfg_.proxy.ringSlots;
+    char* host = static_cast<char*>(ringMem_.host()) + ringPad_;
+    const size_t headsAt = (nCtx * sizeof(ProxyRingDev) + 63) / 64 * 64;
+    std::vector<ProxyEngine::Ring> rings(nCtx);
+    for (size_t i = 0; i < nCtx; ++i) {
+      rings[i].slots = reinterpret_cast<ProxyDesc*>(host) + i * nSlots;
+      rings[i].consumed = reinterpret_cast<uint64_t*>(host + nCtx * nSlots * sizeof(ProxyDesc) + i * 64);
+      rings[i].head = reinterpret_cast<const uint64_t*>(ringTable_.data() + headsAt + i * 64);
+      rings[i].nSlots = uint32_t(nSlots);
+    }
+    wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_);
+    engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), *wire_, dir_, nSignalWords_, cfg_.proxy);
+  }
+
+  void printTransports() const {
+    std::string s = "gin: rank 0 transport table (" + std::to_string(nRanks_) + " ranks):";
+    for (int r = 0; r < nRanks_; ++r)
+      s += " " + std::to_string(r) + "=" + detail::transportName(Transport(transports_[size_t(r)]));
+    if (dev_.proxyRings)
+      s += "; proxy: " + std::to_string(cfg_.nContexts) + " rings x " + std::to_string(cfg_.proxy.ringSlots) +
+           " slots, local wire";
+    std::fprintf(stderr, "%s\n", s.c_str());
   }
 
   // Collective argument check: every rank learns every rank's size and verdict.
@@ -513,6 +632,7 @@ class Comm {
     std::vector<char*> bases = exchange(h, rec->local, rec->peers);
     if (rec->owned) rec->buffer.unlinkName();
     rec->publish(gpu_, dev_.lsaSize, bases);
+    dir_.add(rec->id, WindowDirectory::Entry{uint64_t(bytes), rec->local, bases});
     const Window w = rec->handle();
     windows_.emplace(w.dev, std::move(rec));
     return w;

@@ -1,0 +1,590 @@
+// Tests of the proxy transport, phase 1 (gin/device/transport/proxy.hpp,
+// gin/host/proxy.hpp): CPU ranks as threads, every peer forced through the
+// proxy engine and the local wire. The same promises as the lsa tests, plus
+// the ring itself: contention, wrap-around, a full ring, a stuck engine and
+// descriptors the engine must refuse.
+#include <atomic>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "../common/ranks.hpp"
+
+using namespace gin;
+using Catch::Matchers::ContainsSubstring;
+using gintest::expect;
+using gintest::pattern;
+using gintest::runRanks;
+
+namespace {
+constexpr uint8_t kPoison = 0xAB;
+
+CommConfig proxyConfig(uint64_t timeoutNs = 20'000'000'000ull, uint32_t ringSlots = 1024) {
+  CommConfig c = gintest::cpuConfig(timeoutNs);
+  c.transport = TransportChoice::Proxy;
+  c.proxy.ringSlots = ringSlots;
+  return c;
+}
+
+std::string checkMessage(Comm& comm) {
+  try {
+    comm.check();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// The operations really went through this rank's engine (not the lsa path).
+void expectEngineRan(Comm& comm, uint64_t atLeast) {
+  expect(comm.proxyEngine() != nullptr, "no proxy engine although the proxy transport was forced");
+  expect(comm.proxyEngine()->executed() >= atLeast, "engine executed " +
+                                                        std::to_string(comm.proxyEngine()->executed()) +
+                                                        " descriptors, expected at least " + std::to_string(atLeast));
+}
+
+// As tests/device/net_put.cpp: every rank puts to every peer on every context
+// with a SignalInc and a CounterInc; receivers check every byte and the poison.
+void allToAllPut(Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_t seed) {
+  const DevComm dc = comm.devComm();
+  const int n = comm.nRanks(), me = comm.rank();
+  const size_t slot = bytes + 64;
+  const size_t winBytes = slot * size_t(n) + 128;
+  Window src = comm.allocWindow(winBytes);
+  Window dst = comm.allocWindow(winBytes * size_t(dc.nContexts));
+  auto* s = static_cast<uint8_t*>(comm.localPointer(src));
+  auto* d = static_cast<uint8_t*>(comm.localPointer(dst));
+  for (size_t i = 0; i < bytes; ++i) s[srcMis + i] = pattern(seed, me, i);
+  std::memset(d, kPoison, winBytes * size_t(dc.nContexts));
+  comm.bootstrap().barrier();
+
+  const Team world = teamWorld(dc);
+  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
+    Net net(dc, ctx);
+    for (int p = 0; p < n; ++p)
+      net.put(world, p, dst, size_t(ctx) * winBytes + size_t(me) * slot + dstMis, src, srcMis, bytes,
+              SignalInc{uint32_t(ctx)}, CounterInc{uint32_t(ctx)});
+    expect(net.flush(CoopThread{}), "flush gave up");
+    // flush: the sources were consumed, so every counter increment is in.
+    expect(net.readCounter(uint32_t(ctx)) == uint64_t(n), "counter after flush");
+  }
+  // Sources may be reused after flush: scribbling on them must not reach anyone.
+  std::memset(s, 0x5A, winBytes);
+  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
+    Net net(dc, ctx);
+    expect(net.waitSignal(CoopThread{}, uint32_t(ctx), uint64_t(n)), "waitSignal gave up");
+    for (int p = 0; p < n; ++p) {
+      const uint8_t* blk = d + size_t(ctx) * winBytes + size_t(p) * slot;
+      for (size_t i = 0; i < dstMis; ++i) expect(blk[i] == kPoison, "bytes before the put were written");
+      for (size_t i = 0; i < bytes; ++i)
+        if (blk[dstMis + i] != pattern(seed, p, i))
+          expect(false, "rank " + std::to_string(me) + " ctx " + std::to_string(ctx) + ": byte " + std::to_string(i) +
+                            " from rank " + std::to_string(p) + " is wrong");
+      for (size_t i = dstMis + bytes; i < slot; ++i) expect(blk[i] == kPoison, "bytes after the put were written");
+    }
+  }
+  expectEngineRan(comm, uint64_t(n) * uint64_t(dc.nContexts));
+  comm.check();
+  comm.bootstrap().barrier();
+  comm.deregisterWindow(dst);
+  comm.deregisterWindow(src);
+}
+}  // namespace
+
+TEST_CASE("proxy: forcing the transport reports proxy for every peer and starts one engine", "[proxy]") {
+  const char* env = std::getenv("GIN_TRANSPORT");
+  REQUIRE_NOTHROW(runRanks(
+      3,
+      [&](Comm& comm) {
+        for (int r = 0; r < comm.nRanks(); ++r)
+          expect(comm.transportTo(r) == Transport::Proxy, "transportTo is not proxy");
+        expect(comm.proxyEngine() != nullptr && comm.proxyEngine()->running(), "engine not running");
+        expect(comm.devComm().proxyRings != nullptr && comm.devComm().proxyAll == 1, "DevComm proxy fields");
+      },
+      proxyConfig()));
+  if (!env) {  // GIN_TRANSPORT overrides the config: the default is lsa only without it
+    REQUIRE_NOTHROW(runRanks(2, [](Comm& comm) {
+      expect(comm.transportTo(1 - comm.rank()) == Transport::Lsa, "default transport is not lsa");
+      expect(comm.proxyEngine() == nullptr && comm.devComm().proxyRings == nullptr, "engine without proxy peers");
+    }));
+  }
+  CommConfig bad = proxyConfig();
+  bad.proxy.ringSlots = 12;
+  REQUIRE_THROWS_WITH(runRanks(
+                          1, [](Comm&) {}, bad),
+                      ContainsSubstring("power of two"));
+}
+
+TEST_CASE("proxy: put delivers every byte to every peer on every context, any size and alignment", "[proxy][put]") {
+  const int n = GENERATE(1, 3, 8);
+  const size_t bytes = GENERATE(size_t(0), size_t(1), size_t(7), size_t(16), size_t(4099), size_t(65536 + 13));
+  const auto mis = GENERATE(std::pair<size_t, size_t>{0, 0}, std::pair<size_t, size_t>{3, 5});
+  CAPTURE(n, bytes, mis.first, mis.second);
+  REQUIRE_NOTHROW(runRanks(
+      n, [&](Comm& comm) { allToAllPut(comm, bytes, mis.first, mis.second, 91 + bytes); }, proxyConfig()));
+}
+
+TEST_CASE("proxy: putValue carries 1, 2, 4 and 8 byte values inline, signal after them", "[proxy][putValue]") {
+  REQUIRE_NOTHROW(runRanks(
+      4,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        const int n = comm.nRanks(), me = comm.rank();
+        Window w = comm.allocWindow(64 * size_t(n));
+        std::memset(comm.localPointer(w), kPoison, 64 * size_t(n));
+        comm.bootstrap().barrier();
+        Net net(dc, 0);
+        const Team world = teamWorld(dc);
+        for (int p = 0; p < n; ++p) {
+          const size_t o = size_t(me) * 64;
+          net.putValue(world, p, w, o + 0, uint8_t(0x10 + me));
+          net.putValue(world, p, w, o + 2, uint16_t(0x2000 + me));
+          net.putValue(world, p, w, o + 4, uint32_t(0x30000000u + unsigned(me)));
+          net.putValue(world, p, w, o + 8, uint64_t(0x4000000000000000ull + unsigned(me)));
+          net.putValue(world, p, w, o + 17, uint32_t(0xdeadbeefu), SignalInc{9});  // unaligned
+        }
+        expect(net.waitSignal(CoopThread{}, 9, uint64_t(n)), "signal 9 never arrived from everyone");
+        auto* b = static_cast<uint8_t*>(comm.localPointer(w));
+        for (int p = 0; p < n; ++p) {
+          const uint8_t* blk = b + size_t(p) * 64;
+          uint16_t v16;
+          uint32_t v32, u32;
+          uint64_t v64;
+          std::memcpy(&v16, blk + 2, 2);
+          std::memcpy(&v32, blk + 4, 4);
+          std::memcpy(&v64, blk + 8, 8);
+          std::memcpy(&u32, blk + 17, 4);
+          expect(blk[0] == 0x10 + p && v16 == 0x2000 + p && v32 == 0x30000000u + unsigned(p) &&
+                     v64 == 0x4000000000000000ull + unsigned(p) && u32 == 0xdeadbeefu,
+                 "putValue payload wrong from rank " + std::to_string(p));
+          expect(blk[1] == kPoison && blk[16] == kPoison && blk[21] == kPoison, "putValue wrote outside its bytes");
+        }
+        expectEngineRan(comm, 5 * uint64_t(n));
+        comm.check();
+        comm.bootstrap().barrier();
+      },
+      proxyConfig()));
+}
+
+TEST_CASE("proxy: SignalInc, SignalAdd and SignalSet reach the peer's signal word exactly", "[proxy][signal]") {
+  REQUIRE_NOTHROW(runRanks(
+      5,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        const int n = comm.nRanks(), me = comm.rank();
+        Net net(dc, 2);
+        const Team world = teamWorld(dc);
+        for (int p = 0; p < n; ++p) {
+          net.signal(world, p, None{});  // nothing to carry: must not reach the engine as a bad descriptor
+          net.signal(world, p, SignalInc{0});
+          net.signal(world, p, SignalAdd{1, uint64_t(me + 1)});
+        }
+        expect(net.waitSignal(CoopThread{}, 0, uint64_t(n)), "SignalInc count");
+        expect(net.waitSignal(CoopThread{}, 1, uint64_t(n * (n + 1) / 2)), "SignalAdd sum");
+        expect(net.flush(CoopThread{}), "flush");
+        comm.bootstrap().barrier();  // every engine has run every signal: an extra one would show now
+        expect(net.readSignal(0) == uint64_t(n), "SignalInc overshoot");
+        expect(net.readSignal(1) == uint64_t(n * (n + 1) / 2), "SignalAdd overshoot");
+        const int prev = (me + n - 1) % n;
+        net.signal(world, (me + 1) % n, SignalSet{2, 1000 + uint64_t(me)});
+        expect(net.waitSignal(CoopThread{}, 2, 1000 + uint64_t(prev)), "SignalSet wait");
+        expect(net.readSignal(2) == 1000 + uint64_t(prev), "SignalSet value");
+        expect(net.flush(CoopThread{}), "flush");
+        expect(comm.proxyEngine()->rejected() == 0, "the engine rejected a descriptor");
+        expectEngineRan(comm, 2 * uint64_t(n) + 1);
+        comm.check();
+        comm.bootstrap().barrier();
+      },
+      proxyConfig()));
+}
+
+TEST_CASE("proxy: CounterInc counts consumed sources; waitCounter, readCounter and resetCounter see it",
+          "[proxy][counter]") {
+  REQUIRE_NOTHROW(runRanks(
+      3,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        const int n = comm.nRanks();
+        Window w = comm.allocWindow(4096);
+        Net net(dc, 3);
+        for (int k = 0; k < 10; ++k)
+          for (int p = 0; p < n; ++p)  // each sender its own destination bytes: no racing writers
+            net.put(teamWorld(dc), p, w, 128 * size_t(comm.rank()), w, 1024, 100, None{}, CounterInc{4});
+        expect(net.waitCounter(CoopThread{}, 4, uint64_t(10 * n)), "waitCounter");
+        expect(net.flush(CoopThread{}), "flush");
+        expect(net.readCounter(4) == uint64_t(10 * n), "readCounter");
+        net.resetCounter(4);
+        expect(net.readCounter(4) == 0, "resetCounter");
+        comm.check();
+        comm.bootstrap().barrier();
+      },
+      proxyConfig()));
+}
+
+TEST_CASE("proxy: put+signal ordering under stress: whenever the signal is seen the payload is there",
+          "[proxy][ordering]") {
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        const int me = comm.rank(), peer = 1 - me;
+        constexpr size_t kSlot = 32768, kSlots = 4;
+        constexpr int kIters = 300;
+        Window w = comm.allocWindow(kSlot * kSlots);
+        Window src = comm.allocWindow(kSlot * kSlots);
+        Net net(dc, me);
+        const Team world = teamWorld(dc);
+        auto* d = static_cast<const uint64_t*>(comm.localPointer(w));
+        for (int k = 0; k < kIters; ++k) {
+          if (k >= int(kSlots)) expect(net.waitSignal(CoopThread{}, 1, uint64_t(k - kSlots + 1)), "ack wait");
+          // The source slot is reused every kSlots iterations: the ack implies
+          // the peer saw it, which implies our engine consumed it.
+          auto* s = static_cast<uint64_t*>(comm.localPointer(src, size_t(k % kSlots) * kSlot));
+          for (size_t i = 0; i < kSlot / 8; ++i) s[i] = (uint64_t(me) << 56) | (uint64_t(k) << 24) | i;
+          net.put(world, peer, w, size_t(k % kSlots) * kSlot, src, size_t(k % kSlots) * kSlot, kSlot, SignalInc{0});
+          expect(net.waitSignal(CoopThread{}, 0, uint64_t(k + 1)), "data wait");
+          const uint64_t* blk = d + size_t(k % kSlots) * kSlot / 8;
+          for (size_t i = 0; i < kSlot / 8; ++i)
+            if (blk[i] != ((uint64_t(peer) << 56) | (uint64_t(k) << 24) | i))
+              expect(false, "iteration " + std::to_string(k) + ": word " + std::to_string(i) +
+                                " was not yet written when the signal arrived");
+          net.signal(world, peer, SignalInc{1});
+        }
+        expect(net.flush(CoopThread{}), "flush");
+        expectEngineRan(comm, 2 * kIters);
+        comm.check();
+        comm.bootstrap().barrier();
+      },
+      proxyConfig()));
+}
+
+TEST_CASE("proxy: many threads push into one small ring at once; no descriptor lost or run twice",
+          "[proxy][contention]") {
+  constexpr int kRanks = 8, kPushers = 4, kPerPeer = 24;
+  REQUIRE_NOTHROW(runRanks(
+      kRanks,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        const int n = comm.nRanks(), me = comm.rank();
+        const size_t perSender = size_t(kPushers) * kPerPeer;
+        Window w = comm.allocWindow(8 * perSender * size_t(n));
+        std::memset(comm.localPointer(w), 0, 8 * perSender * size_t(n));
+        comm.bootstrap().barrier();
+        std::vector<std::thread> pushers;
+        for (int t = 0; t < kPushers; ++t)
+          pushers.emplace_back([&, t] {
+            Net net(dc, 0);  // every pusher of every rank on context 0
+            for (int k = 0; k < kPerPeer; ++k)
+              for (int q = 0; q < n; ++q) {
+                const int p = (me + q + t) % n;
+                const size_t idx = size_t(me) * perSender + size_t(t) * kPerPeer + size_t(k);
+                const uint64_t v = (uint64_t(me + 1) << 40) | (uint64_t(t) << 20) | uint64_t(k);
+                net.putValue(teamWorld(dc), p, w, 8 * idx, v, SignalInc{5});
+              }
+          });
+        for (auto& th : pushers) th.join();
+        Net net(dc, 0);
+        const uint64_t total = uint64_t(n) * perSender;
+        expect(net.waitSignal(CoopThread{}, 5, total), "not every descriptor arrived");
+        expect(net.flush(CoopThread{}), "flush");
+        comm.bootstrap().barrier();  // everyone's engine is done with everything
+        expect(net.readSignal(5) == total, "signal overshoot: a descriptor ran twice (" +
+                                               std::to_string(net.readSignal(5)) + " != " + std::to_string(total) +
+                                               ")");
+        expect(comm.proxyEngine()->executed() == uint64_t(n) * perSender,
+               "engine executed " + std::to_string(comm.proxyEngine()->executed()) + " descriptors");
+        const auto* got = static_cast<const uint64_t*>(comm.localPointer(w));
+        for (int s = 0; s < n; ++s)
+          for (int t = 0; t < kPushers; ++t)
+            for (int k = 0; k < kPerPeer; ++k) {
+              const size_t idx = size_t(s) * perSender + size_t(t) * kPerPeer + size_t(k);
+              const uint64_t v = (uint64_t(s + 1) << 40) | (uint64_t(t) << 20) | uint64_t(k);
+              expect(got[idx] == v, "value from rank " + std::to_string(s) + " pusher " + std::to_string(t) + " #" +
+                                        std::to_string(k) + " missing");
+            }
+        comm.check();
+        comm.bootstrap().barrier();
+      },
+      proxyConfig(20'000'000'000ull, 16)));
+}
+
+TEST_CASE("proxy: an 8-slot ring wraps around many times, in order", "[proxy][wrap]") {
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        const int peer = 1 - comm.rank();
+        constexpr int kOps = 4096;  // 512 laps of the ring, a multiple of the 64 words
+        Window w = comm.allocWindow(8 * 64);
+        comm.bootstrap().barrier();
+        Net net(dc, 1);
+        // Same destination word over and over: in-order execution leaves the last value.
+        for (int k = 0; k < kOps; ++k)
+          net.putValue(teamWorld(dc), peer, w, 8 * size_t(k % 64), uint64_t(k), SignalInc{3});
+        expect(net.waitSignal(CoopThread{}, 3, kOps), "signal 3");
+        expect(net.flush(CoopThread{}), "flush");
+        comm.bootstrap().barrier();
+        expect(net.readSignal(3) == kOps, "signal overshoot");
+        const auto* got = static_cast<const uint64_t*>(comm.localPointer(w));
+        for (int j = 0; j < 64; ++j)
+          expect(got[j] == uint64_t(kOps - 64 + j), "word " + std::to_string(j) + " is not the last value written");
+        expect(comm.proxyEngine()->executed() == kOps, "executed count");
+        const uint64_t consumed = *dc.proxyRings[1].consumed;
+        expect(consumed == kOps, "consumer index " + std::to_string(consumed));
+        comm.check();
+        comm.bootstrap().barrier();
+      },
+      proxyConfig(20'000'000'000ull, 8)));
+}
+
+TEST_CASE("proxy: a full ring makes the producer wait instead of overwriting", "[proxy][full]") {
+  REQUIRE_NOTHROW(runRanks(
+      1,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window w = comm.allocWindow(8 * 16);
+        Net net(dc, 0);
+        const Team world = teamWorld(dc);
+        comm.proxyEngine()->pause(true);
+        for (int k = 0; k < 8; ++k) net.putValue(world, 0, w, 8 * size_t(k), uint64_t(100 + k), SignalInc{0});
+        std::atomic<bool> done{false};
+        std::thread late([&] {
+          net.putValue(world, 0, w, 8 * 8, uint64_t(108), SignalInc{0});
+          done.store(true);
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        const bool waited = !done.load();
+        const ProxyDesc& first = dc.proxyRings[0].slots[0];
+        const bool intact = first.seq == 1 && first.dstOffset == 0 && first.srcOffset == 100;
+        comm.proxyEngine()->pause(false);
+        late.join();
+        expect(waited, "the 9th push into an 8-slot ring returned while the engine was paused");
+        expect(intact, "the 9th push overwrote slot 0 before it was consumed");
+        expect(net.waitSignal(CoopThread{}, 0, 9), "signal");
+        expect(net.flush(CoopThread{}), "flush");
+        const auto* got = static_cast<const uint64_t*>(comm.localPointer(w));
+        for (int k = 0; k < 9; ++k) expect(got[k] == uint64_t(100 + k), "value " + std::to_string(k));
+        expect(net.readSignal(0) == 9, "signal count");
+        comm.check();
+      },
+      proxyConfig(10'000'000'000ull, 8)));
+}
+
+TEST_CASE("proxy: a stuck engine turns a full ring and a flush into error records, not hangs", "[proxy][errors]") {
+  std::string fullMsg, flushMsg;
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE_NOTHROW(runRanks(
+      1,
+      [&](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window w = comm.allocWindow(64);
+        Net net(dc, 2);
+        comm.proxyEngine()->pause(true);
+        for (int k = 0; k < 9; ++k) net.putValue(teamWorld(dc), 0, w, 0, uint64_t(k));  // the 9th gives up
+        fullMsg = checkMessage(comm);
+        comm.proxyEngine()->pause(false);
+      },
+      proxyConfig(200'000'000ull, 8)));
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [&](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window w = comm.allocWindow(64);
+        Net net(dc, 1);
+        if (comm.rank() == 1) {
+          comm.proxyEngine()->pause(true);
+          net.put(teamWorld(dc), 0, w, 0, w, 8, 8);
+          expect(!net.flush(CoopThread{}), "flush should give up while the engine is paused");
+          flushMsg = checkMessage(comm);
+          comm.proxyEngine()->pause(false);
+        }
+        comm.bootstrap().barrier();
+      },
+      proxyConfig(200'000'000ull)));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK_THAT(fullMsg,
+             ContainsSubstring("proxyRingFull") && ContainsSubstring("context 2") && ContainsSubstring("consumed 0"));
+  CHECK_THAT(flushMsg,
+             ContainsSubstring("rank 1") && ContainsSubstring("proxyFlush") && ContainsSubstring("context 1"));
+  CHECK(secs < 10.0);
+}
+
+TEST_CASE("proxy: the engine rejects bad descriptors without writing anything", "[proxy][errors]") {
+  std::string msg;
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [&](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window w = comm.allocWindow(256);
+        std::memset(comm.localPointer(w), kPoison, 256);
+        comm.bootstrap().barrier();
+        if (comm.rank() == 0) {
+          const uint32_t id = w.dev->id;
+          auto desc = [&](ProxyOp op) {
+            ProxyDesc d{};
+            d.op = uint8_t(op);
+            d.peer = 1;
+            d.dstWindow = id;
+            d.srcWindow = id;
+            d.dstOffset = 0;
+            d.srcOffset = 0;
+            d.bytes = 8;
+            d.counterId = kProxyNoCounter;
+            return d;
+          };
+          std::vector<ProxyDesc> bad;
+          bad.push_back(desc(ProxyOp::Put)), bad.back().dstWindow = 999;               // unknown window
+          bad.push_back(desc(ProxyOp::Put)), bad.back().dstOffset = 250;               // past the end
+          bad.push_back(desc(ProxyOp::Put)), bad.back().srcOffset = ~uint64_t(0) - 2;  // source wraps
+          bad.push_back(desc(ProxyOp::Put)), bad.back().action = uint8_t(ProxyAction::Add),
+                                             bad.back().signalId = 1u << 20;   // bad signal id
+          bad.push_back(desc(ProxyOp::Put)), bad.back().counterId = 1u << 20;  // bad counter id
+          bad.push_back(desc(ProxyOp::PutValue)), bad.back().bytes = 9;        // too wide
+          bad.push_back(desc(ProxyOp::Put)), bad.back().peer = 7;              // no such rank
+          bad.push_back(desc(ProxyOp(9)));                                     // no such op
+          for (const ProxyDesc& d : bad) expect(proxy::push(dc, 0, d), "push");
+          ProxyDesc good = desc(ProxyOp::PutValue);
+          good.dstOffset = 128;
+          good.srcOffset = 0x1122334455667788ull;
+          good.action = uint8_t(ProxyAction::Add);
+          good.signalId = 6;
+          good.signalValue = 1;
+          expect(proxy::push(dc, 0, good), "push good");
+          // Not flush: the first rejection raised the abort flag, which stops device-side waits.
+          expect(comm.proxyEngine()->quiesce(5'000'000'000ull), "the engine did not get past the bad ones");
+          expect(comm.proxyEngine()->rejected() == bad.size(),
+                 "rejected " + std::to_string(comm.proxyEngine()->rejected()));
+          expect(comm.proxyEngine()->executed() == 1, "the good descriptor did not run");
+          expect(comm.proxyEngine()->running(), "the engine died");
+          msg = checkMessage(comm);
+        }
+        comm.bootstrap().barrier();
+        if (comm.rank() == 1) {
+          const auto* b = static_cast<const uint8_t*>(comm.localPointer(w));
+          for (size_t i = 0; i < 256; ++i)
+            if (i < 128 || i >= 136) expect(b[i] == kPoison, "a rejected descriptor wrote byte " + std::to_string(i));
+          uint64_t v;
+          std::memcpy(&v, b + 128, 8);
+          expect(v == 0x1122334455667788ull, "the good descriptor's value");
+          expect(Net(comm.devComm(), 0).readSignal(6) == 1, "the good descriptor's signal");
+          expect(comm.devComm().signals[0] == 0, "a rejected signal landed");
+        }
+        comm.bootstrap().barrier();
+      },
+      proxyConfig()));
+  CHECK_THAT(msg, ContainsSubstring("rank 0") && ContainsSubstring("badArgument") && ContainsSubstring("id 999"));
+}
+
+TEST_CASE("proxy: tickets and credits keep working across the 2^64 wrap of the ring counters", "[proxy][wrap]") {
+  // A ring built by hand, with no engine: the test plays the consumer.
+  DevComm c{};
+  c.nContexts = 1;
+  c.timeoutNs = 50'000'000ull;
+  DeviceErrorRecord rec{};
+  uint32_t claimAndAbort[2] = {0, 0};
+  c.error = &rec;
+  c.errorClaim = &claimAndAbort[0];
+  c.abortFlag = &claimAndAbort[1];
+  std::vector<ProxyDesc> slots(8);
+  const uint64_t start = ~uint64_t(0) - 5;  // the 7th ticket wraps to 0
+  uint64_t head = start, consumed = start;
+  const ProxyRingDev ring{slots.data(), &head, &consumed, 8, 0};
+  c.proxyRings = &ring;
+  ProxyDesc d{};
+  d.op = uint8_t(ProxyOp::Signal);
+  for (uint64_t i = 0; i < 8; ++i) {
+    d.dstOffset = i;
+    REQUIRE(proxy::push(c, 0, d));
+  }
+  for (uint64_t i = 0; i < 8; ++i) {
+    const ProxyDesc& s = slots[size_t((start + i) & 7)];
+    CHECK(s.seq == start + i + 1);
+    CHECK(s.dstOffset == i);
+  }
+  CHECK(head == start + 8);  // wrapped
+  // Full across the wrap: the 9th push must wait and give up, not overwrite.
+  d.dstOffset = 99;
+  CHECK_FALSE(proxy::push(c, 0, d));
+  CHECK(rec.state == 2u);
+  CHECK(rec.op == uint32_t(Op::ProxyFull));
+  for (const ProxyDesc& s : slots) CHECK(s.dstOffset != 99);
+  // Flush compares rolling: consumed (wrapped) reaching head (wrapped) completes it.
+  claimAndAbort[1] = 0;
+  consumed = head;
+  CHECK(proxy::waitConsumed(c, 0, MemoryOrder::Acquire));
+}
+
+TEST_CASE("proxy: GIN_TRANSPORT overrides CommConfig::transport; a bad value is an error", "[proxy][env]") {
+  const char* old = std::getenv("GIN_TRANSPORT");
+  const std::string saved = old ? old : "";
+  ::setenv("GIN_TRANSPORT", "proxy", 1);
+  CHECK_NOTHROW(runRanks(2, [](Comm& comm) {
+    expect(comm.transportTo(1 - comm.rank()) == Transport::Proxy && comm.proxyEngine(), "env proxy ignored");
+  }));
+  ::setenv("GIN_TRANSPORT", "lsa", 1);
+  CHECK_NOTHROW(runRanks(
+      2,
+      [](Comm& comm) {
+        expect(comm.transportTo(1 - comm.rank()) == Transport::Lsa && !comm.proxyEngine(), "env lsa ignored");
+      },
+      proxyConfig()));
+  ::setenv("GIN_TRANSPORT", "carrier-pigeon", 1);
+  CHECK_THROWS_WITH(runRanks(2, [](Comm&) {}), ContainsSubstring("GIN_TRANSPORT=carrier-pigeon"));
+  if (old)
+    ::setenv("GIN_TRANSPORT", saved.c_str(), 1);
+  else
+    ::unsetenv("GIN_TRANSPORT");
+}
+
+namespace {
+// A wire that fails inside: the engine must record it, not crash or hang.
+struct ThrowingWire final : Wire {
+  bool put(int, uint32_t, uint64_t, const void*, uint64_t, WireReject*) override {
+    throw std::runtime_error("the wire broke");
+  }
+  bool signal(int, uint32_t, ProxyAction, uint64_t, WireReject*) override { return true; }
+};
+}  // namespace
+
+TEST_CASE("proxy: an engine that fails internally stops, records proxyEngine and makes waits give up",
+          "[proxy][errors]") {
+  DevComm c{};
+  c.nRanks = 2;
+  c.nContexts = 1;
+  c.nCounters = 4;
+  c.timeoutNs = 5'000'000'000ull;
+  DeviceErrorRecord rec{};
+  uint32_t claimAndAbort[2] = {0, 0};
+  c.error = &rec;
+  c.errorClaim = &claimAndAbort[0];
+  c.abortFlag = &claimAndAbort[1];
+  std::vector<ProxyDesc> slots(8);
+  uint64_t head = 0, consumed = 0;
+  const ProxyRingDev ringDev{slots.data(), &head, &consumed, 8, 0};
+  c.proxyRings = &ringDev;
+  std::vector<char> buf(64);
+  WindowDirectory dir;
+  dir.add(1, WindowDirectory::Entry{64, buf.data(), {buf.data(), buf.data()}});
+  ThrowingWire wire;
+  ProxyEngine engine(c, {ProxyEngine::Ring{slots.data(), &consumed, &head, 8}}, wire, dir, 16, ProxyConfig{});
+  ProxyDesc d{};
+  d.op = uint8_t(ProxyOp::Put);
+  d.peer = 1;
+  d.dstWindow = d.srcWindow = 1;
+  d.bytes = 8;
+  d.counterId = kProxyNoCounter;
+  REQUIRE(proxy::push(c, 0, d));
+  const auto t0 = std::chrono::steady_clock::now();
+  while (engine.running() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK_FALSE(engine.running());
+  CHECK(rec.state == 2u);
+  CHECK(rec.op == uint32_t(Op::ProxyEngine));
+  CHECK_THAT(describe(rec), ContainsSubstring("proxyEngine"));
+  // The abort flag is up, so a flush returns at once instead of waiting 5 s.
+  CHECK_FALSE(proxy::waitConsumed(c, 0, MemoryOrder::Acquire));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+}
