@@ -181,7 +181,7 @@ class Net {
     if constexpr ((Backends & kBackendProxy) != 0) {
       if (c_->proxyRings != nullptr && ctx_ >= 0) {
         if (coop.rank() == 0) ok = proxy::waitConsumed(*c_, ctx_, order);
-        coop.sync();
+        ok = coop.syncAll(ok);
       }
     } else {
       (void)order;
