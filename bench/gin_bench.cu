@@ -3,9 +3,9 @@
 // (one process, one thread and one gin::Comm per GPU) or between CPU ranks
 // (threads) running the same device API.
 //
-//   gin-bench OP [--transport lsa] [--ranks N] [--emulate] [--sizes MIN:MAX]
+//   gin-bench OP [--transport lsa|proxy] [--ranks N] [--emulate] [--sizes MIN:MAX]
 //                [--iters K] [--json FILE] [--no-nccl]
-//   OP: put-bw | signal-lat | barrier
+//   OP: put-bw | signal-lat | barrier | msg-rate
 //
 // Every op first checks that what it times did the right thing (bytes,
 // signal values, barrier ordering) and exits 1 if not, so a fast wrong number
@@ -64,6 +64,7 @@ using gin::Window;
 constexpr uint32_t kSigVerify = 0;  // put-bw: the verification put's signal
 constexpr uint32_t kSigTimed = 1;   // put-bw: the timed puts' signals (counted afterwards)
 constexpr uint32_t kSigPing = 2;    // signal-lat
+constexpr uint32_t kSigMsg = 3;     // msg-rate
 constexpr size_t kGuard = 64;       // bytes after each put's destination that must stay poisoned
 constexpr uint8_t kPoison = 0xAB;
 constexpr int kBlockThreads = 512;         // put-bw block coop
@@ -74,7 +75,7 @@ constexpr int kBarrierCtas[] = {1, 32, 132};
 constexpr double kSlowPutS = 0.25;  // a coop whose single put takes longer stops at that size
 constexpr int kPutRuns = 3, kLatRuns = 5, kBarRuns = 5;
 
-enum class Op { PutBw, SignalLat, Barrier };
+enum class Op { PutBw, SignalLat, Barrier, MsgRate };
 enum class CoopKind { Thread = 0, Warp = 1, Block = 2 };
 constexpr const char* kCoopNames[] = {"thread", "warp", "block"};
 
@@ -118,10 +119,12 @@ GIN_HD inline Share shareOf(size_t bytes, int part, int nParts) {
 // >= 256 MiB. Only each CTA's last put carries the SignalInc: it is ordered
 // after the CTA's earlier puts to the same peer on the same context.
 inline constexpr size_t kChunk = 64 << 10;
-template <class Coop>
+// B: the transports compiled into the Net (gin::kBackendLsa, or
+// kBackendProxy for --transport proxy), so the lsa numbers carry no dispatch.
+template <unsigned B, class Coop>
 GIN_HD inline void putShare(const gin::DevComm& dc, Window dst, Window src, size_t bytes, int part, int nParts,
                             uint32_t sig, Coop coop) {
-  gin::Net<gin::kBackendLsa> net(dc, 0);
+  gin::Net<B> net(dc, 0);
   const gin::Team world = gin::teamWorld(dc);
   const size_t nChunks = (bytes + kChunk - 1) / kChunk;
   if (nParts > 1 && nChunks >= 2 * size_t(nParts)) {
@@ -146,8 +149,9 @@ GIN_HD inline void putShare(const gin::DevComm& dc, Window dst, Window src, size
 //   it already released (alreadyReleased = Scope::System): no release fence.
 // mode 2: as 1, and the wait is relaxed too (nothing to acquire): the pure
 //   signal latency.
+template <unsigned B>
 GIN_HD inline bool pingPong(const gin::DevComm& dc, int iters, uint64_t base, uint64_t* steadyNs, int mode) {
-  gin::Net<gin::kBackendLsa> net(dc, 0);
+  gin::Net<B> net(dc, 0);
   const gin::Team world = gin::teamWorld(dc);
   const bool initiator = dc.rank == 0;
   const int peer = initiator ? 1 : 0;
@@ -162,6 +166,32 @@ GIN_HD inline bool pingPong(const gin::DevComm& dc, int iters, uint64_t base, ui
     if (i == 0) t0 = gin::nowNs();
   }
   *steadyNs = gin::nowNs() - t0;
+  return ok;
+}
+
+// msg-rate: one producer (a thread, or lane 0 of a warp) pushes `count`
+// SignalAdd descriptors to `peer` on context `ctx`, nothing to publish
+// (alreadyReleased), then flushes: it returns once the engine consumed them.
+GIN_HD inline bool msgBurst(const gin::DevComm& dc, int ctx, int peer, int count) {
+  gin::Net<gin::kBackendProxy> net(dc, ctx);
+  for (int i = 0; i < count; ++i)
+    net.signal(gin::teamWorld(dc), peer, gin::SignalAdd{kSigMsg, 1}, gin::CoopThread{}, gin::Scope::System);
+  return net.flush(gin::CoopThread{});
+}
+
+// msg-rate latency: one descriptor at a time, from the push to the moment the
+// producer sees the engine's consumer index pass it (flush). Sum of ns.
+GIN_HD inline bool msgLatency(const gin::DevComm& dc, int peer, int iters, uint64_t* sumNs) {
+  gin::Net<gin::kBackendProxy> net(dc, 0);
+  uint64_t sum = 0;
+  bool ok = true;
+  for (int i = 0; i < iters && ok; ++i) {
+    const uint64_t t0 = gin::nowNs();
+    net.signal(gin::teamWorld(dc), peer, gin::SignalAdd{kSigMsg, 1}, gin::CoopThread{}, gin::Scope::System);
+    ok = net.flush(gin::CoopThread{});
+    sum += gin::nowNs() - t0;
+  }
+  *sumNs = sum;
   return ok;
 }
 
@@ -199,9 +229,22 @@ GIN_HD inline uint64_t barrierRead(const gin::DevComm& dc, Window w, uint32_t b,
 // Kernels.
 
 #if defined(__CUDACC__)
-template <class Coop>
+template <unsigned B, class Coop>
 __global__ void putKernel(gin::DevComm dc, Window dst, Window src, size_t bytes, int iters, uint32_t sig) {
-  for (int i = 0; i < iters; ++i) putShare(dc, dst, src, bytes, int(blockIdx.x), int(gridDim.x), sig, Coop{});
+  for (int i = 0; i < iters; ++i) putShare<B>(dc, dst, src, bytes, int(blockIdx.x), int(gridDim.x), sig, Coop{});
+}
+
+// Lane 0 of every warp is a producer, on context (global warp index) % nContexts.
+__global__ void msgBurstKernel(gin::DevComm dc, int peer, int count, unsigned long long* failed) {
+  if (threadIdx.x % 32 != 0) return;
+  const int w = int(blockIdx.x) * int(blockDim.x / 32) + int(threadIdx.x / 32);
+  if (!msgBurst(dc, w % dc.nContexts, peer, count)) atomicAdd(failed, 1ull);
+}
+
+__global__ void msgLatencyKernel(gin::DevComm dc, int peer, int iters, unsigned long long* out) {
+  uint64_t ns = 0;
+  out[0] = msgLatency(dc, peer, iters, &ns) ? 1 : 0;
+  out[1] = ns;
 }
 
 __global__ void fillKernel(uint8_t* p, size_t bytes, uint64_t seed) {
@@ -229,9 +272,10 @@ __global__ void readSignalKernel(gin::DevComm dc, uint32_t sig, unsigned long lo
   *out = gin::Net<gin::kBackendLsa>(dc, 0).readSignal(sig);
 }
 
+template <unsigned B>
 __global__ void pingKernel(gin::DevComm dc, int iters, uint64_t base, int mode, unsigned long long* out) {
   uint64_t ns = 0;
-  out[0] = pingPong(dc, iters, base, &ns, mode) ? 1 : 0;
+  out[0] = pingPong<B>(dc, iters, base, &ns, mode) ? 1 : 0;
   out[1] = ns;
 }
 
@@ -481,10 +525,11 @@ struct Options {
 };
 
 const char* kUsage =
-    "usage: gin-bench OP [--transport lsa] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
+    "usage: gin-bench OP [--transport lsa|proxy] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
     "                    [--json FILE] [--no-nccl]\n"
-    "  OP            put-bw | signal-lat | barrier\n"
-    "  --transport   lsa (the only transport in this build)\n"
+    "  OP            put-bw | signal-lat | barrier | msg-rate (descriptors/s into the proxy)\n"
+    "  --transport   lsa (default) or proxy (every peer through the proxy engine; msg-rate\n"
+    "                always uses it). With proxy, ranks may share a GPU (--ranks > GPUs)\n"
     "  --ranks N     GPUs: default all visible (one host thread + gin::Comm per GPU);\n"
     "                --emulate: CPU ranks as threads, default 2\n"
     "  --emulate     run CPU ranks (threads) through the same gin device API; also the\n"
@@ -563,9 +608,8 @@ Options parseArgs(int argc, char** argv) {
       std::exit(0);
     } else if (a == "--transport") {
       o.transport = value();
-      if (o.transport != "lsa")
-        usageError("--transport " + o.transport +
-                   ": this build of gin has only the lsa transport (proxy and ibgda are not implemented yet)");
+      if (o.transport != "lsa" && o.transport != "proxy")
+        usageError("--transport " + o.transport + ": expected lsa or proxy (ibgda is not in gin-bench yet)");
     } else if (a == "--ranks") {
       long n = 0;
       const std::string v = value();
@@ -604,11 +648,14 @@ Options parseArgs(int argc, char** argv) {
         o.op = Op::SignalLat;
       else if (a == "barrier")
         o.op = Op::Barrier;
+      else if (a == "msg-rate")
+        o.op = Op::MsgRate;
       else
-        usageError("unknown OP " + a + " (expected put-bw, signal-lat or barrier)");
+        usageError("unknown OP " + a + " (expected put-bw, signal-lat, barrier or msg-rate)");
     }
   }
   if (!haveOp) usageError("no OP given");
+  if (o.op == Op::MsgRate) o.transport = "proxy";
   if (o.sizesGiven && o.op != Op::PutBw) usageError("--sizes applies to put-bw only");
   if (o.op == Op::SignalLat && o.iters == 1) usageError("signal-lat needs --iters of at least 2");
   return o;
@@ -648,9 +695,17 @@ class Engine {
   virtual PingResult pingPong(int iters, uint64_t base, int mode) = 0;
   virtual uint64_t barrierCheck(Window w, int ctas, int iters, uint64_t base) = 0;
   virtual double barrierTime(int ctas, int iters) = 0;
+  // msg-rate: seconds for `ctas` x `threads`/32 producers to push `count`
+  // descriptors each and see them consumed; throws if a flush gave up.
+  virtual double msgRate(int ctas, int threads, int peer, int count) = 0;
+  // msg-rate latency: mean ns from a push to its consumption, over `iters`.
+  virtual double msgLatencyNs(int peer, int iters) = 0;
 
  protected:
   gin::Comm& comm_;
+  // Every peer through the proxy (--transport proxy): device bodies use
+  // Net<kBackendProxy>; otherwise Net<kBackendLsa>.
+  bool proxy() const { return comm_.devComm().proxyAll != 0; }
 };
 
 class CpuEngine final : public Engine {
@@ -688,12 +743,14 @@ class CpuEngine final : public Engine {
     // every coop is one thread doing the whole coop's share.
     for (int i = 0; i < iters; ++i)
       for (int part = 0; part < sh.ctas; ++part) {
-        if (k == CoopKind::Thread)
-          putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopThread{});
+        if (proxy())
+          putShare<gin::kBackendProxy>(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopThread{});
+        else if (k == CoopKind::Thread)
+          putShare<gin::kBackendLsa>(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopThread{});
         else if (k == CoopKind::Warp)
-          putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopWarp{});
+          putShare<gin::kBackendLsa>(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopWarp{});
         else
-          putShare(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopBlock{});
+          putShare<gin::kBackendLsa>(dc, dst, src, bytes, part, sh.ctas, sig, gin::CoopBlock{});
       }
     const double s = seconds(t0);
     comm_.check();
@@ -746,6 +803,25 @@ class CpuEngine final : public Engine {
     if (!ok) throw gin::Error("barrier: a wait gave up without a device error record");
     return s;
   }
+  // A CPU rank has one producer thread: the warps of a launch run in turn.
+  double msgRate(int ctas, int threads, int peer, int count) override {
+    const gin::DevComm& dc = comm_.devComm();
+    const int warps = ctas * std::max(1, threads / 32);
+    bool ok = true;
+    const auto t0 = Clock::now();
+    for (int w = 0; w < warps; ++w) ok = msgBurst(dc, w % dc.nContexts, peer, count) && ok;
+    const double s = seconds(t0);
+    comm_.check();
+    if (!ok) throw gin::Error("msg-rate: a flush gave up without a device error record");
+    return s;
+  }
+  double msgLatencyNs(int peer, int iters) override {
+    uint64_t ns = 0;
+    const bool ok = msgLatency(comm_.devComm(), peer, iters, &ns);
+    comm_.check();
+    if (!ok) throw gin::Error("msg-rate: a flush gave up without a device error record");
+    return double(ns) / iters;
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -755,7 +831,8 @@ class CpuEngine final : public Engine {
   static double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
   gin::Net<gin::kBackendLsa> net() const { return gin::Net<gin::kBackendLsa>(comm_.devComm(), 0); }
   bool pingPong_(int iters, uint64_t base, uint64_t* ns, int mode) {
-    return bench::pingPong(comm_.devComm(), iters, base, ns, mode);
+    return proxy() ? bench::pingPong<gin::kBackendProxy>(comm_.devComm(), iters, base, ns, mode)
+                   : bench::pingPong<gin::kBackendLsa>(comm_.devComm(), iters, base, ns, mode);
   }
   std::vector<std::unique_ptr<Bar>> openBarriers(int ctas) {
     std::vector<std::unique_ptr<Bar>> bars;
@@ -785,15 +862,21 @@ class GpuEngine final : public Engine {
     // wait for the device to go idle, which must not happen while another
     // kernel spins on a peer, nor inside a timed region.
     cudaFuncAttributes a{};
-    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::CoopThread>));
-    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::CoopWarp>));
-    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::CoopBlock>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::kBackendLsa, gin::CoopThread>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::kBackendLsa, gin::CoopWarp>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::kBackendLsa, gin::CoopBlock>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::kBackendProxy, gin::CoopThread>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::kBackendProxy, gin::CoopWarp>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::kBackendProxy, gin::CoopBlock>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, pingKernel<gin::kBackendProxy>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, msgBurstKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, msgLatencyKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, fillKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, verifyKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, waitSignalKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, resetSignalKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, readSignalKernel));
-    BENCH_CUDA(cudaFuncGetAttributes(&a, pingKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, pingKernel<gin::kBackendLsa>));
     BENCH_CUDA(cudaFuncGetAttributes(&a, ginBarrierKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, ginBarrierCheckKernel));
 #if GIN_BENCH_NCCL
@@ -857,14 +940,8 @@ class GpuEngine final : public Engine {
   }
   double put(CoopKind k, Shape sh, Window dst, Window src, size_t bytes, int iters, uint32_t sig) override {
     const gin::DevComm dc = comm_.devComm();
-    return timed([&] {
-      if (k == CoopKind::Thread)
-        putKernel<gin::CoopThread><<<1, 1, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
-      else if (k == CoopKind::Warp)
-        putKernel<gin::CoopWarp><<<1, 32, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
-      else
-        putKernel<gin::CoopBlock><<<sh.ctas, sh.threads, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
-    });
+    if (proxy()) return putWith<gin::kBackendProxy>(k, sh, dc, dst, src, bytes, iters, sig);
+    return putWith<gin::kBackendLsa>(k, sh, dc, dst, src, bytes, iters, sig);
   }
   void setPeerDevice(int d) { peerDev_ = d; }
   double copyToPeer(void* peerDst, Window src, size_t bytes, int iters) override {
@@ -875,7 +952,12 @@ class GpuEngine final : public Engine {
   }
   PingResult pingPong(int iters, uint64_t base, int mode) override {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 2 * sizeof(unsigned long long), stream_));
-    const double s = timed([&] { pingKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), iters, base, mode, scratch_); });
+    const double s = timed([&] {
+      if (proxy())
+        pingKernel<gin::kBackendProxy><<<1, 1, 0, stream_>>>(comm_.devComm(), iters, base, mode, scratch_);
+      else
+        pingKernel<gin::kBackendLsa><<<1, 1, 0, stream_>>>(comm_.devComm(), iters, base, mode, scratch_);
+    });
     unsigned long long h[2] = {0, 0};
     BENCH_CUDA(cudaMemcpy(h, scratch_, sizeof h, cudaMemcpyDeviceToHost));
     if (!h[0]) throw gin::Error("signal ping-pong: a wait gave up without a device error record");
@@ -893,6 +975,24 @@ class GpuEngine final : public Engine {
         timed([&] { ginBarrierKernel<<<ctas, kBarrierThreads, 0, stream_>>>(comm_.devComm(), iters, scratch_); });
     if (fetch(0)) throw gin::Error("barrier: a wait gave up without a device error record");
     return s;
+  }
+
+  double msgRate(int ctas, int threads, int peer, int count) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    const double s =
+        timed([&] { msgBurstKernel<<<ctas, threads, 0, stream_>>>(comm_.devComm(), peer, count, scratch_); });
+    if (fetch(0)) throw gin::Error("msg-rate: a flush gave up without a device error record");
+    return s;
+  }
+  double msgLatencyNs(int peer, int iters) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 2 * sizeof(unsigned long long), stream_));
+    msgLatencyKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), peer, iters, scratch_);
+    launched();
+    sync();
+    unsigned long long h[2] = {0, 0};
+    BENCH_CUDA(cudaMemcpy(h, scratch_, sizeof h, cudaMemcpyDeviceToHost));
+    if (!h[0]) throw gin::Error("msg-rate: a flush gave up without a device error record");
+    return double(h[1]) / iters;
   }
 
 #if GIN_BENCH_NCCL
@@ -916,6 +1016,18 @@ class GpuEngine final : public Engine {
   unsigned long long* scratch_ = nullptr;
 
   void launched() { BENCH_CUDA(cudaGetLastError()); }
+  template <unsigned B>
+  double putWith(CoopKind k, Shape sh, const gin::DevComm& dc, Window dst, Window src, size_t bytes, int iters,
+                 uint32_t sig) {
+    return timed([&] {
+      if (k == CoopKind::Thread)
+        putKernel<B, gin::CoopThread><<<1, 1, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
+      else if (k == CoopKind::Warp)
+        putKernel<B, gin::CoopWarp><<<1, 32, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
+      else
+        putKernel<B, gin::CoopBlock><<<sh.ctas, sh.threads, 0, stream_>>>(dc, dst, src, bytes, iters, sig);
+    });
+  }
   // Wait for this rank's work; a device-side failure (a wait that timed out)
   // becomes the gin::Error that names it.
   void sync() {
@@ -950,6 +1062,7 @@ class GpuEngine final : public Engine {
 struct Setup {
   bool gpu = false;
   int ranks = 2;
+  int gpus = 0;  // visible; ranks > gpus: ranks share GPUs round-robin (proxy only)
   std::string whyEmulated;  // when emulating without --emulate
 };
 
@@ -997,6 +1110,9 @@ std::vector<std::string> headLines(const Options& o, const Setup& s, const std::
                   s.gpu ? "GPUs of one host (one host thread and one gin::Comm per GPU)"
                         : "CPU emulation (ranks are threads running the gin device API)"));
   if (!s.whyEmulated.empty()) h.push_back("  note: " + s.whyEmulated);
+  if (s.gpu && s.ranks > s.gpus)
+    h.push_back(fmt("  note: %d ranks share %d GPU%s (round-robin); over the proxy the GPUs never address each other",
+                    s.ranks, s.gpus, s.gpus == 1 ? "" : "s"));
   if (!s.gpu)
     h.push_back(fmt("  CPU numbers on a %u-core machine, not GPU numbers", std::thread::hardware_concurrency()));
   std::string r = " ";
@@ -1017,8 +1133,9 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
   const int K = o.iters ? int(o.iters) : 1000;
   const double budget = gpu ? 0.05 : 0.02;  // seconds per timed run
 
-  if (me == 0 && comm.transportTo(1) != gin::Transport::Lsa)
-    throw gin::Error("rank 1 is not reachable over lsa from rank 0");
+  const gin::Transport want = o.transport == "proxy" ? gin::Transport::Proxy : gin::Transport::Lsa;
+  if (me == 0 && comm.transportTo(1) != want)
+    throw gin::Error("rank 1 is not reached over " + o.transport + " from rank 0");
   Window src = comm.allocWindow(maxBytes + kGuard);
   Window dst = comm.allocWindow(maxBytes + kGuard);
   // Rank 1's destination, for the copy-engine baseline (same process).
@@ -1558,6 +1675,107 @@ void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
                                  : J::obj().set("measured", J::boolean(false)).set("reason", ncclReason));
 }
 
+// ---- msg-rate ----
+
+void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
+                const std::vector<std::string>& where) {
+  const int me = comm.rank(), n = comm.nRanks(), peer = 1 % n;
+  const bool gpu = e.gpu();
+  if (!comm.proxyEngine()) throw gin::Error("msg-rate measures the proxy transport, which this communicator lacks");
+  const int sms = bcast(comm, e.maxCtas(), 0);
+  struct ShapeRow {
+    std::string name;
+    int ctas, threads;
+  };
+  std::vector<ShapeRow> shapes = {{"1 warp", 1, 32}};
+  if (gpu) {
+    shapes.push_back({"1 CTA (32 warps)", 1, 1024});
+    shapes.push_back({fmt("1 warp per SM (%d warps)", sms), sms, 32});
+    shapes.push_back({fmt("every warp (%d x 32 warps)", sms), sms, 1024});
+  }
+  const uint64_t perShape = o.iters ? uint64_t(o.iters) : (gpu ? (4ull << 20) : (200ull << 10));
+  const int latIters = gpu ? 10000 : 2000;
+  uint64_t pushed = 0;  // descriptors rank 0 pushed so far = the peer's signal
+  struct Res {
+    std::string name;
+    int producers;
+    uint64_t each;
+    std::vector<double> rates;
+  };
+  std::vector<Res> res;
+  const auto verify = [&](const char* what) {
+    comm.bootstrap().barrier();
+    const uint64_t got = me == peer ? e.readSignal(kSigMsg) : 0;
+    const uint64_t g = bcast(comm, got, peer);
+    if (g != pushed)
+      throw Failure(fmt("msg-rate verification failed after %s: rank %d's signal is %" PRIu64 ", expected %" PRIu64,
+                        what, peer, g, pushed));
+  };
+  for (const ShapeRow& sh : shapes) {
+    const int producers = sh.ctas * (sh.threads / 32);
+    const int each = int(std::max<uint64_t>(16, perShape / uint64_t(producers)));
+    Res r{sh.name, producers, uint64_t(each), {}};
+    for (int run = -1; run < kLatRuns; ++run) {
+      comm.bootstrap().barrier();
+      if (me == 0) {
+        const double t = e.msgRate(sh.ctas, sh.threads, peer, run < 0 ? std::min(each, 64) : each);
+        if (run >= 0) r.rates.push_back(double(producers) * each / t / 1e6);
+      }
+      pushed += uint64_t(producers) * uint64_t(run < 0 ? std::min(each, 64) : each);
+    }
+    verify(sh.name.c_str());
+    res.push_back(std::move(r));
+  }
+  std::vector<double> lat;
+  for (int run = -1; run < kLatRuns; ++run) {
+    comm.bootstrap().barrier();
+    if (me == 0) {
+      const double ns = e.msgLatencyNs(peer, latIters);
+      if (run >= 0) lat.push_back(ns / 1e3);
+    }
+    pushed += uint64_t(latIters);
+  }
+  verify("the latency runs");
+  comm.bootstrap().barrier();
+  if (me != 0) return;
+
+  rep->head = headLines(o, s, where);
+  const gin::ProxyConfig pc = comm.config().proxy;
+  rep->method = {
+      fmt("producers: lane 0 of every warp of the launch (CPU: one thread runs the warps in turn) pushes EACH "
+          "SignalAdd(+1) descriptors to rank %d on context (warp index %% %d), alreadyReleased, then flush()es",
+          peer, comm.devComm().nContexts),
+      fmt("rings: %d contexts x %u slots in %s; one engine thread (spin %u polls, then yield, then sleep %u us)",
+          comm.devComm().nContexts, pc.ringSlots, gpu ? "mapped pinned host memory" : "host memory", pc.spinPolls,
+          pc.sleepUs),
+      fmt("rate = producers x EACH / time, time = %s around the launch, which ends when every flush saw its "
+          "descriptors consumed (so it is the rate the engine sustains)",
+          timerName(gpu).c_str()),
+      fmt("warm-up: one launch of up to 64 descriptors per producer; then %d timed runs: median, min, max", kLatRuns),
+      fmt("latency: one thread, %d times: push one descriptor, flush; mean of (flush return - push start) "
+          "(%s); %d runs, median",
+          latIters, gpu ? "%globaltimer" : "steady_clock", kLatRuns),
+      "verified: after each shape, the target's signal equals every descriptor pushed so far (none lost, none run "
+      "twice)",
+  };
+  rep->table.header = {"producers", "descriptors each", "median M desc/s", "min", "max"};
+  J rows = J::arr();
+  for (auto& r : res) {
+    const double m = median(r.rates);
+    rep->table.rows.push_back({r.name, fmt("%" PRIu64, r.each), fmt("%.2f", m),
+                               fmt("%.2f", *std::min_element(r.rates.begin(), r.rates.end())),
+                               fmt("%.2f", *std::max_element(r.rates.begin(), r.rates.end()))});
+    rows.push(J::obj().set("producers", r.name).set("count", double(r.producers)).set("each", double(r.each))
+                  .set("mdesc_per_s_median", m));
+  }
+  rep->table.rows.push_back({"post-to-consume latency, us", "1", fmt("%.3f", median(lat)),
+                             fmt("%.3f", *std::min_element(lat.begin(), lat.end())),
+                             fmt("%.3f", *std::max_element(lat.begin(), lat.end()))});
+  commonJson(*rep, o, s, where);
+  rep->json.set("rates", std::move(rows));
+  rep->json.set("latency_us_median", median(lat));
+}
+
 // ---------------------------------------------------------------------------
 // Driver.
 
@@ -1571,7 +1789,9 @@ int visibleGpus() {
 
 Setup decide(const Options& o) {
   Setup s;
-  const bool needsTwo = o.op != Op::Barrier;
+  const bool needsTwo = o.op == Op::PutBw || o.op == Op::SignalLat;
+  // Over the proxy the GPUs never address each other, so ranks may share one.
+  const bool mayShare = o.transport == "proxy" && o.op != Op::PutBw;
   const int gpus = o.emulate ? 0 : visibleGpus();
   if (!o.emulate && gpus == 0) {
 #if defined(__CUDACC__)
@@ -1582,15 +1802,17 @@ Setup decide(const Options& o) {
   }
   if (gpus > 0) {
     s.gpu = true;
-    s.ranks = o.ranks ? o.ranks : gpus;
-    if (s.ranks > gpus) {
+    s.ranks = o.ranks ? o.ranks : (o.op == Op::MsgRate ? 1 : gpus);
+    if (needsTwo && mayShare && s.ranks < 2 && !o.ranks) s.ranks = 2;
+    s.gpus = gpus;
+    if (s.ranks > gpus && !mayShare) {
       std::fprintf(stderr, "gin-bench: --ranks %d, but only %d GPU%s visible; one rank per GPU\n", s.ranks, gpus,
                    gpus == 1 ? " is" : "s are");
       std::exit(2);
     }
     if (needsTwo && s.ranks < 2) {
       std::fprintf(stderr,
-                   "gin-bench: %s needs 2 GPUs (rank 0 on one GPU talks to rank 1 on another), but %s. Run it on a "
+                   "gin-bench: %s needs 2 ranks on 2 GPUs (rank 0 on one GPU talks to rank 1 on another), but %s. Run it on a "
                    "machine with at least 2 GPUs, or use --emulate for CPU ranks.\n",
                    o.opName.c_str(),
                    o.ranks ? ("--ranks is " + std::to_string(o.ranks)).c_str()
@@ -1599,7 +1821,7 @@ Setup decide(const Options& o) {
     }
   } else {
     s.gpu = false;
-    s.ranks = o.ranks ? o.ranks : 2;
+    s.ranks = o.ranks ? o.ranks : (o.op == Op::MsgRate ? 1 : 2);
     if (needsTwo && s.ranks < 2) {
       std::fprintf(stderr, "gin-bench: %s needs at least 2 ranks (rank 0 talks to rank 1); --ranks is %d\n",
                    o.opName.c_str(), s.ranks);
@@ -1622,7 +1844,8 @@ int run(const Options& o, const Setup& s, Report& rep) {
       try {
         gin::CommConfig cfg;
         cfg.device = s.gpu ? gin::DeviceKind::Gpu : gin::DeviceKind::Cpu;
-        if (s.gpu) cfg.cudaDevice = r;
+        if (s.gpu) cfg.cudaDevice = r % s.gpus;
+        cfg.transport = o.transport == "proxy" ? gin::TransportChoice::Proxy : gin::TransportChoice::Lsa;
         gin::Comm comm(group.rank(r), cfg);
         comm.makeCurrent();
         std::unique_ptr<Engine> e;
@@ -1637,6 +1860,7 @@ int run(const Options& o, const Setup& s, Report& rep) {
           case Op::PutBw: runPutBw(comm, *e, o, s, mine, where); break;
           case Op::SignalLat: runSignalLat(comm, *e, o, s, mine, where); break;
           case Op::Barrier: runBarrier(comm, *e, o, s, mine, where); break;
+          case Op::MsgRate: runMsgRate(comm, *e, o, s, mine, where); break;
         }
         e.reset();
       } catch (const Failure& f) {

@@ -490,8 +490,8 @@ TEST_CASE("proxy: tickets and credits keep working across the 2^64 wrap of the r
   c.abortFlag = &claimAndAbort[1];
   std::vector<ProxyDesc> slots(8);
   const uint64_t start = ~uint64_t(0) - 5;  // the 7th ticket wraps to 0
-  uint64_t head = start, consumed = start;
-  const ProxyRingDev ring{slots.data(), &head, &consumed, 8, 0};
+  uint64_t head = start, consumed = start, hint[2] = {start, 0};
+  const ProxyRingDev ring{slots.data(), &head, &consumed, hint, 8, 0};
   c.proxyRings = &ring;
   ProxyDesc d{};
   d.op = uint8_t(ProxyOp::Signal);
@@ -562,8 +562,8 @@ TEST_CASE("proxy: an engine that fails internally stops, records proxyEngine and
   c.errorClaim = &claimAndAbort[0];
   c.abortFlag = &claimAndAbort[1];
   std::vector<ProxyDesc> slots(8);
-  uint64_t head = 0, consumed = 0;
-  const ProxyRingDev ringDev{slots.data(), &head, &consumed, 8, 0};
+  uint64_t head = 0, consumed = 0, hint[2] = {0, 0};
+  const ProxyRingDev ringDev{slots.data(), &head, &consumed, hint, 8, 0};
   c.proxyRings = &ringDev;
   std::vector<char> buf(64);
   WindowDirectory dir;

@@ -120,22 +120,17 @@ struct WaitWhat {
   uint64_t expected;
 };
 
-// Spin until ready(*word) holds. Polls are relaxed loads; once the condition
-// holds, one load with `order` (acquire by default) pairs with the writer's
-// release, which is cheaper than an acquire per poll. The clock and the abort
-// flag are looked at every 64 polls (the clock starts then too), so a wait
-// that is already satisfied costs two loads. On timeout the error record gets
-// `what` and the last value seen; on abort (another wait failed) it returns
-// at once. Returns whether the condition was met.
-template <class Ready>
-GIN_HD bool boundedWait(const DevComm& c, const uint64_t* word, MemoryOrder order, Ready ready, const WaitWhat& what) {
+// Spin until ready(poll()) holds. The clock and the abort flag are looked at
+// every 64 polls (the clock starts then too), so a wait that is already
+// satisfied costs one poll. On timeout the error record gets `what` and the
+// last value seen; on abort (another wait failed) it returns at once. Returns
+// whether the condition was met.
+template <class Poll, class Ready>
+GIN_HD bool boundedPoll(const DevComm& c, Poll poll, Ready ready, const WaitWhat& what) {
   uint64_t start = 0;
   for (uint32_t spins = 1;; ++spins) {
-    uint64_t v = atomicLoad<Scope::System>(word, MemoryOrder::Relaxed);
-    if (ready(v)) {
-      if (order != MemoryOrder::Relaxed && order != MemoryOrder::Release) (void)atomicLoad<Scope::System>(word, order);
-      return true;
-    }
+    const uint64_t v = poll();
+    if (ready(v)) return true;
     if ((spins & 63) == 0) {
       if (aborted(c)) return false;
       const uint64_t now = nowNs();
@@ -150,6 +145,16 @@ GIN_HD bool boundedWait(const DevComm& c, const uint64_t* word, MemoryOrder orde
 #endif
     }
   }
+}
+
+// Spin until ready(*word) holds. Polls are relaxed loads; once the condition
+// holds, one load with `order` (acquire by default) pairs with the writer's
+// release, which is cheaper than an acquire per poll.
+template <class Ready>
+GIN_HD bool boundedWait(const DevComm& c, const uint64_t* word, MemoryOrder order, Ready ready, const WaitWhat& what) {
+  const bool ok = boundedPoll(c, [&] { return atomicLoad<Scope::System>(word, MemoryOrder::Relaxed); }, ready, what);
+  if (ok && order != MemoryOrder::Relaxed && order != MemoryOrder::Release) (void)atomicLoad<Scope::System>(word, order);
+  return ok;
 }
 }  // namespace detail
 

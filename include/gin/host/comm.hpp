@@ -21,6 +21,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,14 @@ inline TransportChoice envTransport(TransportChoice fallback) {
   if (v == "proxy") return TransportChoice::Proxy;
   throw Error("GIN_TRANSPORT=" + v + " is not one of auto, lsa, proxy");
 }
+inline const char* choiceName(TransportChoice c) {
+  switch (c) {
+    case TransportChoice::Auto: return "auto";
+    case TransportChoice::Lsa: return "lsa";
+    case TransportChoice::Proxy: return "proxy";
+  }
+  return "?";
+}
 inline bool envDebug() {
   const char* e = std::getenv("GIN_DEBUG");
   return e && *e && std::string(e) != "0";
@@ -137,6 +146,9 @@ class Comm {
       bs_.barrier();
     } catch (...) {
     }
+#if GIN_WITH_CUDA
+    if (proxySignalsRegistered_) (void)cudaHostUnregister(proxySignalsRegistered_);
+#endif
   }
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -275,6 +287,8 @@ class Comm {
     uint64_t pid;
     int32_t gpu;  // 1: GPU ranks, 0: CPU ranks
     int32_t cudaDev;
+    int32_t transport;  // TransportChoice after GIN_TRANSPORT
+    int32_t pad;
     char busId[32];
   };
 
@@ -304,8 +318,21 @@ class Comm {
   uint32_t nSignalWords_ = 0;
   HostMappedBuffer ringMem_;  // ring slots and consumer indices
   size_t ringPad_ = 0;        // to 64-byte alignment
-  DeviceTable ringTable_;     // ProxyRingDev[nContexts], then the producer tickets
+  DeviceTable ringTable_;     // ProxyRingDev[nContexts], then the producer tickets and credit hints
+  // GPU ranks with proxy peers: the engines apply signal and counter actions
+  // with CPU atomics, so those words live in host memory the GPU maps (shared
+  // memory between processes), not in device memory the host cannot update
+  // atomically.
+  SharedBuffer proxySignals_;
+  std::vector<PeerMapping> proxySignalPeers_;
+  HostMappedBuffer proxyCounters_;
+  void* proxySignalsRegistered_ = nullptr;  // cudaHostRegister'd (unregistered in the destructor)
   WindowDirectory dir_;
+#if GIN_WITH_CUDA
+  std::unique_ptr<GpuCopier> copier_;      // the engine thread's copies
+  std::unique_ptr<GpuCopier> hostReader_;  // this thread's reads of device words (quiesce)
+  std::mutex hostReaderMu_;
+#endif
   std::unique_ptr<Wire> wire_;
   std::unique_ptr<ProxyEngine> engine_;
 
@@ -336,6 +363,7 @@ class Comm {
     me.hostId = detail::hostId();
     me.pid = uint64_t(::getpid());
     me.gpu = wantGpu ? 1 : 0;
+    me.transport = int32_t(cfg_.transport);
     peers_.assign(size_t(nRanks_), PeerInfo{});
     peers_[size_t(rank_)] = me;
     bs_.allGather(peers_.data(), sizeof(PeerInfo));
@@ -347,6 +375,12 @@ class Comm {
                     (peers_[size_t(r)].gpu ? "a GPU" : "CPU ranks") +
                     "; give every rank a GPU, or set GIN_DEVICE=cpu everywhere");
     gpu_ = me.gpu != 0;
+    for (int r = 0; r < nRanks_; ++r)
+      if (peers_[size_t(r)].transport != me.transport)
+        throw Error("ranks disagree on the transport: rank " + std::to_string(rank_) + " asked for " +
+                    detail::choiceName(TransportChoice(me.transport)) + ", rank " + std::to_string(r) + " for " +
+                    detail::choiceName(TransportChoice(peers_[size_t(r)].transport)) +
+                    "; set GIN_TRANSPORT (or CommConfig::transport) the same on every rank");
 
     // Nodes: ranks with the same host id, which must be numbered node by node
     // with the same count on each, so teams are arithmetic (as in NCCL).
@@ -387,11 +421,6 @@ class Comm {
       throw Error("the ranks span " + std::to_string(nNodes) +
                   " hosts, and ranks on different hosts need a network wire (proxy over tcp/verbs, or ibgda), "
                   "which this build of gin does not have yet; run all ranks on one host");
-    if (forceProxy && gpu_)
-      throw Error(
-          "the proxy transport runs on CPU ranks only so far (GPU rings come in a later phase); "
-          "use GIN_TRANSPORT=lsa or DeviceKind::Cpu on rank " +
-          std::to_string(rank_));
     dev_.proxyAll = forceProxy ? 1 : 0;
   }
 
@@ -496,7 +525,19 @@ class Comm {
     local_.upload(offTransport, transports_.data(), transports_.size());
     lsaSignalPtrs_ = sigPtrs;
     nSignalWords_ = uint32_t(nS + nB);
-    if (std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Proxy)) != transports_.end()) buildRings();
+    const bool proxy =
+        std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Proxy)) != transports_.end();
+    uint64_t* signals = reinterpret_cast<uint64_t*>(shared_.data());
+    uint64_t* counters = reinterpret_cast<uint64_t*>(local_.data() + offCounter);
+    if (proxy) buildRings();
+    if (proxy && gpu_) {
+      // Only the proxy touches signals then (every peer goes through it: GPU
+      // ranks have no mixed lsa/proxy mode), so the device-memory signal
+      // words in `shared_` stay unused and the peers' pointers are left null.
+      placeProxyWordsInHostMemory(sigWords * 8, nC * 8, &signals, &counters);
+      std::fill(sigPtrs.begin(), sigPtrs.end(), nullptr);
+      local_.upload(offSigPtrs, sigPtrs.data(), L * 8);
+    }
 
     // Error record: host memory the GPU can write (mapped pinned), so check()
     // reads it while kernels run. The claim word and the abort flag stay in
@@ -512,10 +553,10 @@ class Comm {
     dev_.nBarriers = cfg_.nBarriers;
     dev_.timeoutNs = cfg_.timeoutNs;
     dev_.peerTransport = reinterpret_cast<const uint8_t*>(base + offTransport);
-    dev_.signals = reinterpret_cast<uint64_t*>(shared_.data());
+    dev_.signals = signals;
     dev_.lsaSignals = reinterpret_cast<uint64_t* const*>(base + offSigPtrs);
     dev_.signalShadows = reinterpret_cast<uint64_t*>(base + offShadow);
-    dev_.counters = reinterpret_cast<uint64_t*>(base + offCounter);
+    dev_.counters = counters;
     dev_.lsaInbox = reinterpret_cast<uint64_t*>(shared_.data()) + sigWords;
     dev_.lsaInboxRowWords = int32_t(rowWords);
     dev_.lsaInboxes = reinterpret_cast<uint64_t* const*>(base + offInboxPtrs);
@@ -531,31 +572,58 @@ class Comm {
   }
 
   // One ring per context: slots and the consumer index in memory the host
-  // polls (mapped pinned memory once GPUs push), the producer ticket counters
-  // and the ProxyRingDev table where the producers are (device memory on GPUs).
+  // polls (mapped pinned memory on GPUs), the producer ticket counters, the
+  // credit hints and the ProxyRingDev table where the producers are (device
+  // memory on GPUs). Tickets and hints get a 64-byte line each.
   void buildRings() {
     const size_t nCtx = size_t(cfg_.nContexts), nSlots = cfg_.proxy.ringSlots;
     const size_t slotBytes = nCtx * nSlots * sizeof(ProxyDesc), consumedAt = slotBytes;
     ringMem_ = HostMappedBuffer(gpu_, slotBytes + nCtx * 64 + 64);
     ringPad_ = (64 - reinterpret_cast<uintptr_t>(ringMem_.host()) % 64) % 64;
-    const size_t headsAt = (nCtx * sizeof(ProxyRingDev) + 63) / 64 * 64;
-    ringTable_ = DeviceTable(gpu_, headsAt + nCtx * 64);
+    const size_t headsAt = ringHeadsAt(), hintsAt = headsAt + nCtx * 64;
+    ringTable_ = DeviceTable(gpu_, hintsAt + nCtx * 64);
     std::vector<ProxyRingDev> rings(nCtx);
     char* dev = static_cast<char*>(ringMem_.device()) + ringPad_;
     for (size_t i = 0; i < nCtx; ++i) {
       rings[i].slots = reinterpret_cast<ProxyDesc*>(dev) + i * nSlots;
       rings[i].consumed = reinterpret_cast<uint64_t*>(dev + consumedAt + i * 64);
       rings[i].head = reinterpret_cast<uint64_t*>(ringTable_.data() + headsAt + i * 64);
+      rings[i].consumedHint = reinterpret_cast<uint64_t*>(ringTable_.data() + hintsAt + i * 64);
       rings[i].nSlots = uint32_t(nSlots);
     }
     ringTable_.upload(0, rings.data(), nCtx * sizeof(ProxyRingDev));
     dev_.proxyRings = reinterpret_cast<const ProxyRingDev*>(ringTable_.data());
   }
+  size_t ringHeadsAt() const { return (size_t(cfg_.nContexts) * sizeof(ProxyRingDev) + 63) / 64 * 64; }
+
+  // Signals and counters of a GPU rank with proxy peers: host memory the GPU
+  // maps. Signals are shared with the lsa peers' engines (shared memory when
+  // they run in other processes); counters are this rank's own.
+  void placeProxyWordsInHostMemory(size_t sigBytes, size_t counterBytes, uint64_t** signals, uint64_t** counters) {
+#if GIN_WITH_CUDA
+    proxySignals_ = SharedBuffer::allocate(
+        lsaAllSameProcess_ ? SharedBuffer::Backing::Heap : SharedBuffer::Backing::Shm, sigBytes);
+    GIN_CUDA_CHECK(cudaHostRegister(proxySignals_.data(), sigBytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    proxySignalsRegistered_ = proxySignals_.data();
+    void* d = nullptr;
+    GIN_CUDA_CHECK(cudaHostGetDevicePointer(&d, proxySignals_.data(), 0));
+    *signals = static_cast<uint64_t*>(d);
+    std::vector<char*> hostBases =
+        exchange(proxySignals_.share(proxySignals_.data()), proxySignals_.data(), proxySignalPeers_);
+    proxySignals_.unlinkName();
+    for (size_t i = 0; i < hostBases.size(); ++i) lsaSignalPtrs_[i] = reinterpret_cast<uint64_t*>(hostBases[i]);
+    proxyCounters_ = HostMappedBuffer(true, counterBytes ? counterBytes : 8);
+    *counters = static_cast<uint64_t*>(proxyCounters_.device());
+#else
+    (void)sigBytes, (void)counterBytes, (void)signals, (void)counters;
+    throw Error("GPU ranks need the CUDA runtime");
+#endif
+  }
 
   void startProxy() {
     const size_t nCtx = size_t(cfg_.nContexts), nSlots = cfg_.proxy.ringSlots;
     char* host = static_cast<char*>(ringMem_.host()) + ringPad_;
-    const size_t headsAt = (nCtx * sizeof(ProxyRingDev) + 63) / 64 * 64;
+    const size_t headsAt = ringHeadsAt();
     std::vector<ProxyEngine::Ring> rings(nCtx);
     for (size_t i = 0; i < nCtx; ++i) {
       rings[i].slots = reinterpret_cast<ProxyDesc*>(host) + i * nSlots;
@@ -563,9 +631,56 @@ class Comm {
       rings[i].head = reinterpret_cast<const uint64_t*>(ringTable_.data() + headsAt + i * 64);
       rings[i].nSlots = uint32_t(nSlots);
     }
-    wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_);
-    engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), *wire_, dir_, nSignalWords_, cfg_.proxy);
+    ProxyHooks hooks;
+#if GIN_WITH_CUDA
+    if (gpu_) {
+      copier_ = std::make_unique<GpuCopier>(cudaDev_);
+      hostReader_ = std::make_unique<GpuCopier>(cudaDev_);
+      wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_, copier_.get());
+      std::vector<const uint64_t*> heads;
+      for (const auto& r : rings) heads.push_back(r.head);
+      hooks.head = [this, heads](int ctx) {
+        std::lock_guard<std::mutex> lk(hostReaderMu_);
+        return hostReader_->load64(heads[size_t(ctx)]);
+      };
+      hooks.threadInit = [c = copier_.get()] { c->bind(); };
+      hooks.fail = [this](Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed) {
+        hostRecordError(op, peer, ctx, id, expected, observed);
+      };
+      hooks.counters = static_cast<uint64_t*>(proxyCounters_.host());
+    }
+#endif
+    if (!wire_) wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_);
+    engine_ =
+        std::make_unique<ProxyEngine>(dev_, std::move(rings), *wire_, dir_, nSignalWords_, cfg_.proxy, std::move(hooks));
   }
+
+#if GIN_WITH_CUDA
+  // A failure found by this rank's engine on a GPU rank: the claim word and
+  // the abort flag are device memory, which the host reaches only through
+  // copies. The record is written only if nobody has started one (a GPU
+  // thread claiming at the same moment may interleave with it: both are
+  // failures of the same run, and the first one to finish sets state 2).
+  void hostRecordError(Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed) {
+    DeviceErrorRecord& r = *hostRecord_;
+    uint32_t idle = 0;
+    if (atomicCompareExchange<Scope::System>(&r.state, idle, 1u)) {
+      r.op = uint32_t(op);
+      r.rank = rank_;
+      r.peer = peer;
+      r.context = ctx;
+      r.objectId = id;
+      r.expected = expected;
+      r.observed = observed;
+      atomicStore<Scope::System>(&r.state, 2u, MemoryOrder::Release);
+    }
+    try {
+      copier_->store32(dev_.abortFlag, 1u);  // the engine thread's stream: waits on the GPU stop
+    } catch (const Error& e) {
+      std::fprintf(stderr, "gin: rank %d: could not raise the abort flag: %s\n", rank_, e.what());
+    }
+  }
+#endif
 
   void printTransports() const {
     std::string s = "gin: rank 0 transport table (" + std::to_string(nRanks_) + " ranks):";
@@ -573,7 +688,7 @@ class Comm {
       s += " " + std::to_string(r) + "=" + detail::transportName(Transport(transports_[size_t(r)]));
     if (dev_.proxyRings)
       s += "; proxy: " + std::to_string(cfg_.nContexts) + " rings x " + std::to_string(cfg_.proxy.ringSlots) +
-           " slots, local wire";
+           " slots, local wire" + (gpu_ ? " (copy-engine copies, signals and counters in host memory)" : "");
     std::fprintf(stderr, "%s\n", s.c_str());
   }
 

@@ -3,18 +3,22 @@
 // them out on a Wire, and LocalWire, the wire for targets mapped in this
 // process.
 //
-// Phase 1: CPU ranks only. The engine executes a ring's descriptors in ticket
-// order, one at a time, so per-(context, peer) order (payload before signal,
-// earlier puts before later signals) holds by construction. A descriptor the
-// engine cannot carry out (unknown window, range past its end, bad signal or
-// counter id) writes nothing: it is recorded in the device error record as
-// Op::BadArgument and skipped.
+// The engine executes a ring's descriptors in ticket order. Payloads may still
+// be in flight when a put returns (GPU windows move through copy-engine copies
+// on the engine's stream); the engine calls Wire::complete() before any signal
+// or counter action and before it publishes the consumer index, so per-(context,
+// peer) order (payload before signal, earlier puts before later signals) holds
+// and a flushed source may be reused. A descriptor the engine cannot carry out
+// (unknown window, range past its end, bad signal or counter id) writes
+// nothing: it is recorded in the device error record as Op::BadArgument and
+// skipped.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -27,6 +31,7 @@
 #include "gin/core/error.hpp"
 #include "gin/device/comm.hpp"
 #include "gin/device/transport/proxy.hpp"
+#include "gin/host/memory.hpp"
 
 namespace gin {
 
@@ -81,29 +86,132 @@ struct WireReject {
 class Wire {
  public:
   virtual ~Wire() = default;
+  // `src` is this rank's window memory (device memory on GPUs).
   virtual bool put(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* src, uint64_t bytes,
                    WireReject* why) = 0;
+  // Like put, with the bytes (1..8) in host memory that is gone when the call
+  // returns (putValue's value, carried in the descriptor).
+  virtual bool putInline(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* bytes, uint64_t n,
+                         WireReject* why) {
+    return put(peer, dstWindow, dstOffset, bytes, n, why);
+  }
   virtual bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) = 0;
+  // Every put accepted so far is complete: its bytes are at the target and
+  // its source was read. Called by the engine thread before a signal or
+  // counter action and before it publishes the consumer index.
+  virtual void complete() {}
 };
 
+#if GIN_WITH_CUDA
+// Copies into and between GPU windows for the engine thread: copy-engine
+// copies on a non-blocking stream of the rank's GPU (so they run next to the
+// user's kernels, which may be waiting for them), and a pinned staging area
+// for values that live in the descriptor. Only the engine thread uses it,
+// after bind().
+class GpuCopier {
+ public:
+  static constexpr size_t kStageSlots = 256;  // 8-byte values in flight before complete()
+  explicit GpuCopier(int device) : device_(device), stage_(true, kStageSlots * 8) {
+    GIN_CUDA_CHECK(cudaSetDevice(device_));
+    GIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~GpuCopier() {
+    if (stream_) {
+      (void)cudaStreamSynchronize(stream_);
+      (void)cudaStreamDestroy(stream_);
+    }
+  }
+  GpuCopier(const GpuCopier&) = delete;
+  GpuCopier& operator=(const GpuCopier&) = delete;
+
+  void bind() const { GIN_CUDA_CHECK(cudaSetDevice(device_)); }
+  void copy(void* dst, const void* src, size_t n) {
+    GIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_));
+    pending_ = true;
+  }
+  void copyValue(void* dst, const void* bytes, size_t n) {
+    if (staged_ == kStageSlots) complete();
+    char* slot = static_cast<char*>(stage_.host()) + 8 * staged_++;
+    std::memcpy(slot, bytes, n);
+    copy(dst, slot, n);
+  }
+  // Read or write one word of device memory from the host (quiesce, the
+  // abort flag), synchronously.
+  uint64_t load64(const uint64_t* src) {
+    complete();
+    GIN_CUDA_CHECK(cudaMemcpyAsync(stage_.host(), src, 8, cudaMemcpyDeviceToHost, stream_));
+    GIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    uint64_t v;
+    std::memcpy(&v, stage_.host(), 8);
+    return v;
+  }
+  void store32(uint32_t* dst, uint32_t v) {
+    copyValue(dst, &v, 4);
+    complete();
+  }
+  void complete() {
+    if (!pending_) return;
+    GIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    pending_ = false;
+    staged_ = 0;
+  }
+
+ private:
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  HostMappedBuffer stage_;
+  size_t staged_ = 0;
+  bool pending_ = false;
+};
+#endif
+
 // Targets mapped in this process: the lsa mappings the Comm already made (peer
-// windows through the directory, peer signal arrays). A copy, then a release
-// atomic on the peer's signal word: the signal cannot overtake the payload.
+// windows through the directory, peer signal arrays, host addresses). A copy
+// (memcpy on CPU ranks; a copy-engine copy with a GpuCopier), then, after the
+// engine's complete(), a release atomic on the peer's signal word: the signal
+// cannot overtake the payload. On GPUs the signal arrays of a proxy
+// communicator live in host memory, so the atomic is a CPU atomic.
 class LocalWire final : public Wire {
  public:
   LocalWire(const WindowDirectory& dir, int lsaBase, std::vector<uint64_t*> peerSignals, uint32_t nSignalWords)
       : dir_(dir), lsaBase_(lsaBase), signals_(std::move(peerSignals)), nSignalWords_(nSignalWords) {}
+#if GIN_WITH_CUDA
+  LocalWire(const WindowDirectory& dir, int lsaBase, std::vector<uint64_t*> peerSignals, uint32_t nSignalWords,
+            GpuCopier* gpu)
+      : LocalWire(dir, lsaBase, std::move(peerSignals), nSignalWords) {
+    gpu_ = gpu;
+  }
+#endif
 
   bool put(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* src, uint64_t bytes,
            WireReject* why) override {
-    const int li = peer - lsaBase_;
-    if (li < 0 || li >= int(signals_.size())) return reject(why, uint64_t(peer), uint64_t(peer), signals_.size());
-    const WindowDirectory::Entry* e = dir_.find(dstWindow);
-    if (!e) return reject(why, dstWindow, dstOffset, 0);
-    if (dstOffset > e->bytes || bytes > e->bytes - dstOffset)
-      return reject(why, dstWindow, dstOffset + bytes, e->bytes);
-    if (bytes) std::memcpy(e->lsaBases[size_t(li)] + dstOffset, src, size_t(bytes));
+    char* dst = target(peer, dstWindow, dstOffset, bytes, why);
+    if (!dst) return false;
+    if (bytes == 0) return true;
+#if GIN_WITH_CUDA
+    if (gpu_) return gpu_->copy(dst, src, size_t(bytes)), true;
+#endif
+    std::memcpy(dst, src, size_t(bytes));
     return true;
+  }
+
+  bool putInline(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* bytes, uint64_t n,
+                 WireReject* why) override {
+#if GIN_WITH_CUDA
+    if (gpu_) {
+      char* dst = target(peer, dstWindow, dstOffset, n, why);
+      if (!dst) return false;
+      if (n) gpu_->copyValue(dst, bytes, size_t(n));
+      return true;
+    }
+#endif
+    return put(peer, dstWindow, dstOffset, bytes, n, why);
+  }
+
+  void complete() override {
+#if GIN_WITH_CUDA
+    if (gpu_) gpu_->complete();
+#endif
   }
 
   bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) override {
@@ -125,10 +233,39 @@ class LocalWire final : public Wire {
   int lsaBase_;
   std::vector<uint64_t*> signals_;
   uint32_t nSignalWords_;
+#if GIN_WITH_CUDA
+  GpuCopier* gpu_ = nullptr;
+#endif
+
+  // The address of [dstOffset, dstOffset + bytes) of `peer`'s window, or
+  // nullptr (and *why) when the peer, the window or the range is bad.
+  char* target(int peer, uint32_t dstWindow, uint64_t dstOffset, uint64_t bytes, WireReject* why) const {
+    const int li = peer - lsaBase_;
+    if (li < 0 || li >= int(signals_.size()))
+      return reject(why, uint64_t(peer), uint64_t(peer), signals_.size()), nullptr;
+    const WindowDirectory::Entry* e = dir_.find(dstWindow);
+    if (!e) return reject(why, dstWindow, dstOffset, 0), nullptr;
+    if (dstOffset > e->bytes || bytes > e->bytes - dstOffset)
+      return reject(why, dstWindow, dstOffset + bytes, e->bytes), nullptr;
+    return e->lsaBases[size_t(li)] + dstOffset;
+  }
   static bool reject(WireReject* why, uint64_t id, uint64_t value, uint64_t limit) {
     if (why) *why = WireReject{id, value, limit};
     return false;
   }
+};
+
+// What differs when the producers are GPUs: the ticket counters live in
+// device memory (the host reads them through `head`), the engine thread must
+// bind the GPU (`threadInit`), failures are recorded through the host path
+// (`fail`: the claim word and abort flag are device memory), and counters are
+// advanced at their host address (`counters`). Empty members keep the CPU
+// behaviour.
+struct ProxyHooks {
+  std::function<uint64_t(int ctx)> head;
+  std::function<void()> threadInit;
+  std::function<void(Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed)> fail;
+  uint64_t* counters = nullptr;
 };
 
 // One communicator's proxy thread. It owns nothing it polls: the rings, the
@@ -146,14 +283,16 @@ class ProxyEngine {
   // `dev` is the rank's DevComm (counters, error record, sizes); the engine
   // keeps a copy. nSignalWords: signal words a remote action may name.
   ProxyEngine(const DevComm& dev, std::vector<Ring> rings, Wire& wire, WindowDirectory& dir, uint32_t nSignalWords,
-              ProxyConfig cfg)
+              ProxyConfig cfg, ProxyHooks hooks = {})
       : dev_(dev),
         rings_(std::move(rings)),
         next_(rings_.size(), 0),
         wire_(wire),
         dir_(dir),
         nSignalWords_(nSignalWords),
-        cfg_(cfg) {
+        cfg_(cfg),
+        hooks_(std::move(hooks)),
+        counters_(hooks_.counters ? hooks_.counters : dev_.counters) {
     thread_ = std::thread([this] { run(); });
   }
   // Drains what is published, then joins.
@@ -185,8 +324,9 @@ class ProxyEngine {
   // at most timeoutNs. False on timeout (or a stopped engine with work left).
   bool quiesce(uint64_t timeoutNs) const {
     const uint64_t start = nowNs();
-    for (const Ring& r : rings_) {
-      const uint64_t target = atomicLoad(r.head, MemoryOrder::Relaxed);
+    for (size_t i = 0; i < rings_.size(); ++i) {
+      const Ring& r = rings_[i];
+      const uint64_t target = hooks_.head ? hooks_.head(int(i)) : atomicLoad(r.head, MemoryOrder::Relaxed);
       while (!rollingLessEqual(target, atomicLoad(r.consumed, MemoryOrder::Acquire))) {
         if (nowNs() - start > timeoutNs || done_.load(std::memory_order_acquire)) return false;
         std::this_thread::yield();
@@ -203,12 +343,15 @@ class ProxyEngine {
   WindowDirectory& dir_;
   uint32_t nSignalWords_;
   ProxyConfig cfg_;
+  ProxyHooks hooks_;
+  uint64_t* counters_;
   std::atomic<bool> stop_{false}, paused_{false}, done_{false};
   std::atomic<uint64_t> executed_{0}, rejected_{0}, parks_{0};
   std::thread thread_;
 
   void run() {
     try {
+      if (hooks_.threadInit) hooks_.threadInit();
       uint64_t idle = 0;
       for (;;) {
         const bool stopping = stop_.load(std::memory_order_acquire);
@@ -239,11 +382,14 @@ class ProxyEngine {
       // Nothing may escape a thread; the record makes every wait stop and
       // Comm::check() throw.
       std::fprintf(stderr, "gin: rank %d: proxy engine stopped: %s\n", dev_.rank, e.what());
-      recordError(dev_, Op::ProxyEngine, -1, -1, 0, 0, 0);
+      fail(Op::ProxyEngine, -1, -1, 0, 0, 0);
     }
     done_.store(true, std::memory_order_release);
   }
 
+  // Up to `batch` published descriptors of one ring, then one release of the
+  // consumer index once everything they started is complete: a producer that
+  // sees it may overwrite the slots and reuse the sources.
   size_t drain(int ctx) {
     Ring& r = rings_[size_t(ctx)];
     uint64_t& next = next_[size_t(ctx)];
@@ -254,15 +400,25 @@ class ProxyEngine {
       const ProxyDesc d = *s;  // the producer does not touch the slot until `consumed` passes it
       execute(ctx, d);
       ++next;
-      atomicStore(r.consumed, next, MemoryOrder::Release);
       ++did;
+    }
+    if (did) {
+      wire_.complete();
+      atomicStore(r.consumed, next, MemoryOrder::Release);
     }
     return did;
   }
 
+  void fail(Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed) {
+    if (hooks_.fail)
+      hooks_.fail(op, peer, ctx, id, expected, observed);
+    else
+      recordError(dev_, op, peer, ctx, id, expected, observed);
+  }
+
   void reject(int ctx, const ProxyDesc& d, uint64_t id, uint64_t value, uint64_t limit) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
-    recordError(dev_, Op::BadArgument, d.peer, ctx, id, value, limit);
+    fail(Op::BadArgument, d.peer, ctx, id, value, limit);
   }
 
   // Validate everything first, so a rejected descriptor writes nothing.
@@ -291,7 +447,7 @@ class ProxyEngine {
         if (d.bytes < 1 || d.bytes > 8) return reject(ctx, d, d.dstWindow, d.bytes, 8);
         unsigned char v[8];
         for (size_t i = 0; i < 8; ++i) v[i] = static_cast<unsigned char>(d.srcOffset >> (8 * i));
-        if (!wire_.put(d.peer, d.dstWindow, d.dstOffset, v, d.bytes, &why))
+        if (!wire_.putInline(d.peer, d.dstWindow, d.dstOffset, v, d.bytes, &why))
           return reject(ctx, d, why.id, why.value, why.limit);
         break;
       }
@@ -300,10 +456,12 @@ class ProxyEngine {
         break;
       default: return reject(ctx, d, d.op, d.op, uint64_t(ProxyOp::Signal));
     }
+    // The payload (and every earlier one) lands before the signal, and the
+    // source has been read before the counter moves.
+    if (action != ProxyAction::None || d.counterId != kProxyNoCounter) wire_.complete();
     if (action != ProxyAction::None && !wire_.signal(d.peer, d.signalId, action, d.signalValue, &why))
       return reject(ctx, d, why.id, why.value, why.limit);
-    // Local completion: the source has been read (the local wire copied it).
-    if (d.counterId != kProxyNoCounter) atomicAdd<Scope::System>(dev_.counters + d.counterId, 1, MemoryOrder::Release);
+    if (d.counterId != kProxyNoCounter) atomicAdd<Scope::System>(counters_ + d.counterId, 1, MemoryOrder::Release);
     executed_.fetch_add(1, std::memory_order_relaxed);
   }
 };
