@@ -15,6 +15,8 @@
 // This file is compiled by nvcc (GPU + CPU paths) and, through
 // gin_bench_cpu.cpp, by a plain C++ compiler (CPU path only): everything that
 // touches CUDA sits under __CUDACC__.
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -1107,8 +1109,8 @@ void commonJson(Report& rep, const Options& o, const Setup& s, const std::vector
 std::vector<std::string> headLines(const Options& o, const Setup& s, const std::vector<std::string>& where) {
   std::vector<std::string> h;
   h.push_back(fmt("gin-bench %s: transport %s, %d ranks, %s", o.opName.c_str(), o.transport.c_str(), s.ranks,
-                  s.gpu ? "GPUs of one host (one host thread and one gin::Comm per GPU)"
-                        : "CPU emulation (ranks are threads running the gin device API)"));
+                  s.gpu ? "GPUs of one host (one gin::Comm per GPU)"
+                        : "CPU emulation (CPU ranks running the gin device API)"));
   if (!s.whyEmulated.empty()) h.push_back("  note: " + s.whyEmulated);
   if (s.gpu && s.ranks > s.gpus)
     h.push_back(fmt("  note: %d ranks share %d GPU%s (round-robin); over the proxy the GPUs never address each other",
@@ -1138,8 +1140,8 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
     throw gin::Error("rank 1 is not reached over " + o.transport + " from rank 0");
   Window src = comm.allocWindow(maxBytes + kGuard);
   Window dst = comm.allocWindow(maxBytes + kGuard);
-  // Rank 1's destination, for the copy-engine baseline (same process).
-  const uint64_t peerDst = bcast(comm, uint64_t(reinterpret_cast<uintptr_t>(comm.localPointer(dst))), 1);
+  // Rank 1's destination as mapped here, for the copy-engine baseline.
+  const uint64_t peerDst = me == 0 ? uint64_t(reinterpret_cast<uintptr_t>(comm.lsaPointer(dst, 0, 1))) : 0;
 #if defined(__CUDACC__)
   const int peerDev = bcast(comm, comm.cudaDevice(), 1);
   if (gpu) static_cast<GpuEngine&>(e).setPeerDevice(peerDev);
@@ -1885,6 +1887,62 @@ int run(const Options& o, const Setup& s, Report& rep) {
   return any ? 1 : 0;
 }
 
+// One rank in this process, the others in theirs: started by a launcher
+// (torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, Slurm, Open MPI). The
+// same ops run; rank 0 prints. Collectives keep the ranks in step, and a
+// failure on one rank is reported by it (the others stop at the next
+// collective, within the bootstrap's timeout).
+int runProcess(const Options& o, Setup s, Report& rep) {
+  std::unique_ptr<gin::TcpBootstrap> bs = gin::TcpBootstrap::fromEnvironment();
+  s.ranks = bs->nRanks();
+  const bool needsTwo = o.op == Op::PutBw || o.op == Op::SignalLat;
+  if (needsTwo && s.ranks < 2) {
+    std::fprintf(stderr, "gin-bench: %s needs at least 2 ranks; WORLD_SIZE is %d\n", o.opName.c_str(), s.ranks);
+    return 2;
+  }
+  gin::CommConfig cfg;
+  cfg.device = s.gpu ? gin::DeviceKind::Gpu : gin::DeviceKind::Cpu;
+  cfg.transport = o.transport == "proxy" ? gin::TransportChoice::Proxy : gin::TransportChoice::Lsa;
+  const int r = bs->rank();
+  try {
+    gin::Comm comm(*bs, cfg);  // GPU: LOCAL_RANK (modulo the visible GPUs)
+    comm.makeCurrent();
+    std::unique_ptr<Engine> e;
+#if defined(__CUDACC__)
+    if (s.gpu) e = std::make_unique<GpuEngine>(comm);
+#endif
+    if (!e) e = std::make_unique<CpuEngine>(comm);
+    struct Where {
+      char text[192];
+    };
+    std::vector<Where> all(size_t(s.ranks));
+    std::snprintf(all[size_t(r)].text, sizeof all[size_t(r)].text, "%s, pid %d", e->where().c_str(), int(::getpid()));
+    comm.bootstrap().allGather(all.data(), sizeof(Where));
+    std::vector<std::string> where;
+    for (auto& w : all) where.push_back(w.text);
+    s.gpus = std::max(s.gpus, 1);
+    Report* mine = r == 0 ? &rep : nullptr;
+    switch (o.op) {
+      case Op::PutBw: runPutBw(comm, *e, o, s, mine, where); break;
+      case Op::SignalLat: runSignalLat(comm, *e, o, s, mine, where); break;
+      case Op::Barrier: runBarrier(comm, *e, o, s, mine, where); break;
+      case Op::MsgRate: runMsgRate(comm, *e, o, s, mine, where); break;
+    }
+    e.reset();
+  } catch (const Failure& f) {
+    std::fprintf(stderr, "gin-bench: rank %d: %s\ngin-bench: FAILED: what was to be timed gave wrong results\n", r,
+                 f.what());
+    return 1;
+  } catch (const std::exception& ex) {
+    std::fprintf(stderr, "gin-bench: rank %d: %s\n", r, ex.what());
+    return 1;
+  }
+  if (r != 0) return 3;  // success, but only rank 0 prints
+  rep.head.insert(rep.head.begin() + 1, fmt("  one process per rank (%s launch variables), %d processes",
+                                            gin::detectLaunch().source.c_str(), s.ranks));
+  return 0;
+}
+
 void print(const Report& rep) {
   for (auto& l : rep.head) std::printf("%s\n", l.c_str());
   std::printf("method:\n");
@@ -1900,15 +1958,31 @@ void print(const Report& rep) {
 
 int main(int argc, char** argv) {
   const bench::Options o = bench::parseArgs(argc, argv);
-  const bench::Setup s = bench::decide(o);
+  bool launched = false;
+  try {
+    launched = gin::detectLaunch().source != "single";
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gin-bench: %s\n", e.what());
+    return 2;
+  }
+  bench::Setup s;
+  if (launched) {  // one rank here; each process takes its own GPU (LOCAL_RANK)
+    s.gpus = o.emulate ? 0 : bench::visibleGpus();
+    s.gpu = s.gpus > 0;
+    if (!s.gpu && !o.emulate)
+      s.whyEmulated = "no CUDA device is visible (or no nvcc build): running CPU ranks instead (same as --emulate)";
+  } else {
+    s = bench::decide(o);
+  }
   bench::Report rep;
   int rc = 1;
   try {
-    rc = bench::run(o, s, rep);
+    rc = launched ? bench::runProcess(o, s, rep) : bench::run(o, s, rep);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gin-bench: %s\n", e.what());
     return 1;
   }
+  if (rc == 3) return 0;  // a rank other than 0 of a launched job
   if (rc != 0) return rc;
   bench::print(rep);
   if (!o.json.empty()) {

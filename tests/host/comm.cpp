@@ -64,6 +64,17 @@ TEST_CASE("registerWindow shares the user's buffer; lsaPointer and peerPointer r
     }
     comm.bootstrap().barrier();
     for (int p = 0; p < n; ++p) expect(mine[size_t(p)] == 0xC0DE0000u + unsigned(p), "raw store from a peer");
+    // The host's lsaPointer is the device one, and bad arguments are refused.
+    for (int p = 0; p < n; ++p)
+      expect(comm.lsaPointer(w, 12, p) == lsaPointer(w, 12, p), "host lsaPointer differs from the device one");
+    bool threw = false;
+    try {
+      (void)comm.lsaPointer(w, 0, n);
+    } catch (const Error& e) {
+      threw = std::string(e.what()).find("lsa peer") != std::string::npos;
+    }
+    expect(threw, "lsaPointer accepted a peer outside the lsa team");
+    comm.bootstrap().barrier();
     // memAlloc'd memory registers too.
     void* m = comm.memAlloc(4096);
     Window w2 = comm.registerWindow(static_cast<char*>(m) + 64, 1024);

@@ -253,6 +253,19 @@ class Comm {
                   std::to_string(r.bytes) + " bytes");
     return r.local + offset;
   }
+  // Host-usable address of `offset` in lsa member `lsaPeer`'s part of `w`, as
+  // mapped in this process (what ncclGetLsaPointer gives): for cudaMemcpy,
+  // copy-engine transfers and kernel arguments.
+  void* lsaPointer(Window w, size_t offset, int lsaPeer) const {
+    const WindowRecord& r = record(w, "lsaPointer");
+    if (lsaPeer < 0 || lsaPeer >= int(r.lsaBases.size()))
+      throw Error("lsaPointer: lsa peer " + std::to_string(lsaPeer) + " is not in [0, " +
+                  std::to_string(r.lsaBases.size()) + ")");
+    if (offset > r.bytes)
+      throw Error("lsaPointer: offset " + std::to_string(offset) + " is past the window's " +
+                  std::to_string(r.bytes) + " bytes");
+    return r.lsaBases[size_t(lsaPeer)] + offset;
+  }
   size_t windowBytes(Window w) const { return record(w, "windowBytes").bytes; }
 
   // Throw the first device-side failure, if any, as a gin::Error.

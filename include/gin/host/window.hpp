@@ -72,12 +72,14 @@ struct WindowRecord {
   bool owned = false;   // allocWindow (true) or registerWindow (false)
   SharedBuffer buffer;  // when owned
   std::vector<PeerMapping> peers;
-  DeviceTable table;  // WindowDev followed by lsaBases[lsaSize]
+  std::vector<char*> lsaBases;  // [lsaSize] each lsa member's part, mapped here
+  DeviceTable table;            // WindowDev followed by lsaBases[lsaSize]
 
   Window handle() const { return Window{reinterpret_cast<const WindowDev*>(table.data())}; }
 
   // Build the WindowDev table from the lsa peer addresses.
-  void publish(bool gpu, int lsaSize, const std::vector<char*>& lsaBases) {
+  void publish(bool gpu, int lsaSize, const std::vector<char*>& bases) {
+    lsaBases = bases;
     const size_t head = (sizeof(WindowDev) + 15) / 16 * 16;
     table = DeviceTable(gpu, head + sizeof(char*) * size_t(lsaSize));
     WindowDev d{};
