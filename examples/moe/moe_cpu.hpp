@@ -1,0 +1,258 @@
+// examples/moe/moe_cpu.hpp — the MoE layer of moe.hpp driven by a CPU rank
+// (one thread per rank; the same device bodies a GPU runs), its inputs, and
+// the host reference it is checked against.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gin/gin.hpp"
+#include "moe.hpp"
+
+namespace moe {
+
+struct Inputs {
+  std::vector<uint16_t> x;    // [T][H] bf16
+  std::vector<int32_t> idx;   // [T][K] distinct experts
+  std::vector<float> weight;  // [T][K]
+};
+
+inline Inputs makeInputs(const Shape& sh, int rank, uint64_t seed) {
+  std::mt19937_64 g(seed * 1000003u + uint64_t(rank));
+  Inputs in;
+  in.x.resize(size_t(sh.tokens) * sh.hidden);
+  for (auto& v : in.x) v = floatToBf16(std::uniform_real_distribution<float>(-2.f, 2.f)(g));
+  in.idx.resize(size_t(sh.tokens) * sh.topk);
+  in.weight.resize(in.idx.size());
+  std::vector<int32_t> all(size_t(sh.experts));
+  for (int e = 0; e < sh.experts; ++e) all[size_t(e)] = e;
+  for (int t = 0; t < sh.tokens; ++t) {
+    std::shuffle(all.begin(), all.end(), g);
+    float sum = 0;
+    for (int k = 0; k < sh.topk; ++k) {
+      in.idx[size_t(t) * sh.topk + k] = all[size_t(k)];
+      sum += in.weight[size_t(t) * sh.topk + k] = std::uniform_real_distribution<float>(0.1f, 1.f)(g);
+    }
+    for (int k = 0; k < sh.topk; ++k) in.weight[size_t(t) * sh.topk + k] /= sum;
+  }
+  return in;
+}
+
+// out[t] = sum_k weight[t][k] * expert_{idx[t][k]}(x[t]), in double.
+inline std::vector<double> reference(const Shape& sh, const Inputs& in) {
+  std::vector<double> out(size_t(sh.tokens) * sh.hidden, 0.0);
+  for (int t = 0; t < sh.tokens; ++t)
+    for (int k = 0; k < sh.topk; ++k) {
+      const double w = in.weight[size_t(t) * sh.topk + k], s = expertScale(in.idx[size_t(t) * sh.topk + k]);
+      for (int i = 0; i < sh.hidden; ++i)
+        out[size_t(t) * sh.hidden + i] += w * s * bf16ToFloat(in.x[size_t(t) * sh.hidden + i]);
+    }
+  return out;
+}
+
+// Runs layers on one CPU rank. Collective: every rank constructs it and calls
+// run() the same number of times with the same shape. Signals [sigBase,
+// sigBase + signalsNeeded(shape)) of the communicator are the layer's.
+class CpuLayer {
+ public:
+  static uint32_t signalsNeeded(const Shape& sh) {
+    const uint32_t normal = 2 + uint32_t(2 * sh.ranks * sh.channels);
+    const uint32_t ll = 2 + uint32_t(sh.localExperts() * sh.ranks);
+    return normal > ll ? normal : ll;
+  }
+
+  CpuLayer(gin::Comm& comm, const Shape& sh, bool lowLatency, uint32_t sigBase = 0)
+      : comm_(comm), sh_(sh), ll_(lowLatency) {
+    if (sh.ranks != comm.nRanks()) throw std::invalid_argument("moe: shape.ranks must be the communicator's size");
+    if (sh.experts % sh.ranks != 0 || sh.topk < 1 || sh.topk > sh.experts || sh.topk > kMaxTopk)
+      throw std::invalid_argument("moe: experts must be a multiple of ranks and 1 <= topk <= min(experts, 16)");
+    if (sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1)
+      throw std::invalid_argument("moe: tokens >= 0, hidden, channels and slots >= 1");
+    if (sh.ranks > 64) throw std::invalid_argument("moe: at most 64 ranks");
+    if (sigBase + signalsNeeded(sh) > uint32_t(comm.devComm().nSignals))
+      throw std::invalid_argument("moe: needs " + std::to_string(signalsNeeded(sh)) +
+                                  " signals; raise CommConfig::nSignals");
+    const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), L = size_t(sh.localExperts());
+    const size_t H = size_t(sh.hidden), K = size_t(sh.topk), D = size_t(sh.maxDests());
+    auto win = [&](size_t bytes) { return comm.allocWindow(std::max<size_t>(bytes, 16)); };
+    l_.dc = comm.devComm();
+    l_.shape = sh;
+    l_.sig = Signals{sigBase, sh.ranks, sh.channels};
+    l_.x = win(T * sh.tokenBytes());
+    if (!ll_) {
+      l_.meta = win(T * D * sh.metaBytes());
+      l_.ring = win(R * C * size_t(sh.slots) * sh.slotBytes());
+      l_.counts = win(R * C * 8);
+      l_.combine = win(T * D * H * 4);
+      l_.partial = win(R * T * H * 4);
+      recvX_.resize(R * T * H);
+      recvMeta_.resize(R * T * sh.metaBytes());
+    } else {
+      l_.meta = win(T * K * 16);
+      l_.ring = win(L * R * T * llSlotBytes(sh));
+      l_.counts = win(L * R * 8);
+      l_.combine = win(T * K * H * 4);
+      l_.partial = win(L * R * T * H * 4);
+    }
+  }
+  CpuLayer(const CpuLayer&) = delete;
+  CpuLayer& operator=(const CpuLayer&) = delete;
+  ~CpuLayer() {
+    for (gin::Window w : {l_.x, l_.meta, l_.ring, l_.counts, l_.combine, l_.partial}) comm_.deregisterWindow(w);
+  }
+
+  // Dispatch, experts, combine. Returns out[T][H] (float).
+  std::vector<float> run(const Inputs& in) {
+    l_.topkIdx = in.idx.data();
+    l_.topkW = in.weight.data();
+    const size_t T = size_t(sh_.tokens), H = size_t(sh_.hidden);
+    for (size_t t = 0; t < T; ++t)
+      std::memcpy(static_cast<char*>(comm_.localPointer(l_.x)) + t * sh_.tokenBytes(), in.x.data() + t * H, H * 2);
+    gin::Net<> net(l_.dc, 0);
+    for (uint32_t s = l_.sig.base; s < l_.sig.base + signalsNeeded(sh_); ++s) net.resetSignal(s);
+    comm_.bootstrap().barrier();  // every rank reset before anyone signals
+    std::vector<float> out = ll_ ? runLowLatency(in) : runNormal(in);
+    // Everything this rank pushed has been carried out (proxy) before the
+    // next layer's resets: nothing arrives late into a reset signal.
+    for (int c = 0; c < l_.dc.nContexts; ++c) gin::Net<>(l_.dc, c).flush(gin::CoopThread{});
+    comm_.bootstrap().barrier();
+    comm_.check();
+    return out;
+  }
+
+ private:
+  gin::Comm& comm_;
+  Shape sh_;
+  bool ll_;
+  Layer l_{};
+  std::vector<uint16_t> recvX_;
+  std::vector<char> recvMeta_;
+
+  void fail(const std::string& what) {
+    comm_.check();  // a device-side failure names itself
+    throw std::runtime_error("moe: rank " + std::to_string(comm_.rank()) + ": " + what);
+  }
+
+  std::vector<float> runNormal(const Inputs& in) {
+    const Shape& sh = sh_;
+    const int R = sh.ranks, C = sh.channels, me = comm_.rank();
+    const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), D = size_t(sh.maxDests());
+    // Metadata per (token, destination slot), and the counts per (dest, channel).
+    std::vector<uint64_t> cnt(size_t(R) * C, 0);
+    std::vector<int> dests(T, 0);
+    char* meta = static_cast<char*>(comm_.localPointer(l_.meta));
+    for (size_t t = 0; t < T; ++t)
+      for (int d = 0; d < R; ++d) {
+        const int j = destSlot(l_, int(t), d);
+        if (j < 0) continue;
+        dests[t] += 1;
+        cnt[size_t(d) * C + t % size_t(C)] += 1;
+        TokenMeta* m = reinterpret_cast<TokenMeta*>(meta + (t * D + size_t(j)) * sh.metaBytes());
+        m->srcToken = uint32_t(t);
+        m->combineSlot = uint32_t(j);
+        m->nLocal = 0;
+        for (int k = 0; k < sh.topk; ++k) {
+          const int e = in.idx[t * size_t(sh.topk) + size_t(k)];
+          if (e / sh.localExperts() != d) continue;
+          m->pick[m->nLocal].localExpert = e % sh.localExperts();
+          m->pick[m->nLocal].weight = in.weight[t * size_t(sh.topk) + size_t(k)];
+          m->nLocal += 1;
+        }
+      }
+    gin::Net<> net(l_.dc, 0);
+    const gin::Team world = gin::teamWorld(l_.dc);
+    for (int d = 0; d < R; ++d)
+      for (int c = 0; c < C; ++c) {
+        const size_t at = (size_t(me) * C + size_t(c)) * 8;
+        if (c + 1 < C)
+          net.putValue(world, d, l_.counts, at, cnt[size_t(d) * C + size_t(c)], gin::None{});
+        else
+          net.putValue(world, d, l_.counts, at, cnt[size_t(d) * C + size_t(c)], gin::SignalAdd{l_.sig.count(), 1});
+      }
+    if (!net.waitSignal(gin::CoopThread{}, l_.sig.count(), uint64_t(R))) fail("count exchange");
+    const auto* got = static_cast<const uint64_t*>(comm_.localPointer(l_.counts));
+    std::vector<RecvState> rs(size_t(R) * C);
+    std::vector<int> srcOf;
+    uint64_t base = 0;
+    for (int src = 0; src < R; ++src)
+      for (int c = 0; c < C; ++c) {
+        RecvState& s = rs[size_t(src) * C + size_t(c)];
+        s.expect = gin::volatileLoad(got + size_t(src) * C + size_t(c));
+        s.base = base;
+        base += s.expect;
+        srcOf.insert(srcOf.end(), size_t(s.expect), src);
+      }
+    if (base > size_t(R) * T) fail("more tokens announced than any rank can send");
+    // Dispatch: every channel's sender and every (source, channel) receiver
+    // stepped in turn until all are done.
+    std::vector<SendState> ss(static_cast<size_t>(C));
+    for (auto& s : ss) std::fill(std::begin(s.sent), std::end(s.sent), 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(l_.dc.timeoutNs);
+    for (;;) {
+      bool busy = false, progress = false;
+      for (int c = 0; c < C; ++c) {
+        const int r = sendStep(l_, c, ss[size_t(c)], gin::CoopThread{});
+        busy = busy || r >= 0;
+        progress = progress || r > 0;
+      }
+      for (int src = 0; src < R; ++src)
+        for (int c = 0; c < C; ++c) {
+          const int r = recvStep(l_, src, c, rs[size_t(src) * C + size_t(c)], recvX_.data(), recvMeta_.data(),
+                                 gin::CoopThread{});
+          busy = busy || r >= 0;
+          progress = progress || r > 0;
+        }
+      if (!busy) break;
+      if (!progress) {
+        if (comm_.hasError()) fail("dispatch");
+        if (std::chrono::steady_clock::now() > deadline) fail("dispatch did not finish within the timeout");
+        std::this_thread::yield();
+      }
+    }
+    // Experts, then combine straight into the sources' buffers.
+    float* partial = static_cast<float*>(comm_.localPointer(l_.partial));
+    for (size_t pos = 0; pos < base; ++pos) {
+      expertStep(l_, pos, recvX_.data(), recvMeta_.data(), partial, gin::CoopThread{});
+      combineSend(l_, pos, srcOf[pos], recvMeta_.data(), gin::CoopThread{});
+    }
+    uint64_t want = 0;
+    for (size_t t = 0; t < T; ++t) want += uint64_t(dests[t]);
+    if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), want)) fail("combine");
+    std::vector<float> out(T * H, 0.f);
+    const float* comb = static_cast<const float*>(comm_.localPointer(l_.combine));
+    for (size_t t = 0; t < T; ++t)
+      for (int j = 0; j < dests[t]; ++j)
+        for (size_t i = 0; i < H; ++i) out[t * H + i] += comb[(t * D + size_t(j)) * H + i];
+    return out;
+  }
+
+  std::vector<float> runLowLatency(const Inputs& in) {
+    const Shape& sh = sh_;
+    const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), K = size_t(sh.topk);
+    auto* meta = static_cast<uint32_t*>(comm_.localPointer(l_.meta));
+    for (size_t t = 0; t < T; ++t)
+      for (size_t k = 0; k < K; ++k) {
+        meta[(t * K + k) * 4 + 0] = uint32_t(t);
+        meta[(t * K + k) * 4 + 1] = uint32_t(k);
+      }
+    for (int e = 0; e < sh.experts; ++e) llDispatchExpert(l_, e, gin::CoopThread{});
+    for (int el = 0; el < sh.localExperts(); ++el)
+      for (int src = 0; src < sh.ranks; ++src)
+        if (!llExpertAndCombine(l_, el, src, gin::CoopThread{})) fail("low-latency dispatch");
+    gin::Net<> net(l_.dc, 0);
+    if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), uint64_t(T * K))) fail("low-latency combine");
+    std::vector<float> out(T * H, 0.f);
+    const float* comb = static_cast<const float*>(comm_.localPointer(l_.combine));
+    for (size_t t = 0; t < T; ++t)
+      for (size_t k = 0; k < K; ++k)
+        for (size_t i = 0; i < H; ++i) out[t * H + i] += in.weight[t * K + k] * comb[(t * K + k) * H + i];
+    return out;
+  }
+};
+
+}  // namespace moe
