@@ -43,13 +43,13 @@ struct Shape {
   int topk = 8;       // K <= E
   int channels = 4;   // C
   int slots = 8;      // S per (source, channel) ring
-  int localExperts() const { return experts / ranks; }
+  GIN_HD int localExperts() const { return experts / ranks; }
   // Destinations per token are at most min(K, ranks).
-  int maxDests() const { return topk < ranks ? topk : ranks; }
+  GIN_HD int maxDests() const { return topk < ranks ? topk : ranks; }
   // One ring slot: metadata, then the token's H bf16 values, 16-byte aligned.
-  size_t metaBytes() const { return (16 + 8 * size_t(topk) + 15) / 16 * 16; }
-  size_t tokenBytes() const { return (size_t(hidden) * 2 + 15) / 16 * 16; }
-  size_t slotBytes() const { return metaBytes() + tokenBytes(); }
+  GIN_HD size_t metaBytes() const { return (16 + 8 * size_t(topk) + 15) / 16 * 16; }
+  GIN_HD size_t tokenBytes() const { return (size_t(hidden) * 2 + 15) / 16 * 16; }
+  GIN_HD size_t slotBytes() const { return metaBytes() + tokenBytes(); }
 };
 
 // The metadata that travels with a token (normal mode): who sent it, where
@@ -133,7 +133,8 @@ GIN_HD inline int destSlot(const Layer& l, int t, int d) {
 
 // A channel's sender: its tokens are t = c, c + C, ... in order; each goes
 // to its destinations in rank order. State lives in the caller (so a CPU
-// rank can interleave channels); `next` counts (token, dest) pairs done.
+// rank can interleave channels); on a GPU every thread of the coop holds its
+// own copy and all copies move in step.
 struct SendState {
   int token = 0;  // next token of this channel (index into the channel's list)
   int dest = 0;   // next destination rank to consider for it
@@ -162,8 +163,11 @@ GIN_HD int sendStep(const Layer& l, int c, SendState& s, Coop coop) {
       continue;
     }
     // Flow control: fewer than S of our slots on d's ring are still unread.
-    const uint64_t freed = net.readSignal(l.sig.head(d, c));
-    if (s.sent[d] - freed >= uint64_t(sh.slots)) return 0;
+    // One thread reads the head and the coop takes its verdict, so every
+    // thread keeps the same state (each thread has its own copy of `s`).
+    const bool room = coop.syncAll(coop.rank() != 0 ||
+                                   s.sent[d] - net.readSignal(l.sig.head(d, c)) < uint64_t(sh.slots));
+    if (!room) return 0;
     const size_t slot = (size_t(l.dc.rank) * sh.channels + c) * sh.slots + size_t(s.sent[d] % uint64_t(sh.slots));
     const size_t at = slot * sh.slotBytes();
     // Metadata, then the payload with the tail signal: the signal is ordered
@@ -193,7 +197,9 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, uint16_t* recv
   const Shape& sh = l.shape;
   if (s.got == s.expect) return -1;
   gin::Net<> net(l.dc, c % l.dc.nContexts);
-  if (net.readSignal(l.sig.tail(src, c)) <= s.got) return 0;  // acquire: the slot's bytes are here
+  // One thread's acquire of the tail, then the coop's barrier: every thread
+  // sees the slot's bytes.
+  if (!coop.syncAll(coop.rank() != 0 || net.readSignal(l.sig.tail(src, c)) > s.got)) return 0;
   const size_t slot = (size_t(src) * sh.channels + c) * sh.slots + size_t(s.got % uint64_t(sh.slots));
   const char* p = static_cast<const char*>(gin::localPointer(l.ring, slot * sh.slotBytes()));
   const size_t pos = size_t(s.base + s.got);

@@ -1,0 +1,344 @@
+// examples/moe/moe_gpu.cuh — the MoE layer of moe.hpp on a GPU: the same
+// device bodies as the CPU driver (moe_cpu.hpp), launched as kernels on the
+// rank's stream. Normal mode: a count kernel, one dispatch kernel whose first
+// C CTAs send (one per channel) while R x C CTAs receive (one per source and
+// channel), an expert+combine kernel, and a reduce kernel that waits for the
+// combine signal. Low-latency mode: one CTA per expert dispatches, one CTA per
+// (local expert, source) runs the expert and combines, then the reduce.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gin/gin.hpp"
+#include "moe.hpp"
+
+namespace moe {
+
+namespace gpu {
+
+// A spin on a non-blocking step, bounded by the communicator's timeout.
+template <class Step>
+__device__ bool spin(const gin::DevComm& dc, Step step, gin::Op op, int peer, uint64_t id) {
+  uint64_t start = 0;
+  for (uint32_t i = 1;; ++i) {
+    const int r = step();
+    if (r < 0) return true;
+    if (r > 0) {
+      start = 0;
+      continue;
+    }
+    if ((i & 63) == 0) {
+      if (gin::aborted(dc)) return false;
+      const uint64_t now = gin::nowNs();
+      if (start == 0) start = now;
+      if (dc.timeoutNs && now - start > dc.timeoutNs) {
+        gin::recordError(dc, op, peer, -1, id, 0, 0);
+        return false;
+      }
+    }
+  }
+}
+
+// Thread d: this rank's counts for destination d (C putValues, the last with
+// the count signal: same context and peer, so the signal follows them).
+__global__ void countKernel(Layer l, const uint64_t* cnt) {
+  const int d = int(threadIdx.x);
+  if (d >= l.shape.ranks) return;
+  gin::Net<> net(l.dc, 0);
+  const int C = l.shape.channels;
+  for (int c = 0; c < C; ++c) {
+    const size_t at = (size_t(l.dc.rank) * C + size_t(c)) * 8;
+    const uint64_t v = cnt[size_t(d) * C + size_t(c)];
+    if (c + 1 < C)
+      net.putValue(gin::teamWorld(l.dc), d, l.counts, at, v, gin::None{});
+    else
+      net.putValue(gin::teamWorld(l.dc), d, l.counts, at, v, gin::SignalAdd{l.sig.count(), 1});
+  }
+}
+
+// Wait for every source's counts, then lay out the receive list:
+// rs[src][c] = {0, expect, base}; srcOf[pos] = src; *total = positions.
+__global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long long* total, int* failed) {
+  gin::Net<> net(l.dc, 0);
+  if (!net.waitSignal(gin::CoopThread{}, l.sig.count(), uint64_t(l.shape.ranks))) {
+    *failed = 1;
+    return;
+  }
+  const int R = l.shape.ranks, C = l.shape.channels;
+  const auto* got = static_cast<const uint64_t*>(gin::localPointer(l.counts, 0));
+  uint64_t base = 0;
+  for (int src = 0; src < R; ++src)
+    for (int c = 0; c < C; ++c) {
+      RecvState s;
+      s.expect = gin::volatileLoad(got + size_t(src) * C + size_t(c));
+      s.base = base;
+      rs[size_t(src) * C + size_t(c)] = s;
+      for (uint64_t i = 0; i < s.expect && base + i < uint64_t(R) * uint64_t(l.shape.tokens); ++i)
+        srcOf[base + i] = src;
+      base += s.expect;
+    }
+  *total = base;
+}
+
+__global__ void dispatchKernel(Layer l, const RecvState* rs, uint16_t* recvX, char* recvMeta, int* failed) {
+  const int C = l.shape.channels;
+  bool ok;
+  if (int(blockIdx.x) < C) {
+    const int c = int(blockIdx.x);
+    SendState s;  // per thread; every thread's copy moves in step (see sendStep)
+    for (int d = 0; d < 64; ++d) s.sent[d] = 0;
+    ok = spin(
+        l.dc, [&] { return sendStep(l, c, s, gin::CoopBlock{}); }, gin::Op::WaitSignal, -1, uint64_t(c));
+  } else {
+    const int i = int(blockIdx.x) - C, src = i / C, c = i % C;
+    RecvState s = rs[size_t(i)];
+    ok = spin(
+        l.dc, [&] { return recvStep(l, src, c, s, recvX, recvMeta, gin::CoopBlock{}); }, gin::Op::WaitSignal, src,
+        uint64_t(l.sig.tail(src, c)));
+  }
+  if (!ok && threadIdx.x == 0) atomicAdd(failed, 1);
+}
+
+// One CTA per received position: the experts, then the combine put.
+__global__ void expertCombineKernel(Layer l, const unsigned long long* total, const int* srcOf,
+                                    const uint16_t* recvX, const char* recvMeta) {
+  float* partial = static_cast<float*>(gin::localPointer(l.partial, 0));
+  for (size_t pos = blockIdx.x; pos < size_t(*total); pos += gridDim.x) {
+    expertStep(l, pos, recvX, recvMeta, partial, gin::CoopBlock{});
+    __syncthreads();
+    combineSend(l, pos, srcOf[pos], recvMeta, gin::CoopBlock{});
+  }
+}
+
+// Waits for `want` combine arrivals, then out[t] = sum of the token's rows
+// (rows [t][0, rows[t]) of width H, each scaled by scale[t][j] when given).
+__global__ void reduceKernel(Layer l, uint64_t want, const int* rows, int rowStride, const float* scale, float* out,
+                             int* failed) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) ok = gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(), want) ? 1 : 0;
+  __syncthreads();
+  if (!ok) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(failed, 1);
+    return;
+  }
+  const size_t H = size_t(l.shape.hidden);
+  const float* comb = static_cast<const float*>(gin::localPointer(l.combine, 0));
+  for (size_t t = blockIdx.x; t < size_t(l.shape.tokens); t += gridDim.x)
+    for (size_t i = threadIdx.x; i < H; i += blockDim.x) {
+      float acc = 0;
+      const int n = rows ? rows[t] : rowStride;
+      for (int j = 0; j < n; ++j)
+        acc += (scale ? scale[t * size_t(rowStride) + size_t(j)] : 1.f) * comb[(t * size_t(rowStride) + size_t(j)) * H + i];
+      out[t * H + i] = acc;
+    }
+}
+
+__global__ void llDispatchKernel(Layer l) { llDispatchExpert(l, int(blockIdx.x), gin::CoopBlock{}); }
+
+__global__ void llExpertKernel(Layer l, int* failed) {
+  const int el = int(blockIdx.x) / l.shape.ranks, src = int(blockIdx.x) % l.shape.ranks;
+  if (!llExpertAndCombine(l, el, src, gin::CoopBlock{}) && threadIdx.x == 0) atomicAdd(failed, 1);
+}
+
+__global__ void resetKernel(Layer l, uint32_t from, uint32_t to) {
+  for (uint32_t s = from + threadIdx.x; s < to; s += blockDim.x) gin::Net<>(l.dc, 0).resetSignal(s);
+}
+
+__global__ void flushKernel(Layer l) { gin::Net<>(l.dc, int(blockIdx.x)).flush(gin::CoopThread{}); }
+
+}  // namespace gpu
+
+#define MOE_CUDA(call) GIN_CUDA_CHECK(call)
+
+// Runs layers on one GPU rank, on `stream`. Collective like CpuLayer.
+class GpuLayer {
+ public:
+  static uint32_t signalsNeeded(const Shape& sh) {
+    const uint32_t normal = 2 + uint32_t(2 * sh.ranks * sh.channels);
+    const uint32_t ll = 2 + uint32_t(sh.localExperts() * sh.ranks);
+    return normal > ll ? normal : ll;
+  }
+  static constexpr int kThreads = 256;
+
+  GpuLayer(gin::Comm& comm, const Shape& sh, bool lowLatency, cudaStream_t stream)
+      : comm_(comm), sh_(sh), ll_(lowLatency), st_(stream) {
+    if (sh.ranks != comm.nRanks()) throw std::invalid_argument("moe: shape.ranks must be the communicator's size");
+    if (sh.experts % sh.ranks != 0 || sh.topk < 1 || sh.topk > sh.experts || sh.topk > kMaxTopk || sh.ranks > 64 ||
+        sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1)
+      throw std::invalid_argument("moe: bad shape (experts a multiple of ranks, 1 <= topk <= min(experts, 16), ...)");
+    if (signalsNeeded(sh) > uint32_t(comm.devComm().nSignals))
+      throw std::invalid_argument("moe: needs " + std::to_string(signalsNeeded(sh)) + " signals");
+    const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), L = size_t(sh.localExperts());
+    const size_t H = size_t(sh.hidden), K = size_t(sh.topk), D = size_t(sh.maxDests());
+    auto win = [&](size_t bytes) { return comm.allocWindow(std::max<size_t>(bytes, 16)); };
+    l_.dc = comm.devComm();
+    l_.shape = sh;
+    l_.sig = Signals{0, sh.ranks, sh.channels};
+    l_.x = win(T * sh.tokenBytes());
+    if (!ll_) {
+      l_.meta = win(T * D * sh.metaBytes());
+      l_.ring = win(R * C * size_t(sh.slots) * sh.slotBytes());
+      l_.counts = win(R * C * 8);
+      l_.combine = win(T * D * H * 4);
+      l_.partial = win(R * T * H * 4);
+    } else {
+      l_.meta = win(T * K * 16);
+      l_.ring = win(L * R * T * llSlotBytes(sh));
+      l_.counts = win(L * R * 8);
+      l_.combine = win(T * K * H * 4);
+      l_.partial = win(L * R * T * H * 4);
+    }
+    scratch_ = alloc(1 << 12);
+    idx_ = static_cast<int32_t*>(alloc(std::max<size_t>(T * K * 4, 4)));
+    w_ = static_cast<float*>(alloc(std::max<size_t>(T * K * 4, 4)));
+    out_ = static_cast<float*>(alloc(std::max<size_t>(T * H * 4, 4)));
+    rows_ = static_cast<int*>(alloc(std::max<size_t>(T * 4, 4)));
+    cnt_ = static_cast<uint64_t*>(alloc(R * C * 8));
+    rs_ = static_cast<RecvState*>(alloc(R * C * sizeof(RecvState)));
+    srcOf_ = static_cast<int*>(alloc(std::max<size_t>(R * T * 4, 4)));
+    recvX_ = static_cast<uint16_t*>(alloc(std::max<size_t>(R * T * H * 2, 4)));
+    recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
+    l_.topkIdx = idx_;
+    l_.topkW = w_;
+  }
+  GpuLayer(const GpuLayer&) = delete;
+  GpuLayer& operator=(const GpuLayer&) = delete;
+  ~GpuLayer() {
+    (void)cudaStreamSynchronize(st_);
+    for (void* p : allocs_) (void)cudaFree(p);
+    for (gin::Window w : {l_.x, l_.meta, l_.ring, l_.counts, l_.combine, l_.partial}) comm_.deregisterWindow(w);
+  }
+
+  // Upload the inputs (not timed by callers that time run()).
+  void prepare(const Inputs& in) {
+    const Shape& sh = sh_;
+    const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), K = size_t(sh.topk), D = size_t(sh.maxDests());
+    const int R = sh.ranks, C = sh.channels;
+    std::vector<char> x(T * sh.tokenBytes(), 0);
+    for (size_t t = 0; t < T; ++t) std::memcpy(x.data() + t * sh.tokenBytes(), in.x.data() + t * H, H * 2);
+    MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.x), x.data(), x.size(), cudaMemcpyHostToDevice, st_));
+    MOE_CUDA(cudaMemcpyAsync(idx_, in.idx.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
+    MOE_CUDA(cudaMemcpyAsync(w_, in.weight.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
+    want_ = 0;
+    if (!ll_) {
+      // Metadata and counts: the same computation as CpuLayer, on the host.
+      Layer hl = l_;
+      hl.topkIdx = in.idx.data();
+      std::vector<char> meta(T * D * sh.metaBytes(), 0);
+      std::vector<uint64_t> cnt(size_t(R) * C, 0);
+      std::vector<int> rows(T, 0);
+      for (size_t t = 0; t < T; ++t)
+        for (int d = 0; d < R; ++d) {
+          const int j = destSlot(hl, int(t), d);
+          if (j < 0) continue;
+          rows[t] += 1;
+          cnt[size_t(d) * C + t % size_t(C)] += 1;
+          TokenMeta* m = reinterpret_cast<TokenMeta*>(meta.data() + (t * D + size_t(j)) * sh.metaBytes());
+          m->srcToken = uint32_t(t);
+          m->combineSlot = uint32_t(j);
+          for (int k = 0; k < sh.topk; ++k) {
+            const int e = in.idx[t * K + size_t(k)];
+            if (e / sh.localExperts() != d) continue;
+            m->pick[m->nLocal].localExpert = e % sh.localExperts();
+            m->pick[m->nLocal].weight = in.weight[t * K + size_t(k)];
+            m->nLocal += 1;
+          }
+        }
+      for (int r : rows) want_ += uint64_t(r);
+      MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.meta), meta.data(), meta.size(), cudaMemcpyHostToDevice, st_));
+      MOE_CUDA(cudaMemcpyAsync(cnt_, cnt.data(), cnt.size() * 8, cudaMemcpyHostToDevice, st_));
+      MOE_CUDA(cudaMemcpyAsync(rows_, rows.data(), T * 4, cudaMemcpyHostToDevice, st_));
+    } else {
+      std::vector<uint32_t> meta(T * K * 4, 0);
+      for (size_t t = 0; t < T; ++t)
+        for (size_t k = 0; k < K; ++k) {
+          meta[(t * K + k) * 4] = uint32_t(t);
+          meta[(t * K + k) * 4 + 1] = uint32_t(k);
+        }
+      want_ = uint64_t(T * K);
+      MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.meta), meta.data(), meta.size() * 4, cudaMemcpyHostToDevice, st_));
+    }
+    MOE_CUDA(cudaStreamSynchronize(st_));
+    // Signals back to zero on every rank before anyone sends.
+    gpu::resetKernel<<<1, 256, 0, st_>>>(l_, 0, signalsNeeded(sh));
+    MOE_CUDA(cudaStreamSynchronize(st_));
+    comm_.bootstrap().barrier();
+  }
+
+  // Dispatch, experts, combine, reduce: kernels on the stream. Call prepare()
+  // first (on every rank); finish() waits and checks.
+  void launch() {
+    const Shape& sh = sh_;
+    const int R = sh.ranks, C = sh.channels;
+    MOE_CUDA(cudaMemsetAsync(failed(), 0, 4, st_));
+    if (!ll_) {
+      gpu::countKernel<<<1, 64, 0, st_>>>(l_, cnt_);
+      gpu::layoutKernel<<<1, 1, 0, st_>>>(l_, rs_, srcOf_, total(), failed());
+      gpu::dispatchKernel<<<C + R * C, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_, failed());
+      gpu::expertCombineKernel<<<132, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
+      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, want_, rows_,
+                                                                                     sh.maxDests(), nullptr, out_,
+                                                                                     failed());
+    } else {
+      gpu::llDispatchKernel<<<sh.experts, kThreads, 0, st_>>>(l_);
+      gpu::llExpertKernel<<<sh.localExperts() * R, kThreads, 0, st_>>>(l_, failed());
+      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, want_, nullptr, sh.topk, w_,
+                                                                                     out_, failed());
+    }
+    gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
+    MOE_CUDA(cudaGetLastError());
+  }
+
+  std::vector<float> finish() {
+    const cudaError_t e = cudaStreamSynchronize(st_);
+    comm_.check();
+    MOE_CUDA(e);
+    int f = 0;
+    MOE_CUDA(cudaMemcpy(&f, failed(), 4, cudaMemcpyDeviceToHost));
+    if (f) throw std::runtime_error("moe: a wait gave up on rank " + std::to_string(comm_.rank()));
+    std::vector<float> out(size_t(sh_.tokens) * sh_.hidden);
+    MOE_CUDA(cudaMemcpy(out.data(), out_, out.size() * 4, cudaMemcpyDeviceToHost));
+    comm_.bootstrap().barrier();  // nobody resets signals for the next layer while a peer still signals
+    return out;
+  }
+
+  std::vector<float> run(const Inputs& in) {
+    prepare(in);
+    launch();
+    return finish();
+  }
+
+ private:
+  gin::Comm& comm_;
+  Shape sh_;
+  bool ll_;
+  cudaStream_t st_;
+  Layer l_{};
+  uint64_t want_ = 0;
+  std::vector<void*> allocs_;
+  void* scratch_ = nullptr;
+  int32_t* idx_ = nullptr;
+  float *w_ = nullptr, *out_ = nullptr;
+  int* rows_ = nullptr;
+  uint64_t* cnt_ = nullptr;
+  RecvState* rs_ = nullptr;
+  int* srcOf_ = nullptr;
+  uint16_t* recvX_ = nullptr;
+  char* recvMeta_ = nullptr;
+
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    MOE_CUDA(cudaMalloc(&p, bytes));
+    MOE_CUDA(cudaMemset(p, 0, bytes));
+    allocs_.push_back(p);
+    return p;
+  }
+  int* failed() const { return static_cast<int*>(scratch_); }
+  unsigned long long* total() const { return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 8); }
+};
+
+}  // namespace moe
