@@ -102,12 +102,12 @@ struct Layer {
   gin::DevComm dc;
   Shape shape;
   Signals sig;
-  gin::Window x;        // [T][tokenBytes] this rank's tokens (bf16)
-  gin::Window meta;     // [T][maxDests][metaBytes] prepared metadata (normal)
-  gin::Window ring;     // [R][C][S][slotBytes] incoming rings (normal); [L][R][T][tokenBytes] (LL)
-  gin::Window counts;   // [R][C] uint64 tokens each source sends on each channel (normal); [L][R] (LL)
-  gin::Window combine;  // [T][maxDests][H] float partials (normal); [T][K][H] float (LL)
-  gin::Window partial;  // [maxRecv][H] float: this rank's expert outputs, the source of combine puts
+  gin::Window x;           // [T][tokenBytes] this rank's tokens (bf16)
+  gin::Window meta;        // [T][maxDests][metaBytes] prepared metadata (normal)
+  gin::Window ring;        // [R][C][S][slotBytes] incoming rings (normal); [L][R][T][tokenBytes] (LL)
+  gin::Window counts;      // [R][C] uint64 tokens each source sends on each channel (normal); [L][R] (LL)
+  gin::Window combine;     // [T][maxDests][H] float partials (normal); [T][K][H] float (LL)
+  gin::Window partial;     // [maxRecv][H] float: this rank's expert outputs, the source of combine puts
   const int32_t* topkIdx;  // [T][K]
   const float* topkW;      // [T][K]
 };
@@ -136,8 +136,8 @@ GIN_HD inline int destSlot(const Layer& l, int t, int d) {
 // rank can interleave channels); on a GPU every thread of the coop holds its
 // own copy and all copies move in step.
 struct SendState {
-  int token = 0;  // next token of this channel (index into the channel's list)
-  int dest = 0;   // next destination rank to consider for it
+  int token = 0;      // next token of this channel (index into the channel's list)
+  int dest = 0;       // next destination rank to consider for it
   uint64_t sent[64];  // per destination: tokens put so far on this channel
 };
 
@@ -165,8 +165,8 @@ GIN_HD int sendStep(const Layer& l, int c, SendState& s, Coop coop) {
     // Flow control: fewer than S of our slots on d's ring are still unread.
     // One thread reads the head and the coop takes its verdict, so every
     // thread keeps the same state (each thread has its own copy of `s`).
-    const bool room = coop.syncAll(coop.rank() != 0 ||
-                                   s.sent[d] - net.readSignal(l.sig.head(d, c)) < uint64_t(sh.slots));
+    const bool room =
+        coop.syncAll(coop.rank() != 0 || s.sent[d] - net.readSignal(l.sig.head(d, c)) < uint64_t(sh.slots));
     if (!room) return 0;
     const size_t slot = (size_t(l.dc.rank) * sh.channels + c) * sh.slots + size_t(s.sent[d] % uint64_t(sh.slots));
     const size_t at = slot * sh.slotBytes();
@@ -268,8 +268,7 @@ GIN_HD void llDispatchExpert(const Layer& l, int e, Coop coop) {
     for (int k = 0; k < sh.topk; ++k) {
       if (l.topkIdx[size_t(t) * sh.topk + k] != e) continue;
       const size_t at = llSlot(sh, e % L, l.dc.rank, p++);
-      net.put(world, d, l.ring, at, l.meta, (size_t(t) * sh.topk + size_t(k)) * 16, 16, gin::None{}, gin::None{},
-              coop);
+      net.put(world, d, l.ring, at, l.meta, (size_t(t) * sh.topk + size_t(k)) * 16, 16, gin::None{}, gin::None{}, coop);
       net.put(world, d, l.ring, at + 16, l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(), gin::None{}, gin::None{},
               coop);
     }

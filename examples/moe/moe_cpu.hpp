@@ -55,68 +55,129 @@ inline std::vector<double> reference(const Shape& sh, const Inputs& in) {
   return out;
 }
 
+// ---- host side shared by CpuLayer and GpuLayer ----------------------------------
+
+inline uint32_t signalsNeeded(const Shape& sh) {
+  const uint32_t normal = 2 + uint32_t(2 * sh.ranks * sh.channels);
+  const uint32_t ll = 2 + uint32_t(sh.localExperts() * sh.ranks);
+  return normal > ll ? normal : ll;
+}
+
+// Checks the shape against the communicator and allocates the layer's
+// windows (collective). Signals [sigBase, sigBase + signalsNeeded) are the layer's.
+inline Layer openLayer(gin::Comm& comm, const Shape& sh, bool ll, uint32_t sigBase) {
+  if (sh.ranks != comm.nRanks()) throw std::invalid_argument("moe: shape.ranks must be the communicator's size");
+  if (sh.experts % sh.ranks != 0 || sh.topk < 1 || sh.topk > sh.experts || sh.topk > kMaxTopk)
+    throw std::invalid_argument("moe: experts must be a multiple of ranks and 1 <= topk <= min(experts, 16)");
+  if (sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1)
+    throw std::invalid_argument("moe: tokens >= 0, hidden, channels and slots >= 1");
+  if (sh.ranks > 64) throw std::invalid_argument("moe: at most 64 ranks");
+  if (sigBase + signalsNeeded(sh) > uint32_t(comm.devComm().nSignals))
+    throw std::invalid_argument("moe: needs " + std::to_string(signalsNeeded(sh)) +
+                                " signals; raise CommConfig::nSignals");
+  const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), L = size_t(sh.localExperts());
+  const size_t H = size_t(sh.hidden), K = size_t(sh.topk), D = size_t(sh.maxDests());
+  auto win = [&](size_t bytes) { return comm.allocWindow(std::max<size_t>(bytes, 16)); };
+  Layer l{};
+  l.dc = comm.devComm();
+  l.shape = sh;
+  l.sig = Signals{sigBase, sh.ranks, sh.channels};
+  l.x = win(T * sh.tokenBytes());
+  l.meta = win(ll ? T * K * 16 : T * D * sh.metaBytes());
+  l.ring = win(ll ? L * R * T * llSlotBytes(sh) : R * C * size_t(sh.slots) * sh.slotBytes());
+  l.counts = win(ll ? L * R * 8 : R * C * 8);
+  l.combine = win(ll ? T * K * H * 4 : T * D * H * 4);
+  l.partial = win(ll ? L * R * T * H * 4 : R * T * H * 4);
+  return l;
+}
+
+inline void closeLayer(gin::Comm& comm, const Layer& l) {
+  for (gin::Window w : {l.x, l.meta, l.ring, l.counts, l.combine, l.partial}) comm.deregisterWindow(w);
+}
+
+// What a rank prepares before a layer: the tokens laid out in slots, the
+// metadata of each (token, destination) (normal) or (token, k) (low latency),
+// the counts per (destination, channel), and per token the number of
+// combine rows it will get back.
+struct Plan {
+  std::vector<char> x;          // [T][tokenBytes]
+  std::vector<char> meta;       // the meta window's contents
+  std::vector<uint64_t> count;  // [R][C] (normal)
+  std::vector<int> rows;        // [T] (normal)
+  uint64_t combineArrivals = 0;
+};
+
+inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
+  Layer l = lIn;
+  l.topkIdx = in.idx.data();
+  const Shape& sh = l.shape;
+  const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), K = size_t(sh.topk), D = size_t(sh.maxDests());
+  const int R = sh.ranks, C = sh.channels;
+  Plan p;
+  p.x.assign(T * sh.tokenBytes(), 0);
+  for (size_t t = 0; t < T; ++t) std::memcpy(p.x.data() + t * sh.tokenBytes(), in.x.data() + t * H, H * 2);
+  if (ll) {
+    p.meta.assign(T * K * 16, 0);
+    for (size_t t = 0; t < T; ++t)
+      for (size_t k = 0; k < K; ++k) {
+        const uint32_t tk[2] = {uint32_t(t), uint32_t(k)};
+        std::memcpy(p.meta.data() + (t * K + k) * 16, tk, 8);
+      }
+    p.combineArrivals = uint64_t(T * K);
+    return p;
+  }
+  p.meta.assign(T * D * sh.metaBytes(), 0);
+  p.count.assign(size_t(R) * C, 0);
+  p.rows.assign(T, 0);
+  for (size_t t = 0; t < T; ++t)
+    for (int d = 0; d < R; ++d) {
+      const int j = destSlot(l, int(t), d);
+      if (j < 0) continue;
+      p.rows[t] += 1;
+      p.combineArrivals += 1;
+      p.count[size_t(d) * C + t % size_t(C)] += 1;
+      TokenMeta m{};
+      m.srcToken = uint32_t(t);
+      m.combineSlot = uint32_t(j);
+      for (int k = 0; k < sh.topk; ++k) {
+        const int e = in.idx[t * K + size_t(k)];
+        if (e / sh.localExperts() != d) continue;
+        m.pick[m.nLocal].localExpert = e % sh.localExperts();
+        m.pick[m.nLocal].weight = in.weight[t * K + size_t(k)];
+        m.nLocal += 1;
+      }
+      std::memcpy(p.meta.data() + (t * D + size_t(j)) * sh.metaBytes(), &m, sh.metaBytes());
+    }
+  return p;
+}
+
 // Runs layers on one CPU rank. Collective: every rank constructs it and calls
 // run() the same number of times with the same shape. Signals [sigBase,
 // sigBase + signalsNeeded(shape)) of the communicator are the layer's.
 class CpuLayer {
  public:
-  static uint32_t signalsNeeded(const Shape& sh) {
-    const uint32_t normal = 2 + uint32_t(2 * sh.ranks * sh.channels);
-    const uint32_t ll = 2 + uint32_t(sh.localExperts() * sh.ranks);
-    return normal > ll ? normal : ll;
-  }
-
   CpuLayer(gin::Comm& comm, const Shape& sh, bool lowLatency, uint32_t sigBase = 0)
-      : comm_(comm), sh_(sh), ll_(lowLatency) {
-    if (sh.ranks != comm.nRanks()) throw std::invalid_argument("moe: shape.ranks must be the communicator's size");
-    if (sh.experts % sh.ranks != 0 || sh.topk < 1 || sh.topk > sh.experts || sh.topk > kMaxTopk)
-      throw std::invalid_argument("moe: experts must be a multiple of ranks and 1 <= topk <= min(experts, 16)");
-    if (sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1)
-      throw std::invalid_argument("moe: tokens >= 0, hidden, channels and slots >= 1");
-    if (sh.ranks > 64) throw std::invalid_argument("moe: at most 64 ranks");
-    if (sigBase + signalsNeeded(sh) > uint32_t(comm.devComm().nSignals))
-      throw std::invalid_argument("moe: needs " + std::to_string(signalsNeeded(sh)) +
-                                  " signals; raise CommConfig::nSignals");
-    const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), L = size_t(sh.localExperts());
-    const size_t H = size_t(sh.hidden), K = size_t(sh.topk), D = size_t(sh.maxDests());
-    auto win = [&](size_t bytes) { return comm.allocWindow(std::max<size_t>(bytes, 16)); };
-    l_.dc = comm.devComm();
-    l_.shape = sh;
-    l_.sig = Signals{sigBase, sh.ranks, sh.channels};
-    l_.x = win(T * sh.tokenBytes());
+      : comm_(comm), sh_(sh), ll_(lowLatency), l_(openLayer(comm, sh, lowLatency, sigBase)) {
     if (!ll_) {
-      l_.meta = win(T * D * sh.metaBytes());
-      l_.ring = win(R * C * size_t(sh.slots) * sh.slotBytes());
-      l_.counts = win(R * C * 8);
-      l_.combine = win(T * D * H * 4);
-      l_.partial = win(R * T * H * 4);
-      recvX_.resize(R * T * H);
-      recvMeta_.resize(R * T * sh.metaBytes());
-    } else {
-      l_.meta = win(T * K * 16);
-      l_.ring = win(L * R * T * llSlotBytes(sh));
-      l_.counts = win(L * R * 8);
-      l_.combine = win(T * K * H * 4);
-      l_.partial = win(L * R * T * H * 4);
+      recvX_.resize(size_t(sh.ranks) * size_t(sh.tokens) * size_t(sh.hidden));
+      recvMeta_.resize(size_t(sh.ranks) * size_t(sh.tokens) * sh.metaBytes());
     }
   }
   CpuLayer(const CpuLayer&) = delete;
   CpuLayer& operator=(const CpuLayer&) = delete;
-  ~CpuLayer() {
-    for (gin::Window w : {l_.x, l_.meta, l_.ring, l_.counts, l_.combine, l_.partial}) comm_.deregisterWindow(w);
-  }
+  ~CpuLayer() { closeLayer(comm_, l_); }
 
   // Dispatch, experts, combine. Returns out[T][H] (float).
   std::vector<float> run(const Inputs& in) {
     l_.topkIdx = in.idx.data();
     l_.topkW = in.weight.data();
-    const size_t T = size_t(sh_.tokens), H = size_t(sh_.hidden);
-    for (size_t t = 0; t < T; ++t)
-      std::memcpy(static_cast<char*>(comm_.localPointer(l_.x)) + t * sh_.tokenBytes(), in.x.data() + t * H, H * 2);
+    const Plan p = plan(l_, ll_, in);
+    std::memcpy(comm_.localPointer(l_.x), p.x.data(), p.x.size());
+    std::memcpy(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
     gin::Net<> net(l_.dc, 0);
     for (uint32_t s = l_.sig.base; s < l_.sig.base + signalsNeeded(sh_); ++s) net.resetSignal(s);
     comm_.bootstrap().barrier();  // every rank reset before anyone signals
-    std::vector<float> out = ll_ ? runLowLatency(in) : runNormal(in);
+    std::vector<float> out = ll_ ? runLowLatency(in, p) : runNormal(p);
     // Everything this rank pushed has been carried out (proxy) before the
     // next layer's resets: nothing arrives late into a reset signal.
     for (int c = 0; c < l_.dc.nContexts; ++c) gin::Net<>(l_.dc, c).flush(gin::CoopThread{});
@@ -129,7 +190,7 @@ class CpuLayer {
   gin::Comm& comm_;
   Shape sh_;
   bool ll_;
-  Layer l_{};
+  Layer l_;
   std::vector<uint16_t> recvX_;
   std::vector<char> recvMeta_;
 
@@ -138,32 +199,11 @@ class CpuLayer {
     throw std::runtime_error("moe: rank " + std::to_string(comm_.rank()) + ": " + what);
   }
 
-  std::vector<float> runNormal(const Inputs& in) {
+  std::vector<float> runNormal(const Plan& p) {
     const Shape& sh = sh_;
     const int R = sh.ranks, C = sh.channels, me = comm_.rank();
     const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), D = size_t(sh.maxDests());
-    // Metadata per (token, destination slot), and the counts per (dest, channel).
-    std::vector<uint64_t> cnt(size_t(R) * C, 0);
-    std::vector<int> dests(T, 0);
-    char* meta = static_cast<char*>(comm_.localPointer(l_.meta));
-    for (size_t t = 0; t < T; ++t)
-      for (int d = 0; d < R; ++d) {
-        const int j = destSlot(l_, int(t), d);
-        if (j < 0) continue;
-        dests[t] += 1;
-        cnt[size_t(d) * C + t % size_t(C)] += 1;
-        TokenMeta* m = reinterpret_cast<TokenMeta*>(meta + (t * D + size_t(j)) * sh.metaBytes());
-        m->srcToken = uint32_t(t);
-        m->combineSlot = uint32_t(j);
-        m->nLocal = 0;
-        for (int k = 0; k < sh.topk; ++k) {
-          const int e = in.idx[t * size_t(sh.topk) + size_t(k)];
-          if (e / sh.localExperts() != d) continue;
-          m->pick[m->nLocal].localExpert = e % sh.localExperts();
-          m->pick[m->nLocal].weight = in.weight[t * size_t(sh.topk) + size_t(k)];
-          m->nLocal += 1;
-        }
-      }
+    const std::vector<uint64_t>& cnt = p.count;
     gin::Net<> net(l_.dc, 0);
     const gin::Team world = gin::teamWorld(l_.dc);
     for (int d = 0; d < R; ++d)
@@ -202,8 +242,8 @@ class CpuLayer {
       }
       for (int src = 0; src < R; ++src)
         for (int c = 0; c < C; ++c) {
-          const int r = recvStep(l_, src, c, rs[size_t(src) * C + size_t(c)], recvX_.data(), recvMeta_.data(),
-                                 gin::CoopThread{});
+          const int r =
+              recvStep(l_, src, c, rs[size_t(src) * C + size_t(c)], recvX_.data(), recvMeta_.data(), gin::CoopThread{});
           busy = busy || r >= 0;
           progress = progress || r > 0;
         }
@@ -220,32 +260,24 @@ class CpuLayer {
       expertStep(l_, pos, recvX_.data(), recvMeta_.data(), partial, gin::CoopThread{});
       combineSend(l_, pos, srcOf[pos], recvMeta_.data(), gin::CoopThread{});
     }
-    uint64_t want = 0;
-    for (size_t t = 0; t < T; ++t) want += uint64_t(dests[t]);
-    if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), want)) fail("combine");
+    if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), p.combineArrivals)) fail("combine");
     std::vector<float> out(T * H, 0.f);
     const float* comb = static_cast<const float*>(comm_.localPointer(l_.combine));
     for (size_t t = 0; t < T; ++t)
-      for (int j = 0; j < dests[t]; ++j)
+      for (int j = 0; j < p.rows[t]; ++j)
         for (size_t i = 0; i < H; ++i) out[t * H + i] += comb[(t * D + size_t(j)) * H + i];
     return out;
   }
 
-  std::vector<float> runLowLatency(const Inputs& in) {
+  std::vector<float> runLowLatency(const Inputs& in, const Plan& p) {
     const Shape& sh = sh_;
     const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), K = size_t(sh.topk);
-    auto* meta = static_cast<uint32_t*>(comm_.localPointer(l_.meta));
-    for (size_t t = 0; t < T; ++t)
-      for (size_t k = 0; k < K; ++k) {
-        meta[(t * K + k) * 4 + 0] = uint32_t(t);
-        meta[(t * K + k) * 4 + 1] = uint32_t(k);
-      }
     for (int e = 0; e < sh.experts; ++e) llDispatchExpert(l_, e, gin::CoopThread{});
     for (int el = 0; el < sh.localExperts(); ++el)
       for (int src = 0; src < sh.ranks; ++src)
         if (!llExpertAndCombine(l_, el, src, gin::CoopThread{})) fail("low-latency dispatch");
     gin::Net<> net(l_.dc, 0);
-    if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), uint64_t(T * K))) fail("low-latency combine");
+    if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), p.combineArrivals)) fail("low-latency combine");
     std::vector<float> out(T * H, 0.f);
     const float* comb = static_cast<const float*>(comm_.localPointer(l_.combine));
     for (size_t t = 0; t < T; ++t)

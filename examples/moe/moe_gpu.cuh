@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gin/gin.hpp"
-#include "moe.hpp"
+#include "moe_cpu.hpp"
 
 namespace moe {
 
@@ -104,8 +104,8 @@ __global__ void dispatchKernel(Layer l, const RecvState* rs, uint16_t* recvX, ch
 }
 
 // One CTA per received position: the experts, then the combine put.
-__global__ void expertCombineKernel(Layer l, const unsigned long long* total, const int* srcOf,
-                                    const uint16_t* recvX, const char* recvMeta) {
+__global__ void expertCombineKernel(Layer l, const unsigned long long* total, const int* srcOf, const uint16_t* recvX,
+                                    const char* recvMeta) {
   float* partial = static_cast<float*>(gin::localPointer(l.partial, 0));
   for (size_t pos = blockIdx.x; pos < size_t(*total); pos += gridDim.x) {
     expertStep(l, pos, recvX, recvMeta, partial, gin::CoopBlock{});
@@ -132,7 +132,8 @@ __global__ void reduceKernel(Layer l, uint64_t want, const int* rows, int rowStr
       float acc = 0;
       const int n = rows ? rows[t] : rowStride;
       for (int j = 0; j < n; ++j)
-        acc += (scale ? scale[t * size_t(rowStride) + size_t(j)] : 1.f) * comb[(t * size_t(rowStride) + size_t(j)) * H + i];
+        acc += (scale ? scale[t * size_t(rowStride) + size_t(j)] : 1.f) *
+               comb[(t * size_t(rowStride) + size_t(j)) * H + i];
       out[t * H + i] = acc;
     }
 }
@@ -157,41 +158,12 @@ __global__ void flushKernel(Layer l) { gin::Net<>(l.dc, int(blockIdx.x)).flush(g
 // Runs layers on one GPU rank, on `stream`. Collective like CpuLayer.
 class GpuLayer {
  public:
-  static uint32_t signalsNeeded(const Shape& sh) {
-    const uint32_t normal = 2 + uint32_t(2 * sh.ranks * sh.channels);
-    const uint32_t ll = 2 + uint32_t(sh.localExperts() * sh.ranks);
-    return normal > ll ? normal : ll;
-  }
   static constexpr int kThreads = 256;
 
   GpuLayer(gin::Comm& comm, const Shape& sh, bool lowLatency, cudaStream_t stream)
-      : comm_(comm), sh_(sh), ll_(lowLatency), st_(stream) {
-    if (sh.ranks != comm.nRanks()) throw std::invalid_argument("moe: shape.ranks must be the communicator's size");
-    if (sh.experts % sh.ranks != 0 || sh.topk < 1 || sh.topk > sh.experts || sh.topk > kMaxTopk || sh.ranks > 64 ||
-        sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1)
-      throw std::invalid_argument("moe: bad shape (experts a multiple of ranks, 1 <= topk <= min(experts, 16), ...)");
-    if (signalsNeeded(sh) > uint32_t(comm.devComm().nSignals))
-      throw std::invalid_argument("moe: needs " + std::to_string(signalsNeeded(sh)) + " signals");
-    const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), L = size_t(sh.localExperts());
-    const size_t H = size_t(sh.hidden), K = size_t(sh.topk), D = size_t(sh.maxDests());
-    auto win = [&](size_t bytes) { return comm.allocWindow(std::max<size_t>(bytes, 16)); };
-    l_.dc = comm.devComm();
-    l_.shape = sh;
-    l_.sig = Signals{0, sh.ranks, sh.channels};
-    l_.x = win(T * sh.tokenBytes());
-    if (!ll_) {
-      l_.meta = win(T * D * sh.metaBytes());
-      l_.ring = win(R * C * size_t(sh.slots) * sh.slotBytes());
-      l_.counts = win(R * C * 8);
-      l_.combine = win(T * D * H * 4);
-      l_.partial = win(R * T * H * 4);
-    } else {
-      l_.meta = win(T * K * 16);
-      l_.ring = win(L * R * T * llSlotBytes(sh));
-      l_.counts = win(L * R * 8);
-      l_.combine = win(T * K * H * 4);
-      l_.partial = win(L * R * T * H * 4);
-    }
+      : comm_(comm), sh_(sh), ll_(lowLatency), st_(stream), l_(openLayer(comm, sh, lowLatency, 0)) {
+    const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels);
+    const size_t H = size_t(sh.hidden), K = size_t(sh.topk);
     scratch_ = alloc(1 << 12);
     idx_ = static_cast<int32_t*>(alloc(std::max<size_t>(T * K * 4, 4)));
     w_ = static_cast<float*>(alloc(std::max<size_t>(T * K * 4, 4)));
@@ -210,57 +182,22 @@ class GpuLayer {
   ~GpuLayer() {
     (void)cudaStreamSynchronize(st_);
     for (void* p : allocs_) (void)cudaFree(p);
-    for (gin::Window w : {l_.x, l_.meta, l_.ring, l_.counts, l_.combine, l_.partial}) comm_.deregisterWindow(w);
+    closeLayer(comm_, l_);
   }
 
   // Upload the inputs (not timed by callers that time run()).
   void prepare(const Inputs& in) {
     const Shape& sh = sh_;
-    const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), K = size_t(sh.topk), D = size_t(sh.maxDests());
-    const int R = sh.ranks, C = sh.channels;
-    std::vector<char> x(T * sh.tokenBytes(), 0);
-    for (size_t t = 0; t < T; ++t) std::memcpy(x.data() + t * sh.tokenBytes(), in.x.data() + t * H, H * 2);
-    MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.x), x.data(), x.size(), cudaMemcpyHostToDevice, st_));
+    const size_t T = size_t(sh.tokens), K = size_t(sh.topk);
+    plan_ = plan(l_, ll_, in);
+    MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.x), plan_.x.data(), plan_.x.size(), cudaMemcpyHostToDevice, st_));
+    MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.meta), plan_.meta.data(), plan_.meta.size(), cudaMemcpyHostToDevice,
+                             st_));
     MOE_CUDA(cudaMemcpyAsync(idx_, in.idx.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
     MOE_CUDA(cudaMemcpyAsync(w_, in.weight.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
-    want_ = 0;
     if (!ll_) {
-      // Metadata and counts: the same computation as CpuLayer, on the host.
-      Layer hl = l_;
-      hl.topkIdx = in.idx.data();
-      std::vector<char> meta(T * D * sh.metaBytes(), 0);
-      std::vector<uint64_t> cnt(size_t(R) * C, 0);
-      std::vector<int> rows(T, 0);
-      for (size_t t = 0; t < T; ++t)
-        for (int d = 0; d < R; ++d) {
-          const int j = destSlot(hl, int(t), d);
-          if (j < 0) continue;
-          rows[t] += 1;
-          cnt[size_t(d) * C + t % size_t(C)] += 1;
-          TokenMeta* m = reinterpret_cast<TokenMeta*>(meta.data() + (t * D + size_t(j)) * sh.metaBytes());
-          m->srcToken = uint32_t(t);
-          m->combineSlot = uint32_t(j);
-          for (int k = 0; k < sh.topk; ++k) {
-            const int e = in.idx[t * K + size_t(k)];
-            if (e / sh.localExperts() != d) continue;
-            m->pick[m->nLocal].localExpert = e % sh.localExperts();
-            m->pick[m->nLocal].weight = in.weight[t * K + size_t(k)];
-            m->nLocal += 1;
-          }
-        }
-      for (int r : rows) want_ += uint64_t(r);
-      MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.meta), meta.data(), meta.size(), cudaMemcpyHostToDevice, st_));
-      MOE_CUDA(cudaMemcpyAsync(cnt_, cnt.data(), cnt.size() * 8, cudaMemcpyHostToDevice, st_));
-      MOE_CUDA(cudaMemcpyAsync(rows_, rows.data(), T * 4, cudaMemcpyHostToDevice, st_));
-    } else {
-      std::vector<uint32_t> meta(T * K * 4, 0);
-      for (size_t t = 0; t < T; ++t)
-        for (size_t k = 0; k < K; ++k) {
-          meta[(t * K + k) * 4] = uint32_t(t);
-          meta[(t * K + k) * 4 + 1] = uint32_t(k);
-        }
-      want_ = uint64_t(T * K);
-      MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.meta), meta.data(), meta.size() * 4, cudaMemcpyHostToDevice, st_));
+      MOE_CUDA(cudaMemcpyAsync(cnt_, plan_.count.data(), plan_.count.size() * 8, cudaMemcpyHostToDevice, st_));
+      MOE_CUDA(cudaMemcpyAsync(rows_, plan_.rows.data(), T * 4, cudaMemcpyHostToDevice, st_));
     }
     MOE_CUDA(cudaStreamSynchronize(st_));
     // Signals back to zero on every rank before anyone sends.
@@ -280,14 +217,13 @@ class GpuLayer {
       gpu::layoutKernel<<<1, 1, 0, st_>>>(l_, rs_, srcOf_, total(), failed());
       gpu::dispatchKernel<<<C + R * C, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_, failed());
       gpu::expertCombineKernel<<<132, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
-      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, want_, rows_,
-                                                                                     sh.maxDests(), nullptr, out_,
-                                                                                     failed());
+      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(
+          l_, plan_.combineArrivals, rows_, sh.maxDests(), nullptr, out_, failed());
     } else {
       gpu::llDispatchKernel<<<sh.experts, kThreads, 0, st_>>>(l_);
       gpu::llExpertKernel<<<sh.localExperts() * R, kThreads, 0, st_>>>(l_, failed());
-      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, want_, nullptr, sh.topk, w_,
-                                                                                     out_, failed());
+      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, plan_.combineArrivals, nullptr,
+                                                                                     sh.topk, w_, out_, failed());
     }
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     MOE_CUDA(cudaGetLastError());
@@ -317,8 +253,8 @@ class GpuLayer {
   Shape sh_;
   bool ll_;
   cudaStream_t st_;
-  Layer l_{};
-  uint64_t want_ = 0;
+  Layer l_;
+  Plan plan_;
   std::vector<void*> allocs_;
   void* scratch_ = nullptr;
   int32_t* idx_ = nullptr;

@@ -18,7 +18,7 @@ namespace {
 void check(const moe::Shape& sh, bool ll, TransportChoice tr) {
   CommConfig cfg = gintest::cpuConfig();
   cfg.transport = tr;
-  cfg.nSignals = int(moe::CpuLayer::signalsNeeded(sh)) + 4;
+  cfg.nSignals = int(moe::signalsNeeded(sh)) + 4;
   gintest::runRanks(
       sh.ranks,
       [&](Comm& comm) {

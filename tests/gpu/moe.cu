@@ -18,7 +18,7 @@ namespace {
 void check(const moe::Shape& sh, bool ll, TransportChoice tr) {
   CommConfig cfg = gputest::gpuConfig();
   cfg.transport = tr;
-  cfg.nSignals = int(moe::GpuLayer::signalsNeeded(sh)) + 4;
+  cfg.nSignals = int(moe::signalsNeeded(sh)) + 4;
   const int gpus = gputest::gpuCount();
   gintest::runRankThreads(
       sh.ranks,
