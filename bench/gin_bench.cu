@@ -1833,6 +1833,24 @@ Setup decide(const Options& o) {
   return s;
 }
 
+std::unique_ptr<Engine> makeEngine(gin::Comm& comm, const Setup& s) {
+#if defined(__CUDACC__)
+  if (s.gpu) return std::make_unique<GpuEngine>(comm);
+#endif
+  (void)s;
+  return std::make_unique<CpuEngine>(comm);
+}
+
+void runOp(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* mine,
+           const std::vector<std::string>& where) {
+  switch (o.op) {
+    case Op::PutBw: runPutBw(comm, e, o, s, mine, where); break;
+    case Op::SignalLat: runSignalLat(comm, e, o, s, mine, where); break;
+    case Op::Barrier: runBarrier(comm, e, o, s, mine, where); break;
+    case Op::MsgRate: runMsgRate(comm, e, o, s, mine, where); break;
+  }
+}
+
 // One thread per rank, each with its own Comm (and, on GPUs, its own device).
 // Failures are collected; a verification failure is raised on every rank at
 // the same point, so all threads end.
@@ -1850,20 +1868,11 @@ int run(const Options& o, const Setup& s, Report& rep) {
         cfg.transport = o.transport == "proxy" ? gin::TransportChoice::Proxy : gin::TransportChoice::Lsa;
         gin::Comm comm(group.rank(r), cfg);
         comm.makeCurrent();
-        std::unique_ptr<Engine> e;
-#if defined(__CUDACC__)
-        if (s.gpu) e = std::make_unique<GpuEngine>(comm);
-#endif
-        if (!e) e = std::make_unique<CpuEngine>(comm);
+        std::unique_ptr<Engine> e = makeEngine(comm, s);
         where[size_t(r)] = e->where();
         comm.bootstrap().barrier();  // every rank's description is in place
         Report* mine = r == 0 ? &rep : nullptr;
-        switch (o.op) {
-          case Op::PutBw: runPutBw(comm, *e, o, s, mine, where); break;
-          case Op::SignalLat: runSignalLat(comm, *e, o, s, mine, where); break;
-          case Op::Barrier: runBarrier(comm, *e, o, s, mine, where); break;
-          case Op::MsgRate: runMsgRate(comm, *e, o, s, mine, where); break;
-        }
+        runOp(comm, *e, o, s, mine, where);
         e.reset();
       } catch (const Failure& f) {
         errors[size_t(r)] = f.what();
@@ -1907,11 +1916,7 @@ int runProcess(const Options& o, Setup s, Report& rep) {
   try {
     gin::Comm comm(*bs, cfg);  // GPU: LOCAL_RANK (modulo the visible GPUs)
     comm.makeCurrent();
-    std::unique_ptr<Engine> e;
-#if defined(__CUDACC__)
-    if (s.gpu) e = std::make_unique<GpuEngine>(comm);
-#endif
-    if (!e) e = std::make_unique<CpuEngine>(comm);
+    std::unique_ptr<Engine> e = makeEngine(comm, s);
     struct Where {
       char text[192];
     };
@@ -1922,12 +1927,7 @@ int runProcess(const Options& o, Setup s, Report& rep) {
     for (auto& w : all) where.push_back(w.text);
     s.gpus = std::max(s.gpus, 1);
     Report* mine = r == 0 ? &rep : nullptr;
-    switch (o.op) {
-      case Op::PutBw: runPutBw(comm, *e, o, s, mine, where); break;
-      case Op::SignalLat: runSignalLat(comm, *e, o, s, mine, where); break;
-      case Op::Barrier: runBarrier(comm, *e, o, s, mine, where); break;
-      case Op::MsgRate: runMsgRate(comm, *e, o, s, mine, where); break;
-    }
+    runOp(comm, *e, o, s, mine, where);
     e.reset();
   } catch (const Failure& f) {
     std::fprintf(stderr, "gin-bench: rank %d: %s\ngin-bench: FAILED: what was to be timed gave wrong results\n", r,

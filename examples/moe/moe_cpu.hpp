@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -53,6 +54,15 @@ inline std::vector<double> reference(const Shape& sh, const Inputs& in) {
         out[size_t(t) * sh.hidden + i] += w * s * bf16ToFloat(in.x[size_t(t) * sh.hidden + i]);
     }
   return out;
+}
+
+// Outputs that differ from the reference by more than a relative 1e-5 (the
+// sums run in another order than the reference's); *first: the first one.
+inline size_t mismatches(const std::vector<float>& out, const std::vector<double>& ref, size_t* first) {
+  size_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (!(std::fabs(double(out[i]) - ref[i]) <= 1e-5 * (std::fabs(ref[i]) + 1.0)) && bad++ == 0) *first = i;
+  return out.size() == ref.size() ? bad : bad + 1;
 }
 
 // ---- host side shared by CpuLayer and GpuLayer ----------------------------------

@@ -45,6 +45,32 @@ inline void runGpus(int n, const std::function<void(gin::Comm&)>& body, gin::Com
       body);
 }
 
+// n ranks on the visible GPUs round-robin (several ranks may share one),
+// each with its own non-blocking stream so ranks sharing a GPU run their
+// kernels side by side: body(comm, stream).
+inline void runRanksOnStreams(int n, const std::function<void(gin::Comm&, cudaStream_t)>& body, gin::CommConfig cfg) {
+  const int gpus = gpuCount();
+  gintest::runRankThreads(
+      n,
+      [&](int r) {
+        gin::CommConfig c = cfg;
+        c.cudaDevice = r % gpus;
+        return c;
+      },
+      [&](gin::Comm& comm) {
+        cudaStream_t st = nullptr;
+        if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess)
+          throw Failure("cudaStreamCreateWithFlags failed");
+        try {
+          body(comm, st);
+        } catch (...) {
+          cudaStreamDestroy(st);
+          throw;
+        }
+        cudaStreamDestroy(st);
+      });
+}
+
 #define GPU_CHECK(call)                                                                                \
   do {                                                                                                 \
     cudaError_t e_ = (call);                                                                           \

@@ -19,32 +19,20 @@ void check(const moe::Shape& sh, bool ll, TransportChoice tr) {
   CommConfig cfg = gputest::gpuConfig();
   cfg.transport = tr;
   cfg.nSignals = int(moe::signalsNeeded(sh)) + 4;
-  const int gpus = gputest::gpuCount();
-  gintest::runRankThreads(
+  gputest::runRanksOnStreams(
       sh.ranks,
-      [&](int r) {
-        CommConfig c = cfg;
-        c.cudaDevice = r % gpus;
-        return c;
-      },
-      [&](Comm& comm) {
-        cudaStream_t st = nullptr;
-        GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-        {
-          moe::GpuLayer layer(comm, sh, ll, st);
-          for (int round = 0; round < 2; ++round) {
-            const moe::Inputs in = moe::makeInputs(sh, comm.rank(), 91 + uint64_t(round));
-            const std::vector<float> out = layer.run(in);
-            const std::vector<double> ref = moe::reference(sh, in);
-            size_t bad = 0, first = 0;
-            for (size_t i = 0; i < ref.size(); ++i)
-              if (!(std::fabs(double(out[i]) - ref[i]) <= 1e-5 * (std::fabs(ref[i]) + 1.0)) && bad++ == 0) first = i;
-            expect(bad == 0, "rank " + std::to_string(comm.rank()) + " round " + std::to_string(round) + ": " +
-                                 std::to_string(bad) + " wrong outputs, first at " + std::to_string(first));
-          }
+      [&](Comm& comm, cudaStream_t st) {
+        moe::GpuLayer layer(comm, sh, ll, st);
+        for (int round = 0; round < 2; ++round) {
+          const moe::Inputs in = moe::makeInputs(sh, comm.rank(), 91 + uint64_t(round));
+          const std::vector<float> out = layer.run(in);
+          size_t first = 0;
+          const size_t bad = moe::mismatches(out, moe::reference(sh, in), &first);
+          expect(bad == 0, "rank " + std::to_string(comm.rank()) + " round " + std::to_string(round) + ": " +
+                               std::to_string(bad) + " wrong outputs, first at " + std::to_string(first));
         }
-        cudaStreamDestroy(st);
-      });
+      },
+      cfg);
 }
 }  // namespace
 

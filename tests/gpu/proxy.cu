@@ -29,25 +29,7 @@ CommConfig proxyConfig(uint32_t ringSlots, uint64_t timeoutNs = 20'000'000'000ul
 std::vector<int> rankCounts() { return {1, 2, 4}; }
 
 void runRanks(int n, const std::function<void(Comm&, cudaStream_t)>& body, CommConfig cfg) {
-  const int gpus = gputest::gpuCount();
-  gintest::runRankThreads(
-      n,
-      [&](int r) {
-        CommConfig c = cfg;
-        c.cudaDevice = r % gpus;
-        return c;
-      },
-      [&](Comm& comm) {
-        cudaStream_t st = nullptr;
-        GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-        try {
-          body(comm, st);
-        } catch (...) {
-          cudaStreamDestroy(st);
-          throw;
-        }
-        cudaStreamDestroy(st);
-      });
+  gputest::runRanksOnStreams(n, body, cfg);
 }
 
 // Every warp sends `per` SignalAdds to every rank; warp w of CTA b adds
