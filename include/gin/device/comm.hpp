@@ -86,21 +86,26 @@ GIN_HD GIN_INLINE int lsaIndexOf(const DevComm& c, int worldRank) {
 }
 
 // Fill the error record once (first writer wins) and raise the abort flag.
+// Fill a record the caller has claimed (state 1), then publish it (state 2).
+GIN_HD inline void fillErrorRecord(DeviceErrorRecord& r, Op op, int rank, int peer, int context, uint64_t id,
+                                   uint64_t expected, uint64_t observed) {
+  r.op = uint32_t(op);
+  r.rank = rank;
+  r.peer = peer;
+  r.context = context;
+  r.objectId = id;
+  r.expected = expected;
+  r.observed = observed;
+  atomicStore<Scope::System>(&r.state, 2u, MemoryOrder::Release);
+}
+
 GIN_HD inline void recordError(const DevComm& c, Op op, int peer, int context, uint64_t id, uint64_t expected,
                                uint64_t observed) {
   if (c.error && c.errorClaim) {
     uint32_t idle = 0;
     if (atomicCompareExchange<Scope::Device>(c.errorClaim, idle, 1u)) {
-      DeviceErrorRecord& r = *c.error;
-      volatileStore(&r.state, 1u);
-      r.op = uint32_t(op);
-      r.rank = c.rank;
-      r.peer = peer;
-      r.context = context;
-      r.objectId = id;
-      r.expected = expected;
-      r.observed = observed;
-      atomicStore<Scope::System>(&r.state, 2u, MemoryOrder::Release);
+      volatileStore(&c.error->state, 1u);
+      fillErrorRecord(*c.error, op, c.rank, peer, context, id, expected, observed);
     }
   }
   if (c.abortFlag) atomicStore<Scope::System>(c.abortFlag, 1u, MemoryOrder::Release);

@@ -677,16 +677,8 @@ class Comm {
   void hostRecordError(Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed) {
     DeviceErrorRecord& r = *hostRecord_;
     uint32_t idle = 0;
-    if (atomicCompareExchange<Scope::System>(&r.state, idle, 1u)) {
-      r.op = uint32_t(op);
-      r.rank = rank_;
-      r.peer = peer;
-      r.context = ctx;
-      r.objectId = id;
-      r.expected = expected;
-      r.observed = observed;
-      atomicStore<Scope::System>(&r.state, 2u, MemoryOrder::Release);
-    }
+    if (atomicCompareExchange<Scope::System>(&r.state, idle, 1u))
+      fillErrorRecord(r, op, rank_, peer, ctx, id, expected, observed);
     try {
       copier_->store32(dev_.abortFlag, 1u);  // the engine thread's stream: waits on the GPU stop
     } catch (const Error& e) {
