@@ -3,6 +3,9 @@
 // proxy engine and the local wire. The same promises as the lsa tests, plus
 // the ring itself: contention, wrap-around, a full ring, a stuck engine and
 // descriptors the engine must refuse.
+#include <pthread.h>
+#include <sched.h>
+
 #include <atomic>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
@@ -587,4 +590,52 @@ TEST_CASE("proxy: an engine that fails internally stops, records proxyEngine and
   // The abort flag is up, so a flush returns at once instead of waiting 5 s.
   CHECK_FALSE(proxy::waitConsumed(c, 0, MemoryOrder::Acquire));
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+}
+
+TEST_CASE("proxy: CPU lists parse, and bad ones are refused with the knob's name", "[proxy][cpus]") {
+  CHECK(parseCpuList("0-3,8", "X") == std::vector<int>{0, 1, 2, 3, 8});
+  CHECK(parseCpuList("5", "X") == std::vector<int>{5});
+  CHECK(parseCpuList("2-2,0\n", "X") == std::vector<int>{2, 0});
+  for (const char* bad : {"", "a", "3-1", "1,,2", "5-", "-1", "1 2", "99999999"})
+    CHECK_THROWS_WITH(parseCpuList(bad, "GIN_PROXY_CPUS"),
+                      ContainsSubstring("GIN_PROXY_CPUS") && ContainsSubstring("is not a CPU list"));
+}
+
+TEST_CASE("proxy: GIN_PROXY_CPUS pins the engine thread; a CPU the process may not use stops every rank",
+          "[proxy][cpus]") {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  REQUIRE(sched_getaffinity(0, sizeof allowed, &allowed) == 0);
+  int first = -1;
+  for (int c = 0; c < CPU_SETSIZE && first < 0; ++c)
+    if (CPU_ISSET(c, &allowed)) first = c;
+  REQUIRE(first >= 0);
+  const char* old = std::getenv("GIN_PROXY_CPUS");
+  const std::string saved = old ? old : "";
+  ::setenv("GIN_PROXY_CPUS", std::to_string(first).c_str(), 1);
+  CHECK_NOTHROW(runRanks(
+      2,
+      [first](Comm& comm) {
+        ProxyEngine* e = comm.proxyEngine();
+        expect(e != nullptr, "no engine");
+        // The engine pins itself when its thread starts: give it a moment.
+        cpu_set_t set;
+        bool pinned = false;
+        for (int i = 0; i < 2000 && !pinned; ++i) {
+          CPU_ZERO(&set);
+          expect(pthread_getaffinity_np(e->nativeHandle(), sizeof set, &set) == 0, "getaffinity");
+          pinned = CPU_COUNT(&set) == 1 && CPU_ISSET(first, &set);
+          if (!pinned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        expect(pinned, "the engine thread is not pinned to CPU " + std::to_string(first));
+      },
+      proxyConfig()));
+  ::setenv("GIN_PROXY_CPUS", "100000", 1);
+  CHECK_THROWS_WITH(runRanks(
+                        2, [](Comm&) {}, proxyConfig()),
+                    ContainsSubstring("proxy engine CPUs") && ContainsSubstring("CPU 100000 is not available"));
+  if (old)
+    ::setenv("GIN_PROXY_CPUS", saved.c_str(), 1);
+  else
+    ::unsetenv("GIN_PROXY_CPUS");
 }

@@ -13,11 +13,15 @@
 // rank a gin::Error that names it instead of a hang.
 #pragma once
 
+#include <pthread.h>
+#include <sched.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -131,6 +135,16 @@ class Comm {
     if (cfg_.timeoutNs == 0) cfg_.timeoutNs = detail::envTimeoutNs();
     cfg_.transport = detail::envTransport(cfg_.transport);
     discover();
+    if (std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Proxy)) != transports_.end()) {
+      // Checked on every rank together, so a bad list stops all of them.
+      std::string problem;
+      try {
+        engineCpus_ = engineCpus();
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+      agreeOnSize("proxy engine CPUs", 0, problem.empty() ? nullptr : problem.c_str());
+    }
     buildState();
     bs_.barrier();  // every rank's signals and inboxes are zero before anyone uses them
     if (dev_.proxyRings) startProxy();
@@ -262,8 +276,8 @@ class Comm {
       throw Error("lsaPointer: lsa peer " + std::to_string(lsaPeer) + " is not in [0, " +
                   std::to_string(r.lsaBases.size()) + ")");
     if (offset > r.bytes)
-      throw Error("lsaPointer: offset " + std::to_string(offset) + " is past the window's " +
-                  std::to_string(r.bytes) + " bytes");
+      throw Error("lsaPointer: offset " + std::to_string(offset) + " is past the window's " + std::to_string(r.bytes) +
+                  " bytes");
     return r.lsaBases[size_t(lsaPeer)] + offset;
   }
   size_t windowBytes(Window w) const { return record(w, "windowBytes").bytes; }
@@ -341,6 +355,7 @@ class Comm {
   HostMappedBuffer proxyCounters_;
   void* proxySignalsRegistered_ = nullptr;  // cudaHostRegister'd (unregistered in the destructor)
   WindowDirectory dir_;
+  std::vector<int> engineCpus_;  // the engine thread's CPUs (empty: not pinned)
 #if GIN_WITH_CUDA
   std::unique_ptr<GpuCopier> copier_;      // the engine thread's copies
   std::unique_ptr<GpuCopier> hostReader_;  // this thread's reads of device words (quiesce)
@@ -614,8 +629,8 @@ class Comm {
   // they run in other processes); counters are this rank's own.
   void placeProxyWordsInHostMemory(size_t sigBytes, size_t counterBytes, uint64_t** signals, uint64_t** counters) {
 #if GIN_WITH_CUDA
-    proxySignals_ = SharedBuffer::allocate(
-        lsaAllSameProcess_ ? SharedBuffer::Backing::Heap : SharedBuffer::Backing::Shm, sigBytes);
+    proxySignals_ =
+        SharedBuffer::allocate(lsaAllSameProcess_ ? SharedBuffer::Backing::Heap : SharedBuffer::Backing::Shm, sigBytes);
     GIN_CUDA_CHECK(cudaHostRegister(proxySignals_.data(), sigBytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
     proxySignalsRegistered_ = proxySignals_.data();
     void* d = nullptr;
@@ -645,6 +660,15 @@ class Comm {
       rings[i].nSlots = uint32_t(nSlots);
     }
     ProxyHooks hooks;
+    auto pin = [cpus = engineCpus_] {
+      if (cpus.empty()) return;
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int c : cpus) CPU_SET(c, &set);
+      if (const int e = pthread_setaffinity_np(pthread_self(), sizeof set, &set))
+        throw Error(std::string("cannot pin the proxy engine thread: ") + std::strerror(e));
+    };
+    hooks.threadInit = pin;
 #if GIN_WITH_CUDA
     if (gpu_) {
       copier_ = std::make_unique<GpuCopier>(cudaDev_);
@@ -656,7 +680,10 @@ class Comm {
         std::lock_guard<std::mutex> lk(hostReaderMu_);
         return hostReader_->load64(heads[size_t(ctx)]);
       };
-      hooks.threadInit = [c = copier_.get()] { c->bind(); };
+      hooks.threadInit = [c = copier_.get(), pin] {
+        pin();
+        c->bind();
+      };
       hooks.fail = [this](Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed) {
         hostRecordError(op, peer, ctx, id, expected, observed);
       };
@@ -664,8 +691,50 @@ class Comm {
     }
 #endif
     if (!wire_) wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_);
-    engine_ =
-        std::make_unique<ProxyEngine>(dev_, std::move(rings), *wire_, dir_, nSignalWords_, cfg_.proxy, std::move(hooks));
+    engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), *wire_, dir_, nSignalWords_, cfg_.proxy,
+                                            std::move(hooks));
+  }
+
+  // The CPUs the engine thread runs on (empty: not pinned). GIN_PROXY_CPUS,
+  // then CommConfig::proxy.cpus, then (GPU ranks) the CPUs sysfs says are
+  // local to the GPU; "none" turns pinning off. A list given by the user must
+  // name CPUs this process may use; the GPU's list is narrowed to them.
+  std::vector<int> engineCpus() const {
+    std::string list, what;
+    if (const char* e = std::getenv("GIN_PROXY_CPUS")) {
+      list = e;
+      what = "GIN_PROXY_CPUS";
+    } else if (!cfg_.proxy.cpus.empty()) {
+      list = cfg_.proxy.cpus;
+      what = "CommConfig::proxy.cpus";
+    }
+    if (list == "none") return {};
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return {};
+    auto usable = [&](int c) { return c >= 0 && c < CPU_SETSIZE && CPU_ISSET(c, &allowed); };
+    if (!list.empty()) {
+      std::vector<int> cpus = parseCpuList(list, what);
+      for (int c : cpus)
+        if (!usable(c))
+          throw Error(what + "=" + list + ": CPU " + std::to_string(c) + " is not available to this process (rank " +
+                      std::to_string(rank_) + "); name CPUs from its affinity mask, or use \"none\"");
+      return cpus;
+    }
+    if (!gpu_) return {};
+    std::string bus = peers_[size_t(rank_)].busId;
+    for (char& ch : bus) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    std::ifstream f("/sys/bus/pci/devices/" + bus + "/local_cpulist");
+    std::string local;
+    if (!std::getline(f, local)) return {};
+    std::vector<int> cpus;
+    try {
+      for (int c : parseCpuList(local, "local_cpulist"))
+        if (usable(c)) cpus.push_back(c);
+    } catch (const Error&) {
+      return {};
+    }
+    return cpus;
   }
 
 #if GIN_WITH_CUDA
@@ -692,8 +761,12 @@ class Comm {
     for (int r = 0; r < nRanks_; ++r)
       s += " " + std::to_string(r) + "=" + detail::transportName(Transport(transports_[size_t(r)]));
     if (dev_.proxyRings)
-      s += "; proxy: " + std::to_string(cfg_.nContexts) + " rings x " + std::to_string(cfg_.proxy.ringSlots) +
-           " slots, local wire" + (gpu_ ? " (copy-engine copies, signals and counters in host memory)" : "");
+      s +=
+          "; proxy: " + std::to_string(cfg_.nContexts) + " rings x " + std::to_string(cfg_.proxy.ringSlots) +
+          " slots, local wire" + (gpu_ ? " (copy-engine copies, signals and counters in host memory)" : "") +
+          (engineCpus_.empty() ? std::string(", engine not pinned")
+                               : ", engine on " + std::to_string(engineCpus_.size()) + " CPU(s) from " +
+                                     std::to_string(engineCpus_.front()) + " to " + std::to_string(engineCpus_.back()));
     std::fprintf(stderr, "%s\n", s.c_str());
   }
 

@@ -44,7 +44,46 @@ struct ProxyConfig {
   uint32_t yieldPolls = 256;  // ... then yielding the core ...
   uint32_t sleepUs = 50;      // ... then sleeping this long between passes
   uint32_t batch = 64;        // descriptors taken from one ring before looking at the next (fairness)
+  // CPUs the engine thread may run on, as a Linux cpulist ("0-7,16"). Empty:
+  // the CPUs local to the GPU (sysfs local_cpulist) on GPU ranks, no pinning
+  // on CPU ranks. GIN_PROXY_CPUS overrides; "none" turns pinning off.
+  std::string cpus;
 };
+
+// A Linux cpulist ("0-3,8,10-11") as CPU numbers; throws gin::Error naming
+// `what` on anything else.
+inline std::vector<int> parseCpuList(const std::string& list, const std::string& what) {
+  std::vector<int> cpus;
+  auto bad = [&]() -> Error {
+    return Error(what + "=\"" + list + "\" is not a CPU list; write it like 0-7,16 (CPU numbers and ranges)");
+  };
+  size_t i = 0;
+  auto number = [&]() {
+    if (i >= list.size() || list[i] < '0' || list[i] > '9') throw bad();
+    long v = 0;
+    while (i < list.size() && list[i] >= '0' && list[i] <= '9') {
+      v = v * 10 + (list[i++] - '0');
+      if (v > 1 << 20) throw bad();
+    }
+    return int(v);
+  };
+  while (i < list.size()) {
+    const int a = number();
+    int b = a;
+    if (i < list.size() && list[i] == '-') {
+      ++i;
+      b = number();
+    }
+    if (b < a) throw bad();
+    for (int c = a; c <= b; ++c) cpus.push_back(c);
+    if (i < list.size()) {
+      if (list[i] != ',' && list[i] != '\n') throw bad();
+      ++i;
+    }
+  }
+  if (cpus.empty()) throw bad();
+  return cpus;
+}
 
 // The windows of a communicator by id: what the engine resolves descriptor
 // window ids against. The Comm adds and removes entries; the engine holds the
@@ -317,6 +356,8 @@ class ProxyEngine {
       std::this_thread::yield();
   }
   bool running() const { return !done_.load(std::memory_order_acquire); }
+  // The engine thread (for inspecting its CPU affinity).
+  std::thread::native_handle_type nativeHandle() { return thread_.native_handle(); }
   uint64_t executed() const { return executed_.load(std::memory_order_relaxed); }
   uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
 
