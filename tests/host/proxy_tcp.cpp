@@ -54,6 +54,11 @@ uint64_t freshSeed() {
   return (uint64_t(rd()) << 32) ^ rd();
 }
 
+// The message is read after `ok` was computed (argument order is unspecified).
+void expectOk(const Comm& comm, bool ok, const std::string& what) {
+  if (!ok) expect(false, what + ": " + checkMessage(comm));
+}
+
 // Every other rank over tcp, itself by a copy.
 void expectTcpToOthers(Comm& comm) {
   for (int r = 0; r < comm.nRanks(); ++r) {
@@ -63,6 +68,19 @@ void expectTcpToOthers(Comm& comm) {
                                             detail::proxyWireName(comm.proxyWireTo(r)));
   }
   if (comm.nRanks() > 1) expect(comm.tcpWire() != nullptr, "no tcp wire");
+}
+
+// Between test phases on one Comm: everything sent is applied everywhere,
+// then the signals and counters a phase used start from zero again.
+void resetAll(Comm& comm, std::initializer_list<uint32_t> signals, std::initializer_list<uint32_t> counters) {
+  const DevComm dc = comm.devComm();
+  for (int c = 0; c < dc.nContexts; ++c) expect(Net(dc, c).flush(CoopThread{}), "flush");
+  if (comm.tcpWire()) expectOk(comm, comm.tcpWire()->fence(10'000'000'000ull), "fence");
+  comm.bootstrap().barrier();
+  Net net(dc, 0);
+  for (uint32_t s : signals) net.resetSignal(s);
+  for (uint32_t c : counters) net.resetCounter(c);
+  comm.bootstrap().barrier();
 }
 
 // Every rank puts `bytes` of random data to every peer on every context with
@@ -90,13 +108,13 @@ void allToAllPut(Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_
       net.put(world, p, dst, size_t(ctx) * winBytes + size_t(me) * slot + dstMis, src, srcMis, bytes,
               SignalInc{uint32_t(ctx)}, CounterInc{uint32_t(ctx)});
     }
-    expect(net.flush(CoopThread{}), "flush gave up: " + checkMessage(comm));
-    expect(net.readCounter(uint32_t(ctx)) == uint64_t(n), "counter after flush");
+    expectOk(comm, net.flush(CoopThread{}), "flush gave up");
+    expectOk(comm, net.readCounter(uint32_t(ctx)) == uint64_t(n), "counter after flush");
   }
   std::memset(s, 0x5A, winBytes);  // sources may be reused after flush
   for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
     Net net(dc, ctx);
-    expect(net.waitSignal(CoopThread{}, uint32_t(ctx), uint64_t(n)), "waitSignal gave up: " + checkMessage(comm));
+    expectOk(comm, net.waitSignal(CoopThread{}, uint32_t(ctx), uint64_t(n)), "waitSignal gave up");
     for (int p = 0; p < n; ++p) {
       const uint8_t* blk = d + size_t(ctx) * winBytes + size_t(p) * slot;
       for (size_t i = 0; i < dstMis; ++i) expect(blk[i] == kPoison, "bytes before the put were written");
@@ -110,7 +128,7 @@ void allToAllPut(Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_
   if (n > 1)
     expect(comm.tcpWire()->framesApplied() > appliedBefore, "nothing arrived over the tcp wire");
   comm.check();
-  comm.bootstrap().barrier();
+  resetAll(comm, {0, 1, 2, 3}, {0, 1, 2, 3});
   comm.deregisterWindow(dst);
   comm.deregisterWindow(src);
 }
@@ -132,7 +150,7 @@ void valuesSignalsCounters(Comm& comm) {
     net.putValue(world, p, w, o + 8, uint64_t(0x4000000000000000ull + unsigned(me)));
     net.putValue(world, p, w, o + 17, uint32_t(0xdeadbeefu), SignalInc{9});  // unaligned
   }
-  expect(net.waitSignal(CoopThread{}, 9, uint64_t(n)), "putValue signal: " + checkMessage(comm));
+  expectOk(comm, net.waitSignal(CoopThread{}, 9, uint64_t(n)), "putValue signal");
   const auto* b = static_cast<const uint8_t*>(comm.localPointer(w));
   for (int p = 0; p < n; ++p) {
     const uint8_t* blk = b + size_t(p) * 64;
@@ -189,7 +207,8 @@ void valuesSignalsCounters(Comm& comm) {
   expect(cnt.readCounter(4) == 0, "resetCounter");
   expect(comm.proxyEngine()->rejected() == 0, "the engine rejected a descriptor");
   comm.check();
-  comm.bootstrap().barrier();
+  resetAll(comm, {9}, {});
+  comm.deregisterWindow(w);
 }
 
 // Ping-pong with large slots: whenever the signal is seen, the whole payload is there.
@@ -204,22 +223,22 @@ void orderingStress(Comm& comm, size_t slotBytes, int iters) {
   auto* d = static_cast<const uint64_t*>(comm.localPointer(w));
   for (int k = 0; k < iters; ++k) {
     if (k >= int(kSlots))
-      expect(net.waitSignal(CoopThread{}, 1, uint64_t(k - kSlots + 1)), "ack wait: " + checkMessage(comm));
+      expectOk(comm, net.waitSignal(CoopThread{}, 1, uint64_t(k - kSlots + 1)), "ack wait");
     auto* s = static_cast<uint64_t*>(comm.localPointer(src, size_t(k % kSlots) * slotBytes));
     for (size_t i = 0; i < slotBytes / 8; ++i) s[i] = (uint64_t(me) << 56) | (uint64_t(k) << 32) | i;
     net.put(world, peer, w, size_t(k % kSlots) * slotBytes, src, size_t(k % kSlots) * slotBytes, slotBytes,
             SignalInc{0});
-    expect(net.waitSignal(CoopThread{}, 0, uint64_t(k + 1)), "data wait: " + checkMessage(comm));
+    expectOk(comm, net.waitSignal(CoopThread{}, 0, uint64_t(k + 1)), "data wait");
     const uint64_t* blk = d + size_t(k % kSlots) * slotBytes / 8;
     for (size_t i = 0; i < slotBytes / 8; ++i)
       if (blk[i] != ((uint64_t(peer) << 56) | (uint64_t(k) << 32) | i))
-        expect(false, "iteration " + std::to_string(k) + ": word " + std::to_string(i) +
+        expect(false, "iteration " + std::to_string(k) + ": word " + std::to_string(i) + " = " + std::to_string(blk[i]) +
                           " was not yet written when the signal arrived");
     net.signal(world, peer, SignalInc{1});
   }
   expect(net.flush(CoopThread{}), "flush");
   comm.check();
-  comm.bootstrap().barrier();
+  resetAll(comm, {0, 1}, {});
   comm.deregisterWindow(src);
   comm.deregisterWindow(w);
 }
@@ -247,7 +266,7 @@ void contention(Comm& comm, int pushers, int perPeer) {
   for (auto& th : threads) th.join();
   Net net(dc, 0);
   const uint64_t total = uint64_t(n) * perSender;
-  expect(net.waitSignal(CoopThread{}, 5, total), "not every descriptor arrived: " + checkMessage(comm));
+  expectOk(comm, net.waitSignal(CoopThread{}, 5, total), "not every descriptor arrived");
   for (int c = 0; c < dc.nContexts; ++c) expect(Net(dc, c).flush(CoopThread{}), "flush");
   comm.tcpWire()->fence(5'000'000'000ull);
   comm.bootstrap().barrier();
@@ -263,7 +282,7 @@ void contention(Comm& comm, int pushers, int perPeer) {
                    " missing");
       }
   comm.check();
-  comm.bootstrap().barrier();
+  resetAll(comm, {5}, {});
   comm.deregisterWindow(w);
 }
 
@@ -769,7 +788,7 @@ TEST_CASE(
       const DevComm dc = comm.devComm();
       for (int round = 0; round < 20; ++round) {
         BarrierSession<CoopThread> bar(CoopThread{}, dc, uint32_t(round % 4));
-        expect(bar.sync(CoopThread{}), "world barrier across hosts: " + checkMessage(comm));
+        expectOk(comm, bar.sync(CoopThread{}), "world barrier across hosts");
       }
       comm.check();
     });
