@@ -561,11 +561,18 @@ std::string injectAndCheck(const std::function<std::vector<char>(uint64_t seq, u
   return msg;
 }
 
+// The frame's bytes, sealed like the sender does (over the payload actually
+// sent, which may disagree with h.length on purpose).
 std::vector<char> frameBytes(TcpFrame h, const std::vector<char>& payload, bool seal = true) {
-  if (seal) sealTcpFrame(h, payload.data());
-  std::vector<char> out(sizeof h);
+  if (seal) {
+    h.magic = kTcpFrameMagic;
+    h.version = kTcpWireVersion;
+    h.payloadSum = payload.empty() ? 0 : xxh64(payload.data(), payload.size());
+    h.headerSum = xxh64(&h, 64);
+  }
+  std::vector<char> out(sizeof h + payload.size());
   std::memcpy(out.data(), &h, sizeof h);
-  out.insert(out.end(), payload.begin(), payload.end());
+  if (!payload.empty()) std::memcpy(out.data() + sizeof h, payload.data(), payload.size());
   return out;
 }
 
@@ -967,6 +974,7 @@ TEST_CASE("tcp wire across two network namespaces joined by a veth pair: one ran
       ::setenv("MASTER_ADDR", ns.addrA.c_str(), 1);
       ::setenv("MASTER_PORT", "29517", 1);
       ::setenv("GIN_HOST_ID", "netns", 1);  // same machine, but each namespace counts as a host
+      ::setenv("GIN_DEBUG", "1", 1);         // rank 0 prints the transport table into the log
       ::setenv("GIN_TEST_NETNS_SEED", std::to_string(seed).c_str(), 1);
       const std::string nsName = r == 0 ? ns.a : ns.b;
       execlp("ip", "ip", "netns", "exec", nsName.c_str(), exe.c_str(), "[.netns-rank]", "--reporter", "compact",
