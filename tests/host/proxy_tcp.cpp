@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <poll.h>
 #include <atomic>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
@@ -18,7 +19,6 @@
 #include <random>
 #include <sstream>
 #include <thread>
-#include <poll.h>
 
 #include "../common/ranks.hpp"
 
@@ -64,8 +64,8 @@ void expectTcpToOthers(Comm& comm) {
   for (int r = 0; r < comm.nRanks(); ++r) {
     expect(comm.transportTo(r) == Transport::Proxy, "transport to " + std::to_string(r) + " is not proxy");
     const ProxyWire want = r == comm.rank() ? ProxyWire::Local : ProxyWire::Tcp;
-    expect(comm.proxyWireTo(r) == want, "wire to " + std::to_string(r) + " is " +
-                                            detail::proxyWireName(comm.proxyWireTo(r)));
+    expect(comm.proxyWireTo(r) == want,
+           "wire to " + std::to_string(r) + " is " + detail::proxyWireName(comm.proxyWireTo(r)));
   }
   if (comm.nRanks() > 1) expect(comm.tcpWire() != nullptr, "no tcp wire");
 }
@@ -125,8 +125,7 @@ void allToAllPut(Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_
       for (size_t i = dstMis + bytes; i < slot; ++i) expect(blk[i] == kPoison, "bytes after the put were written");
     }
   }
-  if (n > 1)
-    expect(comm.tcpWire()->framesApplied() > appliedBefore, "nothing arrived over the tcp wire");
+  if (n > 1) expect(comm.tcpWire()->framesApplied() > appliedBefore, "nothing arrived over the tcp wire");
   comm.check();
   resetAll(comm, {0, 1, 2, 3}, {0, 1, 2, 3});
   comm.deregisterWindow(dst);
@@ -222,8 +221,7 @@ void orderingStress(Comm& comm, size_t slotBytes, int iters) {
   const Team world = teamWorld(dc);
   auto* d = static_cast<const uint64_t*>(comm.localPointer(w));
   for (int k = 0; k < iters; ++k) {
-    if (k >= int(kSlots))
-      expectOk(comm, net.waitSignal(CoopThread{}, 1, uint64_t(k - kSlots + 1)), "ack wait");
+    if (k >= int(kSlots)) expectOk(comm, net.waitSignal(CoopThread{}, 1, uint64_t(k - kSlots + 1)), "ack wait");
     auto* s = static_cast<uint64_t*>(comm.localPointer(src, size_t(k % kSlots) * slotBytes));
     for (size_t i = 0; i < slotBytes / 8; ++i) s[i] = (uint64_t(me) << 56) | (uint64_t(k) << 32) | i;
     net.put(world, peer, w, size_t(k % kSlots) * slotBytes, src, size_t(k % kSlots) * slotBytes, slotBytes,
@@ -232,8 +230,8 @@ void orderingStress(Comm& comm, size_t slotBytes, int iters) {
     const uint64_t* blk = d + size_t(k % kSlots) * slotBytes / 8;
     for (size_t i = 0; i < slotBytes / 8; ++i)
       if (blk[i] != ((uint64_t(peer) << 56) | (uint64_t(k) << 32) | i))
-        expect(false, "iteration " + std::to_string(k) + ": word " + std::to_string(i) + " = " + std::to_string(blk[i]) +
-                          " was not yet written when the signal arrived");
+        expect(false, "iteration " + std::to_string(k) + ": word " + std::to_string(i) + " = " +
+                          std::to_string(blk[i]) + " was not yet written when the signal arrived");
     net.signal(world, peer, SignalInc{1});
   }
   expect(net.flush(CoopThread{}), "flush");
@@ -425,7 +423,8 @@ TEST_CASE("tcp wire (threads): forcing tcp uses it for every other rank and a co
           "[tcp][select]") {
   std::string out = captureStderr([] {
     EnvVar dbg("GIN_DEBUG", "1");
-    runRanks(3, [](Comm& comm) { expectTcpToOthers(comm); }, tcpConfig());
+    runRanks(
+        3, [](Comm& comm) { expectTcpToOthers(comm); }, tcpConfig());
   });
   CHECK_THAT(out, ContainsSubstring("0=proxy 1=proxy 2=proxy") &&
                       ContainsSubstring("proxy wires: 0=local 1=tcp 2=tcp") && ContainsSubstring("tcp wire on port"));
@@ -441,7 +440,9 @@ TEST_CASE("tcp wire (threads): forcing tcp uses it for every other rank and a co
   }
   {
     EnvVar w("GIN_PROXY_WIRE", "smoke-signals");
-    CHECK_THROWS_WITH(runRanks(2, [](Comm&) {}, tcpConfig()), ContainsSubstring("GIN_PROXY_WIRE=smoke-signals"));
+    CHECK_THROWS_WITH(runRanks(
+                          2, [](Comm&) {}, tcpConfig()),
+                      ContainsSubstring("GIN_PROXY_WIRE=smoke-signals"));
   }
   // Auto on one host: the local wire, no sockets.
   CommConfig autoCfg = tcpConfig();
@@ -466,8 +467,8 @@ TEST_CASE("tcp wire (threads): forcing tcp uses it for every other rank and a co
 
 TEST_CASE("tcp wire (threads): put delivers every byte to every peer on every context, any size and alignment",
           "[tcp][put]") {
-  const size_t bytes = GENERATE(size_t(0), size_t(1), size_t(7), size_t(4099), size_t((1 << 20) + 13),
-                                size_t(3 << 20) + 5);
+  const size_t bytes =
+      GENERATE(size_t(0), size_t(1), size_t(7), size_t(4099), size_t((1 << 20) + 13), size_t(3 << 20) + 5);
   const auto mis = GENERATE(std::pair<size_t, size_t>{0, 0}, std::pair<size_t, size_t>{3, 5});
   const uint64_t seed = freshSeed();
   CAPTURE(bytes, mis.first, mis.second, seed);
@@ -486,13 +487,16 @@ TEST_CASE("tcp wire (threads): putValue of every width, SignalInc/Add/Set, Count
 }
 
 TEST_CASE("tcp wire (threads): put+signal ordering under stress, within and across 1 MiB frames", "[tcp][ordering]") {
-  REQUIRE_NOTHROW(runRanks(2, [](Comm& comm) { orderingStress(comm, 32768, 300); }, tcpConfig()));
-  REQUIRE_NOTHROW(runRanks(2, [](Comm& comm) { orderingStress(comm, (5 << 18) + 8, 24); }, tcpConfig()));
+  REQUIRE_NOTHROW(runRanks(
+      2, [](Comm& comm) { orderingStress(comm, 32768, 300); }, tcpConfig()));
+  REQUIRE_NOTHROW(runRanks(
+      2, [](Comm& comm) { orderingStress(comm, (5 << 18) + 8, 24); }, tcpConfig()));
 }
 
 TEST_CASE("tcp wire (threads): many threads on every context push at once; nothing lost or applied twice",
           "[tcp][contention]") {
-  REQUIRE_NOTHROW(runRanks(4, [](Comm& comm) { contention(comm, 8, 40); }, tcpConfig(20'000'000'000ull, 16)));
+  REQUIRE_NOTHROW(runRanks(
+      4, [](Comm& comm) { contention(comm, 8, 40); }, tcpConfig(20'000'000'000ull, 16)));
 }
 
 // ---- malformed frames ----
@@ -635,14 +639,13 @@ TEST_CASE("tcp wire: malformed frames are rejected with an error naming the faul
       {"oversized",
        [&](uint64_t seq, uint32_t win) { return frameBytes(dataFrame(seq, win, 0, kTcpMaxPayload + 1), {}); },
        "oversized payload"},
-      {"out of bounds",
-       [&](uint64_t seq, uint32_t win) { return frameBytes(dataFrame(seq, win, 252, 8), eight); },
+      {"out of bounds", [&](uint64_t seq, uint32_t win) { return frameBytes(dataFrame(seq, win, 252, 8), eight); },
        "range past the end of the window"},
       {"offset wraps around",
        [&](uint64_t seq, uint32_t win) { return frameBytes(dataFrame(seq, win, ~uint64_t(0) - 3, 8), eight); },
        "range past the end of the window"},
-      {"unknown window",
-       [&](uint64_t seq, uint32_t) { return frameBytes(dataFrame(seq, 999, 0, 8), eight); }, "unknown window"},
+      {"unknown window", [&](uint64_t seq, uint32_t) { return frameBytes(dataFrame(seq, 999, 0, 8), eight); },
+       "unknown window"},
       {"bad signal id",
        [&](uint64_t seq, uint32_t win) {
          TcpFrame h = dataFrame(seq, win, 0, 8);
@@ -669,8 +672,7 @@ TEST_CASE("tcp wire: malformed frames are rejected with an error naming the faul
          return frameBytes(h, {});
        },
        "unknown frame type"},
-      {"sequence gap",
-       [&](uint64_t seq, uint32_t win) { return frameBytes(dataFrame(seq + 5, win, 0, 8), eight); },
+      {"sequence gap", [&](uint64_t seq, uint32_t win) { return frameBytes(dataFrame(seq + 5, win, 0, 8), eight); },
        "sequence number out of order"},
       {"sender is not the connection's peer",
        [&](uint64_t seq, uint32_t win) {
@@ -697,11 +699,10 @@ TEST_CASE("tcp wire: malformed frames are rejected with an error naming the faul
     INFO(c.name);
     std::string msg;
     std::string err = captureStderr([&] { msg = injectAndCheck(c.make); });
-    CHECK_THAT(msg, ContainsSubstring("rank 1") && ContainsSubstring("wireFrame") &&
-                        ContainsSubstring("from peer 0") && ContainsSubstring(c.expectText) &&
-                        ContainsSubstring("nothing of it was written"));
-    CHECK_THAT(err, ContainsSubstring("rank 1: tcp wire: rejected a frame from rank 0") &&
-                        ContainsSubstring(c.expectText));
+    CHECK_THAT(msg, ContainsSubstring("rank 1") && ContainsSubstring("wireFrame") && ContainsSubstring("from peer 0") &&
+                        ContainsSubstring(c.expectText) && ContainsSubstring("nothing of it was written"));
+    CHECK_THAT(err,
+               ContainsSubstring("rank 1: tcp wire: rejected a frame from rank 0") && ContainsSubstring(c.expectText));
   }
 }
 
@@ -720,12 +721,11 @@ TEST_CASE("tcp wire: a short frame (the stream ends inside it) is discarded and 
           },
           /*truncate=*/true);
     });
-    CHECK_THAT(msg, ContainsSubstring("rank 1") && ContainsSubstring("peerLost") &&
-                        ContainsSubstring("peer 0") &&
-                        ContainsSubstring(std::to_string(cut) + " of the " +
-                                          std::to_string(cut < sizeof(TcpFrame) ? sizeof(TcpFrame)
-                                                                                : sizeof(TcpFrame) + 8) +
-                                          " bytes of a frame"));
+    CHECK_THAT(msg,
+               ContainsSubstring("rank 1") && ContainsSubstring("peerLost") && ContainsSubstring("peer 0") &&
+                   ContainsSubstring(std::to_string(cut) + " of the " +
+                                     std::to_string(cut < sizeof(TcpFrame) ? sizeof(TcpFrame) : sizeof(TcpFrame) + 8) +
+                                     " bytes of a frame"));
     CHECK_THAT(err, ContainsSubstring("in the middle of a frame"));
   }
 }
@@ -974,7 +974,7 @@ TEST_CASE("tcp wire across two network namespaces joined by a veth pair: one ran
       ::setenv("MASTER_ADDR", ns.addrA.c_str(), 1);
       ::setenv("MASTER_PORT", "29517", 1);
       ::setenv("GIN_HOST_ID", "netns", 1);  // same machine, but each namespace counts as a host
-      ::setenv("GIN_DEBUG", "1", 1);         // rank 0 prints the transport table into the log
+      ::setenv("GIN_DEBUG", "1", 1);        // rank 0 prints the transport table into the log
       ::setenv("GIN_TEST_NETNS_SEED", std::to_string(seed).c_str(), 1);
       const std::string nsName = r == 0 ? ns.a : ns.b;
       execlp("ip", "ip", "netns", "exec", nsName.c_str(), exe.c_str(), "[.netns-rank]", "--reporter", "compact",

@@ -330,7 +330,7 @@ class Comm {
   size_t ringPad_ = 0;        // to 64-byte alignment
   DeviceTable ringTable_;     // ProxyRingDev[nContexts], then the producer tickets
   WindowDirectory dir_;
-  std::vector<uint8_t> wireOf_;    // per peer: ProxyWire::Local / Tcp, Auto when not proxied
+  std::vector<uint8_t> wireOf_;   // per peer: ProxyWire::Local / Tcp, Auto when not proxied
   std::unique_ptr<TcpWire> tcp_;  // its receiver writes into the windows and signals above
   std::unique_ptr<Wire> wire_;
   std::unique_ptr<ProxyEngine> engine_;
@@ -408,8 +408,8 @@ class Comm {
     const bool forceProxy = cfg_.transport == TransportChoice::Proxy;
     // Ranks of other hosts: the proxy (its tcp wire; buildWires checks the wire reaches them).
     for (int r = 0; r < nRanks_; ++r)
-      transports_[size_t(r)] = uint8_t(r >= lsaBase && r < lsaBase + perNode && !forceProxy ? Transport::Lsa
-                                                                                           : Transport::Proxy);
+      transports_[size_t(r)] =
+          uint8_t(r >= lsaBase && r < lsaBase + perNode && !forceProxy ? Transport::Lsa : Transport::Proxy);
     if (nNodes > 1 && cfg_.transport == TransportChoice::Lsa)
       throw Error("the ranks span " + std::to_string(nNodes) +
                   " hosts, and the transport is forced to lsa (load/store), which cannot reach another host; "
@@ -621,9 +621,10 @@ class Comm {
       if (a == b || (sameHost && !forceProxy)) return ProxyWire::Auto;  // lsa, or a copy to oneself
       if (want == ProxyWire::Tcp || (want == ProxyWire::Auto && !sameHost)) return ProxyWire::Tcp;
       if (!sameHost)
-        throw Error("the proxy wire is forced to local (GIN_PROXY_WIRE/CommConfig::proxy.wire), which cannot reach "
-                    "rank " + std::to_string(b) + " on another host from rank " + std::to_string(a) +
-                    "; use auto or tcp");
+        throw Error(
+            "the proxy wire is forced to local (GIN_PROXY_WIRE/CommConfig::proxy.wire), which cannot reach "
+            "rank " +
+            std::to_string(b) + " on another host from rank " + std::to_string(a) + "; use auto or tcp");
       return ProxyWire::Local;
     };
     wireOf_.assign(size_t(nRanks_), uint8_t(ProxyWire::Auto));

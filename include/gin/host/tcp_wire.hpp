@@ -76,10 +76,10 @@ struct TcpFrame {
   uint64_t length;   // payload bytes after the header (Data: 1..kTcpMaxPayload; others 0)
   uint64_t value;    // signal value (Add/Set). Fence: fence number. Hello: communicator token
   uint32_t signalId;
-  uint32_t reserved;     // 0
-  uint64_t seq;          // 1, 2, 3, ... per connection and direction (Hello: 0)
-  uint64_t payloadSum;   // XXH64 of the payload (0 when there is none)
-  uint64_t headerSum;    // XXH64 of the 64 bytes before this field
+  uint32_t reserved;    // 0
+  uint64_t seq;         // 1, 2, 3, ... per connection and direction (Hello: 0)
+  uint64_t payloadSum;  // XXH64 of the payload (0 when there is none)
+  uint64_t headerSum;   // XXH64 of the 64 bytes before this field
 };
 static_assert(sizeof(TcpFrame) == 72 && offsetof(TcpFrame, headerSum) == 64);
 
@@ -267,7 +267,8 @@ class TcpWire final : public Wire {
   bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) override {
     if (!isTcpPeer(peer)) return reject(why, uint64_t(peer), uint64_t(peer), uint64_t(nRanks_));
     if (id >= nSignalWords_) return reject(why, id, id, nSignalWords_);
-    if (op != ProxyAction::Add && op != ProxyAction::Set) return reject(why, id, uint64_t(op), uint64_t(ProxyAction::Set));
+    if (op != ProxyAction::Add && op != ProxyAction::Set)
+      return reject(why, id, uint64_t(op), uint64_t(ProxyAction::Set));
     TcpFrame h = frame(TcpFrameType::Signal);
     h.action = uint8_t(op);
     h.signalId = id;
@@ -468,8 +469,8 @@ class TcpWire final : public Wire {
                       !peers_[size_t(r)]->sock;
       if (!ok) {
         // Another job, a port scanner or a stale rank: not ours, not fatal.
-        std::fprintf(stderr, "%sturned away a connection from %s: not a hello of this communicator %s\n",
-                     me().c_str(), detail::endpointText(from).c_str(), tcpFrameText(h).c_str());
+        std::fprintf(stderr, "%sturned away a connection from %s: not a hello of this communicator %s\n", me().c_str(),
+                     detail::endpointText(from).c_str(), tcpFrameText(h).c_str());
         continue;
       }
       peers_[size_t(r)]->sock = std::move(s);
@@ -602,7 +603,8 @@ class TcpWire final : public Wire {
           ++frames;
         } else {
           if (p.stagingBytes < p.hdr.length) {
-            p.stagingBytes = size_t(std::min<uint64_t>(kTcpMaxPayload, std::max<uint64_t>(p.hdr.length, 2 * p.stagingBytes)));
+            p.stagingBytes =
+                size_t(std::min<uint64_t>(kTcpMaxPayload, std::max<uint64_t>(p.hdr.length, 2 * p.stagingBytes)));
             p.staging.reset(new char[p.stagingBytes]);
           }
           p.payGot = 0;
@@ -624,9 +626,12 @@ class TcpWire final : public Wire {
   void lostInFrame(int r, int err) {
     Peer& p = *peers_[size_t(r)];
     const bool mid = p.hdrGot > 0;
-    const uint64_t expected = !mid ? 0 : p.hdrGot < sizeof(TcpFrame) ? sizeof(TcpFrame) : sizeof(TcpFrame) + p.hdr.length;
+    const uint64_t expected = !mid                          ? 0
+                              : p.hdrGot < sizeof(TcpFrame) ? sizeof(TcpFrame)
+                                                            : sizeof(TcpFrame) + p.hdr.length;
     const uint64_t got = !mid ? 0 : p.hdrGot < sizeof(TcpFrame) ? p.hdrGot : sizeof(TcpFrame) + p.payGot;
-    std::string what = err == 0 ? "closed the connection without a goodbye" : std::string("failed: ") + std::strerror(err);
+    std::string what =
+        err == 0 ? "closed the connection without a goodbye" : std::string("failed: ") + std::strerror(err);
     if (mid)
       what += " in the middle of a frame (" + std::to_string(got) + " of " + std::to_string(expected) +
               " bytes; the partial frame was discarded)";
@@ -655,7 +660,8 @@ class TcpWire final : public Wire {
     const bool carriesAction = type == TcpFrameType::Data || type == TcpFrameType::Signal;
     if (action != ProxyAction::None && action != ProxyAction::Add && action != ProxyAction::Set)
       return fault(r, WireFault::BadAction, h.action, uint64_t(ProxyAction::Set));
-    if ((action != ProxyAction::None && !carriesAction) || (type == TcpFrameType::Signal && action == ProxyAction::None))
+    if ((action != ProxyAction::None && !carriesAction) ||
+        (type == TcpFrameType::Signal && action == ProxyAction::None))
       return fault(r, WireFault::BadAction, h.action, h.type);
     if (action != ProxyAction::None && h.signalId >= nSignalWords_)
       return fault(r, WireFault::BadSignal, h.signalId, nSignalWords_);
@@ -727,8 +733,9 @@ class TcpWire final : public Wire {
 
   void lose(int r, int err, uint64_t expected, uint64_t got, const std::string& what) {
     if (peers_[size_t(r)]->state.load(std::memory_order_acquire) != kOpen) return;
-    std::fprintf(stderr, "%sconnection to %s %s; its process exited or crashed, or it rejected our frames: look at its output\n",
-                 me().c_str(), peers_[size_t(r)]->where.c_str(), what.c_str());
+    std::fprintf(
+        stderr, "%sconnection to %s %s; its process exited or crashed, or it rejected our frames: look at its output\n",
+        me().c_str(), peers_[size_t(r)]->where.c_str(), what.c_str());
     recordError(dev_, Op::PeerLost, r, -1, uint64_t(err), expected, got);
     markLost(r);
   }
