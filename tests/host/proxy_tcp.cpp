@@ -706,6 +706,47 @@ TEST_CASE("tcp wire: malformed frames are rejected with an error naming the faul
   }
 }
 
+TEST_CASE("tcp wire: well-formed frames built by hand are applied: data with an action, then a signal, in order",
+          "[tcp][format]") {
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [](Comm& comm) {
+        Window w = comm.allocWindow(256);
+        std::memset(comm.localPointer(w), kPoison, 256);
+        comm.bootstrap().barrier();
+        TcpWire& tw = *comm.tcpWire();
+        if (comm.rank() == 0) {
+          const uint64_t seq = tw.nextSeqForTest(1);
+          std::vector<char> payload(13);
+          for (size_t i = 0; i < payload.size(); ++i) payload[i] = char(i + 1);
+          TcpFrame d = dataFrame(seq, w.dev->id, 100, payload.size());
+          d.action = uint8_t(ProxyAction::Set);  // Data frames may carry the action themselves
+          d.signalId = 4;
+          d.value = 77;
+          TcpFrame sg{};
+          sg.type = uint8_t(TcpFrameType::Signal);
+          sg.action = uint8_t(ProxyAction::Add);
+          sg.signalId = 4;
+          sg.value = 5;
+          sg.seq = seq + 1;
+          std::vector<char> bytes = frameBytes(d, payload);
+          const std::vector<char> more = frameBytes(sg, {});
+          bytes.insert(bytes.end(), more.begin(), more.end());
+          expect(tw.injectForTest(1, bytes.data(), bytes.size(), 2), "inject");
+        } else {
+          Net net(comm.devComm(), 0);
+          expectOk(comm, net.waitSignal(CoopThread{}, 4, 82), "the injected frames' signal");
+          const auto* b = static_cast<const uint8_t*>(comm.localPointer(w));
+          for (size_t i = 0; i < 256; ++i)
+            expect(b[i] == (i >= 100 && i < 113 ? uint8_t(i - 99) : kPoison), "byte " + std::to_string(i));
+          expect(net.readSignal(4) == 82, "Set 77 then Add 5");
+        }
+        comm.check();
+        comm.bootstrap().barrier();
+      },
+      tcpConfig(5'000'000'000ull)));
+}
+
 TEST_CASE("tcp wire: a short frame (the stream ends inside it) is discarded and reported as a lost peer",
           "[tcp][malformed]") {
   const std::vector<char> eight(8, 'x');

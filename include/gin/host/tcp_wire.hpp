@@ -292,7 +292,8 @@ class TcpWire final : public Wire {
     std::unique_lock<std::mutex> lk(stateMu_);
     return stateCv_.wait_until(lk, detail::deadlineAfter(timeoutNs), [&] {
       for (auto& p : peers_)
-        if (p->tcp && p->state.load(std::memory_order_acquire) != kLost &&
+        // A peer that said goodbye sends nothing more: nothing of it is in flight.
+        if (p->tcp && p->state.load(std::memory_order_acquire) == kOpen &&
             p->fencesSeen.load(std::memory_order_acquire) < k)
           return false;
       return true;
