@@ -546,6 +546,14 @@ std::string injectAndCheck(const std::function<std::vector<char>(uint64_t seq, u
             std::memcpy(good.data() + sizeof g, &v, 8);
             (void)tw.injectForTest(1, good.data(), good.size(), 1);  // may fail: rank 1 closes on the bad one
           }
+          // Rank 1 shuts the connection after rejecting: the sender learns it lost rank 1.
+          const auto t0 = Clock::now();
+          while (!comm.hasError() && Clock::now() - t0 < std::chrono::seconds(10))
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          const std::string senderMsg = checkMessage(comm);
+          expect(senderMsg.find("peerLost") != std::string::npos && senderMsg.find("peer 1") != std::string::npos,
+                 "the sender's error does not name the peer that closed: " + senderMsg);
+          expect(tw.peerLost(1), "peerLost(1)");
         } else {
           const auto t0 = Clock::now();
           while (!comm.hasError() && Clock::now() - t0 < std::chrono::seconds(10))
@@ -745,6 +753,42 @@ TEST_CASE("tcp wire: well-formed frames built by hand are applied: data with an 
         comm.bootstrap().barrier();
       },
       tcpConfig(5'000'000'000ull)));
+}
+
+TEST_CASE("tcp wire: the sender refuses a descriptor whose range the receiver would refuse; nothing is sent",
+          "[tcp][malformed]") {
+  std::string msg;
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [&](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window w = comm.allocWindow(256);
+        std::memset(comm.localPointer(w), kPoison, 256);
+        comm.bootstrap().barrier();
+        if (comm.rank() == 0) {
+          ProxyDesc d{};
+          d.op = uint8_t(ProxyOp::Put);
+          d.peer = 1;
+          d.dstWindow = d.srcWindow = w.dev->id;
+          d.dstOffset = 250;  // 8 bytes from 250: past the 256-byte window (Net would have refused it first)
+          d.bytes = 8;
+          d.counterId = kProxyNoCounter;
+          expect(proxy::push(dc, 0, d), "push");
+          expect(comm.proxyEngine()->quiesce(5'000'000'000ull), "quiesce");
+          expect(comm.proxyEngine()->rejected() == 1, "not rejected by the engine");
+          msg = checkMessage(comm);
+        }
+        comm.bootstrap().barrier();
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          expect(comm.tcpWire()->framesApplied() == 0 && comm.tcpWire()->framesRejected() == 0, "a frame went out");
+          const auto* b = static_cast<const uint8_t*>(comm.localPointer(w));
+          for (size_t i = 0; i < 256; ++i) expect(b[i] == kPoison, "byte " + std::to_string(i) + " written");
+        }
+        comm.bootstrap().barrier();
+      },
+      tcpConfig(5'000'000'000ull)));
+  CHECK_THAT(msg, ContainsSubstring("rank 0") && ContainsSubstring("badArgument") && ContainsSubstring("limit 256"));
 }
 
 TEST_CASE("tcp wire: a short frame (the stream ends inside it) is discarded and reported as a lost peer",
