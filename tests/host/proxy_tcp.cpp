@@ -868,24 +868,29 @@ TEST_CASE(
   const uint64_t seed = freshSeed();
   CAPTURE(seed);
   CommConfig cfg = gintest::cpuConfig();  // transport and wire: auto
-  auto status = forkRanks(4, [&](int r) {
-    return processRank(id, r, 4, cfg, seed, r < 2 ? "host-a" : "host-b", [&](Comm& comm) {
-      expect(comm.lsaSize() == 2 && comm.railSize() == 2, "topology");
-      for (int p = 0; p < 4; ++p) {
-        const bool sameHost = p / 2 == comm.rank() / 2;
-        expect(comm.transportTo(p) == (sameHost ? Transport::Lsa : Transport::Proxy), "transport");
-        expect(comm.proxyWireTo(p) == (sameHost ? ProxyWire::Auto : ProxyWire::Tcp), "wire");
-      }
-      allToAllPut(comm, size_t(1 << 20) + 3, 1, 2, seed);
-      const DevComm dc = comm.devComm();
-      for (int round = 0; round < 20; ++round) {
-        BarrierSession<CoopThread> bar(CoopThread{}, dc, uint32_t(round % 4));
-        expectOk(comm, bar.sync(CoopThread{}), "world barrier across hosts");
-      }
-      comm.check();
+  std::vector<int> status;
+  const std::string table = captureStderr([&] {
+    EnvVar dbg("GIN_DEBUG", "1");
+    status = forkRanks(4, [&](int r) {
+      return processRank(id, r, 4, cfg, seed, r < 2 ? "host-a" : "host-b", [&](Comm& comm) {
+        expect(comm.lsaSize() == 2 && comm.railSize() == 2, "topology");
+        for (int p = 0; p < 4; ++p) {
+          const bool sameHost = p / 2 == comm.rank() / 2;
+          expect(comm.transportTo(p) == (sameHost ? Transport::Lsa : Transport::Proxy), "transport");
+          expect(comm.proxyWireTo(p) == (sameHost ? ProxyWire::Auto : ProxyWire::Tcp), "wire");
+        }
+        allToAllPut(comm, size_t(1 << 20) + 3, 1, 2, seed);
+        const DevComm dc = comm.devComm();
+        for (int round = 0; round < 20; ++round) {
+          BarrierSession<CoopThread> bar(CoopThread{}, dc, uint32_t(round % 4));
+          expectOk(comm, bar.sync(CoopThread{}), "world barrier across hosts");
+        }
+        comm.check();
+      });
     });
   });
   CHECK(status == std::vector<int>{0, 0, 0, 0});
+  CHECK_THAT(table, ContainsSubstring("0=lsa 1=lsa 2=proxy 3=proxy; proxy wires: 2=tcp 3=tcp"));
 }
 
 TEST_CASE("tcp wire (2 processes, 2 pretend hosts): forcing the local wire across hosts is refused on every rank",
