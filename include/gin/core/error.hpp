@@ -11,6 +11,7 @@
 
 // Host-only declarations below stay visible in nvcc's device pass (it parses
 // host code too); they are never called from device code.
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -32,7 +33,51 @@ enum class Op : uint32_t {
   ProxyFull,    // a producer waited for a free slot in a proxy ring
   ProxyFlush,   // flush waited for the proxy engine to consume descriptors
   ProxyEngine,  // the proxy engine stopped on an internal failure
+  PeerLost,     // the network connection to a peer closed or failed (tcp wire)
+  WireFrame,    // a frame from a peer was malformed and rejected (tcp wire)
 };
+
+// Why the tcp wire rejected a frame (DeviceErrorRecord::objectId for Op::WireFrame).
+enum class WireFault : uint32_t {
+  None = 0,
+  BadMagic,         // not a gin wire frame: corrupt stream or another program
+  BadVersion,       // the peer speaks another wire version (another gin release)
+  HeaderChecksum,   // the header's checksum does not match its bytes
+  BadType,          // unknown frame type
+  BadSender,        // sender rank field differs from the connection's peer
+  Sequence,         // frame sequence number skipped or repeated
+  Reserved,         // a reserved field is not zero
+  Oversized,        // payload length above the wire's maximum frame payload
+  BadLength,        // payload length not allowed for the frame type
+  BadAction,        // unknown signal action, or one the frame type cannot carry
+  BadSignal,        // signal id past the receiver's signal words
+  UnknownWindow,    // no window with that id on the receiver
+  OutOfBounds,      // offset + length past the end of the window
+  PayloadChecksum,  // the payload's checksum does not match its bytes
+  BadFence,         // fence number out of order
+};
+
+GIN_HD inline const char* wireFaultName(WireFault f) {
+  switch (f) {
+    case WireFault::None: return "none";
+    case WireFault::BadMagic: return "bad magic";
+    case WireFault::BadVersion: return "unsupported wire version";
+    case WireFault::HeaderChecksum: return "header checksum mismatch";
+    case WireFault::BadType: return "unknown frame type";
+    case WireFault::BadSender: return "sender rank does not match the connection";
+    case WireFault::Sequence: return "sequence number out of order";
+    case WireFault::Reserved: return "reserved field not zero";
+    case WireFault::Oversized: return "oversized payload";
+    case WireFault::BadLength: return "payload length not allowed for the frame type";
+    case WireFault::BadAction: return "bad signal action";
+    case WireFault::BadSignal: return "signal id out of range";
+    case WireFault::UnknownWindow: return "unknown window";
+    case WireFault::OutOfBounds: return "range past the end of the window";
+    case WireFault::PayloadChecksum: return "payload checksum mismatch";
+    case WireFault::BadFence: return "fence out of order";
+  }
+  return "unknown fault";
+}
 
 GIN_HD inline const char* opName(Op op) {
   switch (op) {
@@ -50,6 +95,8 @@ GIN_HD inline const char* opName(Op op) {
     case Op::ProxyFull: return "proxyRingFull";
     case Op::ProxyFlush: return "proxyFlush";
     case Op::ProxyEngine: return "proxyEngine";
+    case Op::PeerLost: return "peerLost";
+    case Op::WireFrame: return "wireFrame";
   }
   return "unknown";
 }
@@ -90,6 +137,26 @@ inline std::string describe(const DeviceErrorRecord& r) {
   }
   if (op == Op::ProxyEngine) {
     s += " (the host proxy engine stopped; its message was printed to stderr)";
+    return s;
+  }
+  if (op == Op::PeerLost) {
+    // objectId: errno of the failure (0: the peer closed without saying goodbye);
+    // expected/observed: bytes of the frame in progress and bytes of it received.
+    s += " (lost the connection to peer " + std::to_string(r.peer) + ": " +
+         (r.objectId == 0 ? std::string("it closed the connection without a goodbye")
+                          : std::string(std::strerror(int(r.objectId)))) +
+         (r.expected != 0 ? "; " + std::to_string(r.observed) + " of the " + std::to_string(r.expected) +
+                                " bytes of a frame had arrived and were discarded"
+                          : std::string()) +
+         ". Its process exited or crashed, or it rejected a frame of ours: look at its output)";
+    return s;
+  }
+  if (op == Op::WireFrame) {
+    s += " (rejected a frame from peer " + std::to_string(r.peer) + ": " +
+         wireFaultName(static_cast<WireFault>(r.objectId)) + ", value " + std::to_string(r.expected) + ", limit " +
+         std::to_string(r.observed) +
+         "; nothing of it was written and nothing more from that peer is applied. The peer runs another gin "
+         "version or the stream is corrupt; this rank's stderr shows the frame)";
     return s;
   }
   if (op == Op::ProxyFull || op == Op::ProxyFlush) {

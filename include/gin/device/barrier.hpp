@@ -110,7 +110,7 @@ class BarrierSession {
     Net<> net(c_, 0);
     const Team rail = teamRail(c_);
     for (int i = coop.rank(); i < rail.nRanks; i += coop.size())
-      if (i != rail.rank) net.signal(rail, i, SignalAdd{uint32_t(c_.nSignals) + index_, 1}, CoopThread{});
+      if (i != rail.rank) net.barrierSignal(rail, i, index_);
   }
 
   GIN_HD bool wait(Coop coop, MemoryOrder order = MemoryOrder::Acquire) {

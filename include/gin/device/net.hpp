@@ -56,6 +56,9 @@ inline constexpr unsigned kBackendProxy = unsigned(Transport::Proxy);
 inline constexpr unsigned kBackendIbgda = unsigned(Transport::Ibgda);
 inline constexpr unsigned kBackendAll = kBackendLsa | kBackendProxy | kBackendIbgda;
 
+template <class Coop>
+class BarrierSession;  // gin/device/barrier.hpp
+
 template <unsigned Backends = kBackendAll>
 class Net {
  public:
@@ -285,6 +288,34 @@ class Net {
  private:
   const DevComm* c_;
   int ctx_;
+
+  template <class>
+  friend class BarrierSession;
+  // BarrierSession's rail round: SignalAdd{1} on barrier word `index`, one of
+  // the signal words past the user's ids (nSignals + index), which the public
+  // calls refuse. Rail peers are on other hosts: the proxy (or lsa if mapped).
+  GIN_HD void barrierSignal(Team team, int peer, uint32_t index) const {
+    const int world = teamToWorld(*c_, team, peer);
+    if (!checkPeer(world, team, peer)) return;
+    const uint32_t id = uint32_t(c_->nSignals) + index;
+    if constexpr ((Backends & kBackendLsa) != 0) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !proxyForced()) {
+        lsa::signalAdd(lsaSignalsOf(*c_, li) + id, 1, true);
+        return;
+      }
+    }
+    if constexpr ((Backends & kBackendProxy) != 0) {
+      if (viaProxy(world)) {
+        ProxyDesc d = proxyDesc(ProxyOp::Signal, world, None{}, None{});
+        d.action = uint8_t(ProxyAction::Add);
+        d.signalId = id;
+        d.signalValue = 1;
+        proxyPush(CoopThread{}, d);
+        return;
+      }
+    }
+    noTransport(world);
+  }
 
   GIN_HD bool checkPeer(int world, Team team, int peer) const {
     if (ctx_ >= 0 && peer >= 0 && peer < team.nRanks && world >= 0 && world < c_->nRanks) return true;

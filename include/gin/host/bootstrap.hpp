@@ -519,6 +519,9 @@ class Bootstrap {  // abstract; one object per rank; not thread-safe per object
   virtual void barrier() = 0;
   // Same-process ranks share one address space (InProcess); TCP ranks may or may not.
   virtual bool sameProcessGroup() const = 0;  // true for InProcessBootstrap
+  // The IPv4 address of this process on the path to the other ranks, for
+  // network wires to advertise; empty when the bootstrap does not know one.
+  virtual std::string localAddress() const { return {}; }
 };
 
 class InProcessGroup;
@@ -777,6 +780,19 @@ class TcpBootstrap final : public Bootstrap {
   bool sameProcessGroup() const override { return false; }
   const std::string& address() const { return addr_; }  // of the rendezvous (rank 0)
   int port() const { return port_; }
+
+  // Our end of the connection to rank 0 (rank 0: its end of a peer's
+  // connection), i.e. the interface the other ranks already reach us on.
+  std::string localAddress() const override {
+    const int fd = rank_ == 0 ? (peers_.size() > 1 ? peers_[1].get() : -1) : root_.get();
+    if (fd < 0) return {};
+    sockaddr_in sa{};
+    socklen_t len = sizeof sa;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET) return {};
+    char buf[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf);
+    return buf;
+  }
 
   void allGather(void* data, size_t bytesPerRank) override {
     const size_t n = bytesPerRank;

@@ -34,16 +34,19 @@
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/memory.hpp"
 #include "gin/host/proxy.hpp"
+#include "gin/host/tcp_wire.hpp"
 #include "gin/host/window.hpp"
 
 namespace gin {
 
 enum class DeviceKind { Auto, Cpu, Gpu };
 
-// How peers are reached. Auto: lsa for every peer load/store reaches (today,
-// every peer: ranks on several hosts are refused). Lsa: the same, never proxy.
-// Proxy: every peer through the proxy engine, lsa members included (testing,
-// debugging). GIN_TRANSPORT=auto|lsa|proxy overrides.
+// How peers are reached. Auto: lsa for every peer load/store reaches (the
+// ranks of this host), the proxy for the others (ranks on other hosts, over
+// the tcp wire; CPU ranks so far). Lsa: lsa only (ranks on several hosts are
+// refused). Proxy: every peer through the proxy engine, lsa members included
+// (testing, debugging). GIN_TRANSPORT=auto|lsa|proxy overrides; which wire the
+// proxy uses per peer: CommConfig::proxy.wire / GIN_PROXY_WIRE.
 enum class TransportChoice { Auto, Lsa, Proxy };
 
 struct CommConfig {
@@ -69,14 +72,24 @@ inline uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull)
   return h;
 }
 // Ranks with the same host id share memory. GIN_HOST_ID overrides (tests that
-// pretend to be several hosts, containers that share a kernel).
+// pretend to be several hosts, containers that share a kernel); the value
+// "netns" keeps the host's identity but adds the network namespace, so ranks
+// in different namespaces of one machine count as different hosts.
 inline uint64_t hostId() {
-  if (const char* e = std::getenv("GIN_HOST_ID")) return fnv1a(std::string("env:") + e);
+  const char* e = std::getenv("GIN_HOST_ID");
+  if (e && std::string(e) != "netns") return fnv1a(std::string("env:") + e);
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   std::string boot;
   std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
-  return fnv1a(std::string(name) + "/" + boot);
+  std::string id = std::string(name) + "/" + boot;
+  if (e) {
+    char ns[128] = {};
+    const ssize_t n = ::readlink("/proc/self/ns/net", ns, sizeof ns - 1);
+    if (n <= 0) throw Error("GIN_HOST_ID=netns, but /proc/self/ns/net cannot be read on this system");
+    id += std::string("/") + ns;
+  }
+  return fnv1a(id);
 }
 inline uint64_t envTimeoutNs() {
   if (const char* e = std::getenv("GIN_TIMEOUT_MS")) {
@@ -134,6 +147,7 @@ class Comm {
                   std::to_string(cfg.proxy.ringSlots) + ", " + std::to_string(cfg.proxy.batch) + ")");
     if (cfg_.timeoutNs == 0) cfg_.timeoutNs = detail::envTimeoutNs();
     cfg_.transport = detail::envTransport(cfg_.transport);
+    cfg_.proxy.wire = detail::envProxyWire(cfg_.proxy.wire);
     discover();
     if (std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Proxy)) != transports_.end()) {
       // Checked on every rank together, so a bad list stops all of them.
@@ -147,6 +161,7 @@ class Comm {
     }
     buildState();
     bs_.barrier();  // every rank's signals and inboxes are zero before anyone uses them
+    buildWires();   // collective: the tcp wire connects the pairs that use it
     if (dev_.proxyRings) startProxy();
     if (rank_ == 0 && detail::envDebug()) printTransports();
   }
@@ -155,6 +170,7 @@ class Comm {
     // Our engine writes into peers' memory: it drains and stops before the
     // barrier that lets them free it.
     engine_.reset();
+    if (tcp_) tcp_->closeSend();  // its destructor waits for the peers' goodbyes: all in flight is applied
     // Peers may still be writing into our memory until they too are done.
     try {
       bs_.barrier();
@@ -180,6 +196,11 @@ class Comm {
   Transport transportTo(int worldRank) const { return Transport(transports_.at(size_t(worldRank))); }
   // The proxy engine, or nullptr when no peer uses the proxy (tests pause it).
   ProxyEngine* proxyEngine() const { return engine_.get(); }
+  // The wire the proxy uses to reach `worldRank`: Local or Tcp; Auto when
+  // that peer is not reached through the proxy.
+  ProxyWire proxyWireTo(int worldRank) const { return ProxyWire(wireOf_.at(size_t(worldRank))); }
+  // The tcp wire, or nullptr when no pair of ranks uses it.
+  TcpWire* tcpWire() const { return tcp_.get(); }
 
   // What kernels receive (by value).
   const DevComm& devComm() const { return dev_; }
@@ -239,6 +260,9 @@ class Comm {
     // window a peer is about to free (bounded; a stuck engine is reported
     // through the error record anyway).
     if (engine_) (void)engine_->quiesce(cfg_.timeoutNs);
+    // Over tcp "consumed" means "sent": the fence waits until what peers sent
+    // us has been applied (bounded; a lost peer is in the error record).
+    if (tcp_) (void)tcp_->fence(cfg_.timeoutNs);
     bs_.barrier();  // nobody still writes into it
     dir_.remove(id);
     windows_.erase(it);
@@ -361,6 +385,8 @@ class Comm {
   std::unique_ptr<GpuCopier> hostReader_;  // this thread's reads of device words (quiesce)
   std::mutex hostReaderMu_;
 #endif
+  std::vector<uint8_t> wireOf_;   // per peer: ProxyWire::Local / Tcp, Auto when not proxied
+  std::unique_ptr<TcpWire> tcp_;  // its receiver writes into the windows and signals above
   std::unique_ptr<Wire> wire_;
   std::unique_ptr<ProxyEngine> engine_;
 
@@ -442,13 +468,18 @@ class Comm {
 
     transports_.assign(size_t(nRanks_), uint8_t(Transport::None));
     const bool forceProxy = cfg_.transport == TransportChoice::Proxy;
+    // Ranks of other hosts: the proxy (its tcp wire; buildWires checks the wire reaches them).
     for (int r = 0; r < nRanks_; ++r)
-      if (r >= lsaBase && r < lsaBase + perNode)
-        transports_[size_t(r)] = uint8_t(forceProxy ? Transport::Proxy : Transport::Lsa);
-    if (nNodes > 1)
+      transports_[size_t(r)] =
+          uint8_t(r >= lsaBase && r < lsaBase + perNode && !forceProxy ? Transport::Lsa : Transport::Proxy);
+    if (nNodes > 1 && cfg_.transport == TransportChoice::Lsa)
       throw Error("the ranks span " + std::to_string(nNodes) +
-                  " hosts, and ranks on different hosts need a network wire (proxy over tcp/verbs, or ibgda), "
-                  "which this build of gin does not have yet; run all ranks on one host");
+                  " hosts, and the transport is forced to lsa (load/store), which cannot reach another host; "
+                  "use GIN_TRANSPORT=auto (the proxy over tcp reaches them)");
+    if (nNodes > 1 && gpu_)
+      throw Error("the ranks span " + std::to_string(nNodes) +
+                  " hosts; on GPUs that needs the proxy's tcp wire, which does not carry GPU windows yet (only "
+                  "the local wire does); run all ranks on one host, or use DeviceKind::Cpu / GIN_DEVICE=cpu");
     dev_.proxyAll = forceProxy ? 1 : 0;
   }
 
@@ -691,6 +722,7 @@ class Comm {
     }
 #endif
     if (!wire_) wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_);
+    if (tcp_) wire_ = std::make_unique<RoutedWire>(std::move(wire_), *tcp_, wireOf_);  // tcp_wire.hpp
     engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), *wire_, dir_, nSignalWords_, cfg_.proxy,
                                             std::move(hooks));
   }
@@ -756,17 +788,70 @@ class Comm {
   }
 #endif
 
+  // Which wire carries the proxy to each peer, agreed by every rank; the tcp
+  // wire when any pair of ranks uses it (collective either way).
+  void buildWires() {
+    std::vector<uint8_t> choice(static_cast<size_t>(nRanks_));
+    choice[size_t(rank_)] = uint8_t(cfg_.proxy.wire);
+    bs_.allGather(choice.data(), 1);
+    for (int r = 1; r < nRanks_; ++r)
+      if (choice[size_t(r)] != choice[0])
+        throw Error(std::string("ranks disagree on the proxy wire: rank 0 asks for ") +
+                    detail::proxyWireName(ProxyWire(choice[0])) + ", rank " + std::to_string(r) + " for " +
+                    detail::proxyWireName(ProxyWire(choice[size_t(r)])) +
+                    "; set CommConfig::proxy.wire / GIN_PROXY_WIRE the same everywhere");
+    const auto want = ProxyWire(choice[0]);
+    const bool forceProxy = cfg_.transport == TransportChoice::Proxy;
+    const int L = dev_.lsaSize;
+    // Pair (a, b) uses the proxy when forced or when they are on different
+    // hosts; tcp when so asked, or (auto) across hosts. The same on every rank.
+    auto pairWire = [&](int a, int b) {
+      const bool sameHost = a / L == b / L;
+      if (a == b || (sameHost && !forceProxy)) return ProxyWire::Auto;  // lsa, or a copy to oneself
+      if (want == ProxyWire::Tcp || (want == ProxyWire::Auto && !sameHost)) return ProxyWire::Tcp;
+      if (!sameHost)
+        throw Error(
+            "the proxy wire is forced to local (GIN_PROXY_WIRE/CommConfig::proxy.wire), which cannot reach "
+            "rank " +
+            std::to_string(b) + " on another host from rank " + std::to_string(a) + "; use auto or tcp");
+      return ProxyWire::Local;
+    };
+    wireOf_.assign(size_t(nRanks_), uint8_t(ProxyWire::Auto));
+    std::vector<uint8_t> useTcp(size_t(nRanks_), 0);
+    bool anyTcp = false, remote = false;
+    for (int a = 0; a < nRanks_; ++a)
+      for (int b = 0; b < nRanks_; ++b) anyTcp = anyTcp || pairWire(a, b) == ProxyWire::Tcp;
+    for (int r = 0; r < nRanks_; ++r) {
+      if (transports_[size_t(r)] != uint8_t(Transport::Proxy)) continue;
+      const ProxyWire w = pairWire(rank_, r);
+      wireOf_[size_t(r)] = uint8_t(w == ProxyWire::Auto ? ProxyWire::Local : w);
+      useTcp[size_t(r)] = w == ProxyWire::Tcp;
+      remote = remote || (w == ProxyWire::Tcp && r / L != rank_ / L);
+    }
+    if (!anyTcp) return;
+    if (gpu_)
+      throw Error("the proxy's tcp wire does not carry GPU windows yet (only the local wire does); on GPU ranks "
+                  "use GIN_PROXY_WIRE=local or auto within one host");
+    tcp_ = std::make_unique<TcpWire>(bs_, dev_, dir_, dev_.signals, nSignalWords_, useTcp, cfg_.timeoutNs,
+                                     detail::tcpWireAddress(bs_, remote));
+  }
+
   void printTransports() const {
     std::string s = "gin: rank 0 transport table (" + std::to_string(nRanks_) + " ranks):";
     for (int r = 0; r < nRanks_; ++r)
       s += " " + std::to_string(r) + "=" + detail::transportName(Transport(transports_[size_t(r)]));
-    if (dev_.proxyRings)
-      s +=
-          "; proxy: " + std::to_string(cfg_.nContexts) + " rings x " + std::to_string(cfg_.proxy.ringSlots) +
-          " slots, local wire" + (gpu_ ? " (copy-engine copies, signals and counters in host memory)" : "") +
-          (engineCpus_.empty() ? std::string(", engine not pinned")
-                               : ", engine on " + std::to_string(engineCpus_.size()) + " CPU(s) from " +
-                                     std::to_string(engineCpus_.front()) + " to " + std::to_string(engineCpus_.back()));
+    if (dev_.proxyRings) {
+      s += "; proxy wires:";
+      for (int r = 0; r < nRanks_; ++r)
+        if (wireOf_[size_t(r)] != uint8_t(ProxyWire::Auto))
+          s += " " + std::to_string(r) + "=" + detail::proxyWireName(ProxyWire(wireOf_[size_t(r)]));
+      s += "; " + std::to_string(cfg_.nContexts) + " rings x " + std::to_string(cfg_.proxy.ringSlots) + " slots";
+      if (tcp_) s += "; tcp wire on port " + std::to_string(tcp_->port());
+      if (gpu_) s += "; GPU: copy-engine copies, signals and counters in host memory";
+      s += engineCpus_.empty() ? std::string("; engine not pinned")
+                               : "; engine on " + std::to_string(engineCpus_.size()) + " CPU(s) from " +
+                                     std::to_string(engineCpus_.front()) + " to " + std::to_string(engineCpus_.back());
+    }
     std::fprintf(stderr, "%s\n", s.c_str());
   }
 

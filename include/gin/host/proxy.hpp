@@ -35,6 +35,13 @@
 
 namespace gin {
 
+// Which wire carries proxy operations to a peer (CommConfig::proxy.wire;
+// GIN_PROXY_WIRE=auto|local|tcp overrides). Auto: local for peers whose
+// memory is mapped in this process (the lsa team), tcp for the others. Local:
+// only mapped peers (ranks on other hosts are an error). Tcp: every other
+// rank over sockets (a rank reaches itself by a copy). gin/host/tcp_wire.hpp.
+enum class ProxyWire : uint8_t { Auto = 0, Local = 1, Tcp = 2 };
+
 // Engine knobs (CommConfig::proxy). The defaults favour latency while busy and
 // give the core back within ~a millisecond of going idle, which matters when
 // CPU ranks and their engines outnumber the cores.
@@ -48,6 +55,7 @@ struct ProxyConfig {
   // the CPUs local to the GPU (sysfs local_cpulist) on GPU ranks, no pinning
   // on CPU ranks. GIN_PROXY_CPUS overrides; "none" turns pinning off.
   std::string cpus;
+  ProxyWire wire = ProxyWire::Auto;
 };
 
 // A Linux cpulist ("0-3,8,10-11") as CPU numbers; throws gin::Error naming
@@ -88,6 +96,10 @@ inline std::vector<int> parseCpuList(const std::string& list, const std::string&
 // The windows of a communicator by id: what the engine resolves descriptor
 // window ids against. The Comm adds and removes entries; the engine holds the
 // mutex while it executes a batch, so a window never disappears under a copy.
+// Network receivers (the tcp wire's thread) look windows up under
+// receiveMutex() instead: the engine may block in a send while it holds
+// mutex(), and a receiver waiting for that mutex would stop draining the
+// socket its peer's engine is blocked on (a cycle). add/remove take both.
 class WindowDirectory {
  public:
   struct Entry {
@@ -96,22 +108,23 @@ class WindowDirectory {
     std::vector<char*> lsaBases;  // [lsaSize] every lsa member's buffer, mapped here
   };
   void add(uint32_t id, Entry e) {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::scoped_lock lk(mu_, rxMu_);
     map_[id] = std::move(e);
   }
   void remove(uint32_t id) {
-    std::lock_guard<std::mutex> lk(mu_);
+    std::scoped_lock lk(mu_, rxMu_);
     map_.erase(id);
   }
   std::mutex& mutex() { return mu_; }
-  // Caller holds mutex().
+  std::mutex& receiveMutex() { return rxMu_; }
+  // Caller holds mutex() or receiveMutex().
   const Entry* find(uint32_t id) const {
     auto it = map_.find(id);
     return it == map_.end() ? nullptr : &it->second;
   }
 
  private:
-  std::mutex mu_;
+  std::mutex mu_, rxMu_;
   std::map<uint32_t, Entry> map_;
 };
 
@@ -120,8 +133,11 @@ struct WireReject {
   uint64_t id = 0, value = 0, limit = 0;
 };
 
-// Where the bytes go. Later phases add TCP and verbs wires behind the same
-// interface. Both calls validate first and write nothing when they return false.
+// Where the bytes go: LocalWire below, TcpWire (gin/host/tcp_wire.hpp); verbs
+// later. Both calls validate first and write nothing when they return false.
+// The engine calls them from its thread with the directory's mutex() held;
+// when put returns, the source has been consumed (the engine then counts a
+// CounterInc).
 class Wire {
  public:
   virtual ~Wire() = default;
