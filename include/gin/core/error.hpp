@@ -32,6 +32,9 @@ enum class Op : uint32_t {
   ProxyFull,    // a producer waited for a free slot in a proxy ring
   ProxyFlush,   // flush waited for the proxy engine to consume descriptors
   ProxyEngine,  // the proxy engine stopped on an internal failure
+  LlWait,       // an LL packet reader waited for the round's flag (gin/device/ll.hpp)
+  P2pSend,      // p2p send waited for the receiver to free a FIFO slot (gin/device/p2p.hpp)
+  P2pRecv,      // p2p recv waited for the sender to fill a FIFO slot
 };
 
 GIN_HD inline const char* opName(Op op) {
@@ -50,6 +53,9 @@ GIN_HD inline const char* opName(Op op) {
     case Op::ProxyFull: return "proxyRingFull";
     case Op::ProxyFlush: return "proxyFlush";
     case Op::ProxyEngine: return "proxyEngine";
+    case Op::LlWait: return "llWait";
+    case Op::P2pSend: return "p2pSend";
+    case Op::P2pRecv: return "p2pRecv";
   }
   return "unknown";
 }
