@@ -81,8 +81,8 @@ void llTest(int n, uint64_t seed) {
         for (size_t i = 0; i < bytes; ++i) h[p * slot + mis + i] = gputest::pattern(seed + r, me, i ^ size_t(p));
       GPU_CHECK(cudaMemcpy(src, h.data(), h.size(), cudaMemcpyHostToDevice));
       GPU_CHECK(cudaMemset(dst, kPoison, slot * n));
-      llRound<K, P><<<n, 256>>>(comm.devComm(), w, buf, src, slot, dst, slot, bytes, mis, ll::flagForRound(r), r % 2,
-                                failed);
+      llRound<K, P>
+          <<<n, 256>>>(comm.devComm(), w, buf, src, slot, dst, slot, bytes, mis, ll::flagForRound(r), r % 2, failed);
       comm.synchronize();
       GPU_CHECK(cudaMemcpy(h.data(), dst, h.size(), cudaMemcpyDeviceToHost));
       for (int p = 0; p < n; ++p) {
@@ -170,8 +170,8 @@ void llRaceTest(int n) {
     GPU_CHECK(cudaMemcpy(h, counts, sizeof h, cudaMemcpyDeviceToHost));
     cudaFree(counts);
     std::printf("  LL%zu race on rank %d: accepted %llu, rejected as mixed %llu\n", sizeof(P), comm.rank(), h[1], h[2]);
-    expect(h[0] == 0, "a reader accepted a torn or mixed packet, or the last round never came (" +
-                          std::to_string(h[0]) + ")");
+    expect(h[0] == 0,
+           "a reader accepted a torn or mixed packet, or the last round never came (" + std::to_string(h[0]) + ")");
     comm.bootstrap().barrier();
   });
 }
@@ -204,8 +204,7 @@ namespace {
 // and the error names llWait.
 __global__ void llNever(DevComm dc, Window w, int* toldOk) {
   uint8_t out[64];
-  if (ll::getPacketsFromWindow<ll::Packet16>(CoopBlock{}, dc, out, w, 0, 64, 77, -1))
-    atomicAdd(toldOk, 1);
+  if (ll::getPacketsFromWindow<ll::Packet16>(CoopBlock{}, dc, out, w, 0, 64, 77, -1)) atomicAdd(toldOk, 1);
 }
 }  // namespace
 
@@ -281,8 +280,8 @@ void p2pRingTest(int n, uint64_t seed) {
       GPU_CHECK(cudaMemcpy(comm.localPointer(src), h.data(), slot, cudaMemcpyHostToDevice));
       GPU_CHECK(cudaMemset(dst, kPoison, slot));
       GPU_CHECK(cudaDeviceSynchronize());
-      p2pRing<K, Separate><<<Separate ? 2 : 1, 256>>>(comm.devComm(), fifo, src, smis, bytes, dst + dmis, bytes,
-                                                      failed);
+      p2pRing<K, Separate>
+          <<<Separate ? 2 : 1, 256>>>(comm.devComm(), fifo, src, smis, bytes, dst + dmis, bytes, failed);
       comm.synchronize();
       GPU_CHECK(cudaMemcpy(h.data(), dst, slot, cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < dmis; ++i) expect(h[i] == kPoison, "recv wrote before the destination");

@@ -135,6 +135,7 @@ class Endpoint {
     return coop.syncAll(ok);
   }
 
+  GIN_HD const Net<Backends>& net() const { return net_; }
   GIN_HD const Fifo& fifo() const { return f_; }
   GIN_HD int channel() const { return channel_; }
 
