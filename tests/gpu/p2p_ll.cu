@@ -7,6 +7,7 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include "../../examples/allreduce/ring_allreduce.hpp"
 #include "gpu_common.cuh"
 
 using namespace gin;
@@ -405,6 +406,75 @@ TEST_CASE("GPU p2p: a recv nobody sends to gives a gin::Error naming p2pRecv, ev
       gputest::gpuConfig(200'000'000ull)));
   CHECK(toldOk == 0);
   CHECK_THAT(msg, Catch::Matchers::ContainsSubstring("p2pRecv") && Catch::Matchers::ContainsSubstring("context 1"));
+}
+
+// ---------------------------------------------------------------- ring AllReduce baseline
+
+namespace {
+template <class T>
+__global__ void allReduceKernel(DevComm dc, p2p::Fifo fifo, Window w, size_t count, T* tmp, size_t tmpElts,
+                                int* failed) {
+  p2p::Endpoint ep(Net<kBackendLsa>(dc, 0), fifo);
+  if (!ginex::ringAllReduce(CoopBlock{}, ep, w, 0, count, tmp, tmpElts, ginex::Sum{}) && threadIdx.x == 0)
+    atomicAdd(failed, 1);
+}
+
+// Rank r's element i: small integers, so float sums are exact in any order.
+template <class T>
+T arInput(int rank, size_t i) {
+  return T(int((gputest::pattern(7, rank, i) % 61)) - 30);
+}
+
+template <class T>
+void allReduceTest(int n) {
+  runGpus(n, [&](Comm& comm) {
+    const int me = comm.rank();
+    p2p::Config cfg;
+    cfg.chunkBytes = 32 << 10;
+    p2p::Fifo fifo = p2p::create(comm, cfg);
+    const size_t maxCount = (1u << 20) + 3, tmpElts = 16 << 10;
+    Window w = comm.allocWindow(maxCount * sizeof(T) + 64);
+    T* tmp = nullptr;
+    int* failed = nullptr;
+    GPU_CHECK(cudaMalloc(&tmp, tmpElts * sizeof(T)));
+    GPU_CHECK(cudaMalloc(&failed, sizeof(int)));
+    GPU_CHECK(cudaMemset(failed, 0, sizeof(int)));
+    for (size_t count : {size_t(0), size_t(1), size_t(97), size_t(4099), maxCount}) {
+      std::vector<T> h(count + 16, T(-7777));  // poison after the data
+      for (size_t i = 0; i < count; ++i) h[i] = arInput<T>(me, i);
+      GPU_CHECK(cudaMemcpy(comm.localPointer(w), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+      GPU_CHECK(cudaDeviceSynchronize());
+      comm.bootstrap().barrier();
+      allReduceKernel<T><<<1, 512>>>(comm.devComm(), fifo, w, count, tmp, tmpElts, failed);
+      comm.synchronize();
+      GPU_CHECK(cudaMemcpy(h.data(), comm.localPointer(w), h.size() * sizeof(T), cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < count; ++i) {
+        T ref = 0;
+        for (int r = 0; r < n; ++r) ref += arInput<T>(r, i);
+        if (h[i] != ref)
+          expect(false, "AllReduce count " + std::to_string(count) + ": element " + std::to_string(i) + " is " +
+                            std::to_string(double(h[i])) + ", reference " + std::to_string(double(ref)));
+      }
+      for (size_t i = count; i < h.size(); ++i) expect(h[i] == T(-7777), "AllReduce wrote past the data");
+      comm.bootstrap().barrier();
+    }
+    int f = -1;
+    GPU_CHECK(cudaMemcpy(&f, failed, sizeof f, cudaMemcpyDeviceToHost));
+    expect(f == 0, "ringAllReduce reported failure");
+    cudaFree(tmp), cudaFree(failed);
+    comm.deregisterWindow(w);
+    p2p::destroy(comm, fifo);
+  });
+}
+}  // namespace
+
+TEST_CASE("GPU ring AllReduce baseline (block coop): float and int32 sums, counts 0, 1, 97, 4099, 1 Mi + 3",
+          "[gpu][allreduce]") {
+  for (int n : rankCounts()) {
+    CAPTURE(n);
+    REQUIRE_NOTHROW(allReduceTest<float>(n));
+    REQUIRE_NOTHROW(allReduceTest<int32_t>(n));
+  }
 }
 
 int main(int argc, char** argv) {
