@@ -6,6 +6,8 @@
 #include "gin/core/rolling.hpp"
 #include "gin/device/barrier.hpp"
 #include "gin/device/comm.hpp"
+#include "gin/device/ll.hpp"
 #include "gin/device/net.hpp"
+#include "gin/device/p2p.hpp"
 #include "gin/device/team.hpp"
 #include "gin/device/window.hpp"

@@ -4,3 +4,4 @@
 #include "gin/device.hpp"
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/comm.hpp"
+#include "gin/host/p2p.hpp"

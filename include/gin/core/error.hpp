@@ -35,6 +35,9 @@ enum class Op : uint32_t {
   ProxyEngine,  // the proxy engine stopped on an internal failure
   PeerLost,     // the network connection to a peer closed or failed (tcp wire)
   WireFrame,    // a frame from a peer was malformed and rejected (tcp wire)
+  LlWait,       // an LL packet reader waited for the round's flag (gin/device/ll.hpp)
+  P2pSend,      // p2p send waited for the receiver to free a FIFO slot (gin/device/p2p.hpp)
+  P2pRecv,      // p2p recv waited for the sender to fill a FIFO slot
 };
 
 // Why the tcp wire rejected a frame (DeviceErrorRecord::objectId for Op::WireFrame).
@@ -97,6 +100,9 @@ GIN_HD inline const char* opName(Op op) {
     case Op::ProxyEngine: return "proxyEngine";
     case Op::PeerLost: return "peerLost";
     case Op::WireFrame: return "wireFrame";
+    case Op::LlWait: return "llWait";
+    case Op::P2pSend: return "p2pSend";
+    case Op::P2pRecv: return "p2pRecv";
   }
   return "unknown";
 }

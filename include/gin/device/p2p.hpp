@@ -1,0 +1,274 @@
+// gin/device/p2p.hpp — send/recv over a step FIFO (NCCL's P2P design), built
+// only on the public Net API, so it runs over every transport Net reaches.
+//
+//   gin::p2p::Endpoint ep(gin::Net(devComm, ctx), fifo);      // fifo: gin::p2p::create(comm) on the host
+//   ep.send(gin::CoopBlock{}, peer, srcWin, srcOffset, bytes);  // one block
+//   ep.recv(gin::CoopBlock{}, peer, dstPtr, bytes);             // another block (or another rank)
+//
+// Connector: one per (channel, sender, receiver). Its FIFO is a ring of
+// nSlots slots of chunkBytes each, in the RECEIVER's FIFO window; two gin
+// signals count steps (one step = one slot = up to chunkBytes of a message):
+//   data   (at the receiver): steps the sender has put into the ring. The
+//          sender's put carries SignalAdd{data, 1}, so the signal is seen only
+//          after the slot's payload is (the Net contract).
+//   credit (at the sender):   steps the receiver has copied out. The receiver
+//          adds 1 after its copy, with release, so the sender never overwrites
+//          a slot the receiver is still reading.
+// Step k lives in slot k % nSlots. The sender may put step k once credit >=
+// k + 1 - nSlots; the receiver may read step k once data >= k + 1. Both sides
+// keep their own step count across calls in the signal shadow of the signal
+// they wait on (the shadow is local memory Net gives its caller), so the ring
+// is reused call after call without resets: counters only grow, compared with
+// rolling arithmetic.
+//
+// Promises and rules:
+//  - Messages between one sender and one receiver on one channel arrive in the
+//    order sent; send(bytes) must be matched by recv(bytes) of the same size.
+//  - send returns once the source may be reused (it ends with net.flush); the
+//    data may still be in the ring. recv returns once dst holds the message
+//    (visible to every thread of the coop).
+//  - Only one coop at a time may send on a given (channel, peer), and one may
+//    receive on a given (channel, peer). Use channels for concurrency.
+//  - The source must be in a registered window (a put's source, so that the
+//    proxy and ibgda transports can read it); the destination is any pointer
+//    the calling agent can write.
+//  - Waits are bounded: p2pSend (waiting for a free slot: id = credit signal,
+//    expected/observed = credit steps) or p2pRecv (waiting for data: id = data
+//    signal, expected/observed = data steps), with the peer's world rank, in
+//    the error record. Every call returns false on every thread of the coop if
+//    something failed.
+#pragma once
+
+#include "gin/device/net.hpp"
+
+namespace gin::p2p {
+
+// The FIFOs of one communicator as a kernel sees them. Trivially copyable:
+// pass it to kernels by value. Built by gin::p2p::create (gin/host/p2p.hpp).
+struct Fifo {
+  Window window;        // per rank: [nChannels][nRanks senders][nSlots] slots of chunkBytes
+  uint64_t chunkBytes;  // slot size, a multiple of 16
+  uint32_t nSlots;      // ring depth per connector
+  uint32_t nChannels;   // independent connector sets
+  uint32_t signalBase;  // ids [signalBase, signalBase + 2 * nChannels * nRanks) are p2p's
+  int32_t nRanks;
+};
+static_assert(std::is_trivially_copyable_v<Fifo>);
+
+// Signal ids: data from `from` on `channel` (here, at the receiver), and
+// credit from `to` on `channel` (here, at the sender). The same formula on
+// every rank, so each side knows the other's ids.
+GIN_HD GIN_INLINE uint32_t dataSignal(const Fifo& f, int channel, int from) {
+  return f.signalBase + 2u * (uint32_t(channel) * uint32_t(f.nRanks) + uint32_t(from));
+}
+GIN_HD GIN_INLINE uint32_t creditSignal(const Fifo& f, int channel, int to) {
+  return f.signalBase + 2u * (uint32_t(channel) * uint32_t(f.nRanks) + uint32_t(to)) + 1u;
+}
+// Offset, in every rank's FIFO window, of the ring that holds `from`'s data on `channel`.
+GIN_HD GIN_INLINE size_t ringOffset(const Fifo& f, int channel, int from) {
+  return (size_t(channel) * size_t(f.nRanks) + size_t(from)) * size_t(f.nSlots) * f.chunkBytes;
+}
+// Steps (slots) a message of `bytes` takes.
+GIN_HD GIN_INLINE uint64_t stepCount(const Fifo& f, size_t bytes) { return (bytes + f.chunkBytes - 1) / f.chunkBytes; }
+
+template <unsigned Backends = kBackendAll>
+class Endpoint {
+ public:
+  // Peers are world ranks. `channel` selects one of the FIFO's connector sets.
+  GIN_HD Endpoint(const Net<Backends>& net, const Fifo& fifo, int channel = 0)
+      : net_(net), f_(fifo), channel_(channel) {}
+
+  // Send `bytes` from srcWin + srcOffset (this rank) to `peer`. Returns once
+  // the source may be reused.
+  template <class Coop>
+  GIN_HD bool send(Coop coop, int peer, Window srcWin, size_t srcOffset, size_t bytes) const {
+    if (!checkArgs(peer) || !checkSource(srcWin, srcOffset, bytes)) return coop.syncAll(false);
+    Sender s = openSender(peer);
+    bool ok = true;
+    for (uint64_t k = 0, n = stepCount(f_, bytes); ok && k < n; ++k)
+      ok = sendStep(coop, s, srcWin, srcOffset, bytes, k);
+    ok = net_.flush(coop) && ok;
+    closeSender(coop, s);
+    return coop.syncAll(ok);
+  }
+  template <class T, class Coop>
+  GIN_HD bool send(Coop coop, int peer, SymPtr<T> src, size_t nElts) const {
+    return send(coop, peer, src.window, size_t(src.offset), nElts * sizeof(T));
+  }
+
+  // Receive `bytes` from `peer` into dst.
+  template <class Coop>
+  GIN_HD bool recv(Coop coop, int peer, void* dst, size_t bytes) const {
+    if (!checkArgs(peer)) return coop.syncAll(false);
+    Receiver r = openReceiver(peer);
+    bool ok = true;
+    for (uint64_t k = 0, n = stepCount(f_, bytes); ok && k < n; ++k) ok = recvStep(coop, r, dst, bytes, k);
+    closeReceiver(coop, r);
+    return coop.syncAll(ok);
+  }
+  template <class T, class Coop>
+  GIN_HD bool recv(Coop coop, int peer, T* dst, size_t nElts) const {
+    return recv(coop, peer, static_cast<void*>(dst), nElts * sizeof(T));
+  }
+
+  // Send to sendPeer and receive from recvPeer in one call, interleaving the
+  // steps (send step k, then receive step k). A coop (or a single-threaded CPU
+  // rank) can then exchange messages of any size around a ring, pairwise, or
+  // with itself without deadlock: step k's send only needs the receiver to
+  // have finished step k - nSlots, which it did in an earlier iteration.
+  template <class Coop>
+  GIN_HD bool sendRecv(Coop coop, int sendPeer, Window srcWin, size_t srcOffset, size_t sendBytes, int recvPeer,
+                       void* dst, size_t recvBytes) const {
+    if (!checkArgs(sendPeer) || !checkArgs(recvPeer) || !checkSource(srcWin, srcOffset, sendBytes))
+      return coop.syncAll(false);
+    Sender s = openSender(sendPeer);
+    Receiver r = openReceiver(recvPeer);
+    const uint64_t nS = stepCount(f_, sendBytes), nR = stepCount(f_, recvBytes);
+    bool ok = true;
+    for (uint64_t k = 0; ok && (k < nS || k < nR); ++k) {
+      if (k < nS) ok = sendStep(coop, s, srcWin, srcOffset, sendBytes, k);
+      if (ok && k < nR) ok = recvStep(coop, r, dst, recvBytes, k);
+    }
+    ok = net_.flush(coop) && ok;
+    closeSender(coop, s);
+    closeReceiver(coop, r);
+    return coop.syncAll(ok);
+  }
+
+  GIN_HD const Net<Backends>& net() const { return net_; }
+  GIN_HD const Fifo& fifo() const { return f_; }
+  GIN_HD int channel() const { return channel_; }
+
+ private:
+  Net<Backends> net_;
+  Fifo f_;
+  int channel_;
+
+  struct Sender {
+    int peer;
+    uint32_t credit;      // here: steps `peer` has released
+    uint32_t dataAtPeer;  // at peer: steps we have put
+    size_t ring;          // our ring in peer's window
+    uint64_t step;        // next step to put (from the credit signal's shadow)
+    uint64_t creditSeen;  // rank 0 of the coop: last credit value acquired
+  };
+  struct Receiver {
+    int peer;
+    uint32_t data;          // here: steps `peer` has put
+    uint32_t creditAtPeer;  // at peer: steps we have released
+    size_t ring;            // peer's ring in our window
+    uint64_t step;          // next step to read (from the data signal's shadow)
+    uint64_t dataSeen;      // rank 0 of the coop: last data value acquired
+  };
+
+  GIN_HD bool checkArgs(int peer) const {
+    const DevComm& c = net_.comm();
+    if (peer >= 0 && peer < c.nRanks && f_.nRanks == c.nRanks && channel_ >= 0 && uint32_t(channel_) < f_.nChannels &&
+        f_.window)
+      return true;
+    recordError(c, Op::BadArgument, peer, net_.context(), uint64_t(channel_), uint64_t(peer), uint64_t(c.nRanks));
+    return false;
+  }
+  GIN_HD bool checkSource(Window w, size_t offset, size_t bytes) const {
+    const uint64_t size = w.dev ? loadConst(&w.dev->bytes) : 0;
+    if (bytes == 0 || (w.dev && offset <= size && bytes <= size - offset)) return true;
+    recordError(net_.comm(), Op::BadArgument, -1, net_.context(), w.dev ? loadConst(&w.dev->id) : ~uint64_t(0),
+                uint64_t(offset + bytes), size);
+    return false;
+  }
+
+  // Every thread reads the step count; closeX stores it back.
+  GIN_HD Sender openSender(int peer) const {
+    const int me = net_.comm().rank;
+    const uint32_t credit = creditSignal(f_, channel_, peer);
+    const uint64_t step = volatileLoad(net_.getSignalShadowPtr(credit));
+    return Sender{peer, credit, dataSignal(f_, channel_, me), ringOffset(f_, channel_, me), step, step - f_.nSlots};
+  }
+  GIN_HD Receiver openReceiver(int peer) const {
+    const int me = net_.comm().rank;
+    const uint32_t data = dataSignal(f_, channel_, peer);
+    const uint64_t step = volatileLoad(net_.getSignalShadowPtr(data));
+    return Receiver{peer, data, creditSignal(f_, channel_, me), ringOffset(f_, channel_, peer), step, step};
+  }
+  // Every thread has read the old count (at open, before the first sync);
+  // one thread stores the new one; the sync makes it the coop's next start.
+  template <class Coop>
+  GIN_HD void closeSender(Coop coop, const Sender& s) const {
+    coop.sync();
+    if (coop.rank() == 0) volatileStore(net_.getSignalShadowPtr(s.credit), s.step);
+    coop.sync();
+  }
+  template <class Coop>
+  GIN_HD void closeReceiver(Coop coop, const Receiver& r) const {
+    coop.sync();
+    if (coop.rank() == 0) volatileStore(net_.getSignalShadowPtr(r.data), r.step);
+    coop.sync();
+  }
+
+  // Rank 0 of the coop waits until signal `id` reaches `least` (rolling),
+  // polling relaxed and acquiring once when it does (the acquire covers every
+  // release up to the value seen, so later steps that need no more than *seen
+  // skip the poll). Bounded like Net's waits, with `op` and the peer named.
+  GIN_HD bool waitAtLeast(uint32_t id, uint64_t least, uint64_t* seen, Op op, int peer) const {
+    if (rollingLessEqual(least, *seen)) return true;
+    const DevComm& c = net_.comm();
+    uint64_t start = 0;
+    for (uint32_t spins = 1;; ++spins) {
+      const uint64_t v = net_.readSignal(id, 64, MemoryOrder::Relaxed);
+      if (rollingLessEqual(least, v)) {
+        *seen = net_.readSignal(id, 64, MemoryOrder::Acquire);
+        return true;
+      }
+      if ((spins & 63) == 0) {
+        if (aborted(c)) return false;
+        const uint64_t now = nowNs();
+        if (start == 0) start = now;
+        if (c.timeoutNs != 0 && now - start > c.timeoutNs) {
+          recordError(c, op, peer, net_.context(), id, least, v);
+          return false;
+        }
+#if !GIN_DEVICE_CODE
+        std::this_thread::yield();  // CPU ranks often outnumber cores
+#endif
+      }
+    }
+  }
+
+  // Step k of a message: slot s.step % nSlots of our ring at the peer.
+  template <class Coop>
+  GIN_HD bool sendStep(Coop coop, Sender& s, Window srcWin, size_t srcOffset, size_t bytes, uint64_t k) const {
+    bool ok = true;
+    // The slot is free once the receiver released step s.step - nSlots. Its
+    // release (after its copy out) pairs with this acquire, so our put cannot
+    // overwrite bytes it is still reading.
+    if (coop.rank() == 0) ok = waitAtLeast(s.credit, s.step + 1 - f_.nSlots, &s.creditSeen, Op::P2pSend, s.peer);
+    if (!coop.syncAll(ok)) return false;
+    const size_t off = size_t(k) * f_.chunkBytes, n = bytes - off < f_.chunkBytes ? bytes - off : f_.chunkBytes;
+    const size_t slot = size_t(s.step % f_.nSlots);
+    // The put's SignalAdd reaches the receiver after the payload (Net contract).
+    net_.put(teamWorld(net_.comm()), s.peer, f_.window, s.ring + slot * f_.chunkBytes, srcWin, srcOffset + off, n,
+             SignalAdd{s.dataAtPeer, 1}, None{}, coop);
+    ++s.step;
+    return true;
+  }
+
+  template <class Coop>
+  GIN_HD bool recvStep(Coop coop, Receiver& r, void* dst, size_t bytes, uint64_t k) const {
+    bool ok = true;
+    // Acquire pairs with the sender's put+SignalAdd: the slot's bytes are here.
+    // The coop sync in syncAll extends it to every thread that copies.
+    if (coop.rank() == 0) ok = waitAtLeast(r.data, r.step + 1, &r.dataSeen, Op::P2pRecv, r.peer);
+    if (!coop.syncAll(ok)) return false;
+    const size_t off = size_t(k) * f_.chunkBytes, n = bytes - off < f_.chunkBytes ? bytes - off : f_.chunkBytes;
+    const size_t slot = size_t(r.step % f_.nSlots);
+    lsa::coopCopy(coop, static_cast<char*>(dst) + off, localPointer(f_.window, r.ring + slot * f_.chunkBytes), n);
+    // Release the slot: signal() syncs the coop and releases at system scope,
+    // so every thread's reads of the slot are done before the sender sees the
+    // credit and reuses it.
+    net_.signal(teamWorld(net_.comm()), r.peer, SignalAdd{r.creditAtPeer, 1}, coop);
+    ++r.step;
+    return true;
+  }
+};
+
+}  // namespace gin::p2p

@@ -1,0 +1,61 @@
+// gin/host/p2p.hpp — host setup of the send/recv step FIFOs (gin/device/p2p.hpp).
+//
+//   gin::p2p::Fifo fifo = gin::p2p::create(comm, {.nSlots = 8, .chunkBytes = 128 << 10});  // collective
+//   kernel<<<...>>>(comm.devComm(), fifo, ...);
+//   gin::p2p::destroy(comm, fifo);                                                         // collective
+//
+// create() allocates one FIFO window (every rank: nChannels x nRanks rings of
+// nSlots x chunkBytes) and reserves 2 x nChannels x nRanks signal ids. The
+// signals and their shadows must not have been used before (they are zero
+// when the Comm is built): p2p keeps its step counts in them.
+#pragma once
+
+#include <string>
+
+#include "gin/device/p2p.hpp"
+#include "gin/host/comm.hpp"
+
+namespace gin::p2p {
+
+struct Config {
+  uint32_t nSlots = 8;               // ring depth per connector (NCCL_STEPS): a power of two
+  uint64_t chunkBytes = 128u << 10;  // slot size: a multiple of 16 bytes
+  uint32_t nChannels = 1;            // independent connector sets (one per concurrently sending coop)
+  int64_t signalBase = -1;           // first signal id p2p uses; -1: the top 2 x nChannels x nRanks ids
+};
+
+// Signal ids the FIFOs of `cfg` need on a communicator of nRanks ranks.
+inline uint64_t signalsNeeded(const Config& cfg, int nRanks) { return 2ull * cfg.nChannels * uint64_t(nRanks); }
+
+// Collective: every rank passes the same config.
+inline Fifo create(Comm& comm, const Config& cfg = {}) {
+  const int n = comm.nRanks();
+  // nSlots a power of two: step % nSlots stays continuous when the 64-bit
+  // step counters wrap, so step k and step k - nSlots share a slot forever.
+  if (cfg.nSlots < 1 || (cfg.nSlots & (cfg.nSlots - 1)) != 0 || cfg.nChannels < 1 || cfg.chunkBytes == 0 ||
+      cfg.chunkBytes % 16 != 0)
+    throw Error(
+        "p2p::create: nSlots must be a power of two, nChannels >= 1 and chunkBytes a positive multiple of 16 (got " +
+        std::to_string(cfg.nSlots) + ", " + std::to_string(cfg.nChannels) + ", " + std::to_string(cfg.chunkBytes) +
+        ")");
+  const uint64_t need = signalsNeeded(cfg, n), have = uint64_t(comm.config().nSignals);
+  const int64_t base = cfg.signalBase >= 0 ? cfg.signalBase : int64_t(have) - int64_t(need);
+  if (base < 0 || uint64_t(base) + need > have)
+    throw Error("p2p::create: needs " + std::to_string(need) + " signal ids (2 x " + std::to_string(cfg.nChannels) +
+                " channels x " + std::to_string(n) + " ranks) from " + std::to_string(base) + ", but the Comm has " +
+                std::to_string(have) + "; raise CommConfig::nSignals or lower Config::signalBase");
+  const uint64_t bytes = uint64_t(cfg.nChannels) * uint64_t(n) * cfg.nSlots * cfg.chunkBytes;
+  Fifo f{};
+  f.window = comm.allocWindow(size_t(bytes));
+  f.chunkBytes = cfg.chunkBytes;
+  f.nSlots = cfg.nSlots;
+  f.nChannels = cfg.nChannels;
+  f.signalBase = uint32_t(base);
+  f.nRanks = n;
+  return f;
+}
+
+// Collective: frees the FIFO window. No send or recv may be in flight.
+inline void destroy(Comm& comm, const Fifo& f) { comm.deregisterWindow(f.window); }
+
+}  // namespace gin::p2p
