@@ -382,7 +382,7 @@ class Comm {
   std::vector<int> engineCpus_;  // the engine thread's CPUs (empty: not pinned)
 #if GIN_WITH_CUDA
   std::unique_ptr<GpuCopier> copier_;      // the engine thread's copies
-  std::unique_ptr<GpuCopier> hostReader_;  // this thread's reads of device words (quiesce)
+  std::unique_ptr<GpuCopier> hostReader_;  // host threads' reads and writes of device words (quiesce, abort flag)
   std::mutex hostReaderMu_;
 #endif
   std::vector<uint8_t> wireOf_;   // per peer: ProxyWire::Local / Tcp, Auto when not proxied
@@ -476,10 +476,6 @@ class Comm {
       throw Error("the ranks span " + std::to_string(nNodes) +
                   " hosts, and the transport is forced to lsa (load/store), which cannot reach another host; "
                   "use GIN_TRANSPORT=auto (the proxy over tcp reaches them)");
-    if (nNodes > 1 && gpu_)
-      throw Error("the ranks span " + std::to_string(nNodes) +
-                  " hosts; on GPUs that needs the proxy's tcp wire, which does not carry GPU windows yet (only "
-                  "the local wire does); run all ranks on one host, or use DeviceKind::Cpu / GIN_DEVICE=cpu");
     dev_.proxyAll = forceProxy ? 1 : 0;
   }
 
@@ -673,6 +669,7 @@ class Comm {
     for (size_t i = 0; i < hostBases.size(); ++i) lsaSignalPtrs_[i] = reinterpret_cast<uint64_t*>(hostBases[i]);
     proxyCounters_ = HostMappedBuffer(true, counterBytes ? counterBytes : 8);
     *counters = static_cast<uint64_t*>(proxyCounters_.device());
+    hostReader_ = std::make_unique<GpuCopier>(cudaDev_);
 #else
     (void)sigBytes, (void)counterBytes, (void)signals, (void)counters;
     throw Error("GPU ranks need the CUDA runtime");
@@ -703,7 +700,6 @@ class Comm {
 #if GIN_WITH_CUDA
     if (gpu_) {
       copier_ = std::make_unique<GpuCopier>(cudaDev_);
-      hostReader_ = std::make_unique<GpuCopier>(cudaDev_);
       wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_, copier_.get());
       std::vector<const uint64_t*> heads;
       for (const auto& r : rings) heads.push_back(r.head);
@@ -781,7 +777,9 @@ class Comm {
     if (atomicCompareExchange<Scope::System>(&r.state, idle, 1u))
       fillErrorRecord(r, op, rank_, peer, ctx, id, expected, observed);
     try {
-      copier_->store32(dev_.abortFlag, 1u);  // the engine thread's stream: waits on the GPU stop
+      // Any host thread (engine, tcp receiver) may get here: one at a time.
+      std::lock_guard<std::mutex> lk(hostReaderMu_);
+      hostReader_->store32(dev_.abortFlag, 1u);  // waits on the GPU stop
     } catch (const Error& e) {
       std::fprintf(stderr, "gin: rank %d: could not raise the abort flag: %s\n", rank_, e.what());
     }
@@ -829,11 +827,21 @@ class Comm {
       remote = remote || (w == ProxyWire::Tcp && r / L != rank_ / L);
     }
     if (!anyTcp) return;
-    if (gpu_)
-      throw Error("the proxy's tcp wire does not carry GPU windows yet (only the local wire does); on GPU ranks "
-                  "use GIN_PROXY_WIRE=local or auto within one host");
-    tcp_ = std::make_unique<TcpWire>(bs_, dev_, dir_, dev_.signals, nSignalWords_, useTcp, cfg_.timeoutNs,
-                                     detail::tcpWireAddress(bs_, remote));
+    TcpGpu gpu;
+#if GIN_WITH_CUDA
+    if (gpu_) {
+      // Windows are device memory (staged through pinned buffers); the
+      // signal words are host memory (proxySignals_) and failures take the
+      // host path of the error record.
+      gpu.device = cudaDev_;
+      gpu.fail = [this](Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed) {
+        hostRecordError(op, peer, ctx, id, expected, observed);
+      };
+    }
+#endif
+    uint64_t* signals = gpu_ ? reinterpret_cast<uint64_t*>(proxySignals_.data()) : dev_.signals;
+    tcp_ = std::make_unique<TcpWire>(bs_, dev_, dir_, signals, nSignalWords_, useTcp, cfg_.timeoutNs,
+                                     detail::tcpWireAddress(bs_, remote), std::move(gpu));
   }
 
   void printTransports() const {

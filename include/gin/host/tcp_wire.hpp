@@ -18,6 +18,11 @@
 //    stop at once instead of running into the timeout.
 //  - put() returns once the source has been handed to the kernel's socket
 //    buffer: the engine's CounterInc then counts a consumed source.
+//  - GPU windows (TcpGpu): the sender copies each chunk of the source into a
+//    pinned staging buffer (copy engine, waited for) before it sends it; the
+//    receiver copies each checked payload into the window and waits for that
+//    copy before it applies the frame's action, so signal-after-payload holds.
+//    Failures go through TcpGpu::fail (the host path of the error record).
 #pragma once
 
 #include <fcntl.h>
@@ -33,6 +38,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -196,6 +202,13 @@ inline std::string tcpWireAddress(const Bootstrap& bs, bool peersOnOtherHosts) {
 // could both block forever. The receiver never sends, so it never blocks on a
 // peer; it uses non-blocking reads and a per-peer frame state machine, so a
 // slow peer cannot hold up the others.
+// What a GPU rank adds (TcpWire's last argument): its device, and how a
+// failure reaches the error record from a host thread.
+struct TcpGpu {
+  int device = -1;  // -1: windows are host memory (CPU ranks)
+  std::function<void(Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed)> fail;
+};
+
 class TcpWire final : public Wire {
  public:
   // Collective over `bs`: every rank builds its TcpWire at the same point.
@@ -203,8 +216,21 @@ class TcpWire final : public Wire {
   // signals: this rank's signal words (nSignalWords of them), which peers'
   // actions update. advertise: the IPv4 address (or name) peers connect to.
   TcpWire(Bootstrap& bs, const DevComm& dev, WindowDirectory& dir, uint64_t* signals, uint32_t nSignalWords,
-          std::vector<uint8_t> useTcp, uint64_t timeoutNs, const std::string& advertise)
-      : dev_(dev), dir_(dir), signals_(signals), nSignalWords_(nSignalWords), timeoutNs_(timeoutNs) {
+          std::vector<uint8_t> useTcp, uint64_t timeoutNs, const std::string& advertise, TcpGpu gpu = {})
+      : dev_(dev),
+        dir_(dir),
+        signals_(signals),
+        nSignalWords_(nSignalWords),
+        timeoutNs_(timeoutNs),
+        gpu_(std::move(gpu)) {
+#if GIN_WITH_CUDA
+    if (gpu_.device >= 0) {
+      sendCopier_ = std::make_unique<GpuCopier>(gpu_.device);
+      sendStage_ = HostMappedBuffer(true, size_t(kTcpMaxPayload));
+    }
+#else
+    if (gpu_.device >= 0) throw Error("tcp wire: GPU windows need the CUDA runtime");
+#endif
     rank_ = bs.rank();
     nRanks_ = bs.nRanks();
     peers_.resize(size_t(nRanks_));
@@ -244,6 +270,19 @@ class TcpWire final : public Wire {
 
   bool put(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* src, uint64_t bytes,
            WireReject* why) override {
+    return sendData(peer, dstWindow, dstOffset, src, bytes, why, true);
+  }
+
+  // The value is in host memory already: no staging.
+  bool putInline(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* bytes, uint64_t n,
+                 WireReject* why) override {
+    return sendData(peer, dstWindow, dstOffset, bytes, n, why, false);
+  }
+
+ private:
+  // Data frames of at most kTcpMaxPayload; `stage`: src may be GPU memory.
+  bool sendData(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* src, uint64_t bytes, WireReject* why,
+                bool stage) {
     if (!isTcpPeer(peer)) return reject(why, uint64_t(peer), uint64_t(peer), uint64_t(nRanks_));
     // Windows are symmetric (same id and size on every rank): refuse here
     // what the receiver would refuse, so the sender's record says why.
@@ -258,11 +297,13 @@ class TcpWire final : public Wire {
       h.window = dstWindow;
       h.offset = dstOffset + done;
       h.length = n;
-      if (!send(peer, h, s + done)) return reject(why, uint64_t(peer), 0, 0);
+      if (!send(peer, h, stage ? staged(s + done, n) : s + done)) return reject(why, uint64_t(peer), 0, 0);
       done += n;
     }
     return true;
   }
+
+ public:
 
   bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) override {
     if (!isTcpPeer(peer)) return reject(why, uint64_t(peer), uint64_t(peer), uint64_t(nRanks_));
@@ -366,6 +407,12 @@ class TcpWire final : public Wire {
   uint64_t* signals_;
   uint32_t nSignalWords_;
   uint64_t timeoutNs_;
+  TcpGpu gpu_;
+#if GIN_WITH_CUDA
+  std::unique_ptr<GpuCopier> sendCopier_;  // the engine thread's device-to-staging copies
+  HostMappedBuffer sendStage_;
+  std::unique_ptr<GpuCopier> recvCopier_;  // the receiver thread's staging-to-device copies
+#endif
   int rank_ = 0, nRanks_ = 0, port_ = 0;
   std::vector<std::unique_ptr<Peer>> peers_;
   std::mutex stateMu_;  // with stateCv_: fence and goodbye waits
@@ -377,6 +424,37 @@ class TcpWire final : public Wire {
   std::thread receiver_;
 
   bool isTcpPeer(int peer) const { return peer >= 0 && peer < nRanks_ && peers_[size_t(peer)]->tcp; }
+
+  // The n bytes at `src` as the socket may read them: GPU window memory is
+  // first copied into the pinned staging buffer (engine thread only).
+  const char* staged(const char* src, uint64_t n) {
+#if GIN_WITH_CUDA
+    if (sendCopier_) {
+      sendCopier_->copy(sendStage_.host(), src, size_t(n));
+      sendCopier_->complete();
+      return static_cast<const char*>(sendStage_.host());
+    }
+#endif
+    (void)n;
+    return src;
+  }
+  // Into this rank's window: a copy the receiver waits for on GPUs.
+  void deliver(char* dst, const char* src, uint64_t n) {
+#if GIN_WITH_CUDA
+    if (recvCopier_) {
+      recvCopier_->copy(dst, src, size_t(n));
+      recvCopier_->complete();
+      return;
+    }
+#endif
+    std::memcpy(dst, src, size_t(n));
+  }
+  void fail(Op op, int peer, uint64_t id, uint64_t expected, uint64_t observed) {
+    if (gpu_.fail)
+      gpu_.fail(op, peer, -1, id, expected, observed);
+    else
+      recordError(dev_, op, peer, -1, id, expected, observed);
+  }
   static bool reject(WireReject* why, uint64_t id, uint64_t value, uint64_t limit) {
     if (why) *why = WireReject{id, value, limit};
     return false;
@@ -560,6 +638,17 @@ class TcpWire final : public Wire {
   // ---- receiving ----
 
   void receiveLoop() {
+#if GIN_WITH_CUDA
+    if (gpu_.device >= 0) {
+      try {
+        recvCopier_ = std::make_unique<GpuCopier>(gpu_.device);  // binds this thread to the GPU
+      } catch (const Error& e) {
+        std::fprintf(stderr, "%sreceiver cannot use GPU %d: %s\n", me().c_str(), gpu_.device, e.what());
+        fail(Op::ProxyEngine, -1, 0, 0, 0);
+        return;
+      }
+    }
+#endif
     std::vector<pollfd> fds;
     std::vector<int> who;
     while (!stop_.load(std::memory_order_acquire)) {
@@ -692,7 +781,14 @@ class TcpWire final : public Wire {
       case TcpFrameType::Data: {
         std::lock_guard<std::mutex> lk(dir_.receiveMutex());
         if (!checkRange(r, h)) return;
-        std::memcpy(dir_.find(h.window)->local + h.offset, p.staging.get(), size_t(h.length));
+        try {
+          deliver(dir_.find(h.window)->local + h.offset, p.staging.get(), h.length);
+        } catch (const Error& e) {  // a failed GPU copy: nothing after it from this peer is applied
+          std::fprintf(stderr, "%scannot copy a frame from rank %d into its window: %s\n", me().c_str(), r, e.what());
+          fail(Op::ProxyEngine, r, 0, 0, 0);
+          markLost(r);
+          return;
+        }
         break;
       }
       case TcpFrameType::Fence: {
@@ -727,7 +823,7 @@ class TcpWire final : public Wire {
                  "nothing more from that rank will be applied; the connection is closed.\n",
                  me().c_str(), p.where.c_str(), wireFaultName(f), (unsigned long long)value, (unsigned long long)limit,
                  tcpFrameText(p.hdr).c_str());
-    recordError(dev_, Op::WireFrame, r, -1, uint64_t(f), value, limit);
+    fail(Op::WireFrame, r, uint64_t(f), value, limit);
     markLost(r);
     return false;
   }
@@ -737,7 +833,7 @@ class TcpWire final : public Wire {
     std::fprintf(
         stderr, "%sconnection to %s %s; its process exited or crashed, or it rejected our frames: look at its output\n",
         me().c_str(), peers_[size_t(r)]->where.c_str(), what.c_str());
-    recordError(dev_, Op::PeerLost, r, -1, uint64_t(err), expected, got);
+    fail(Op::PeerLost, r, uint64_t(err), expected, got);
     markLost(r);
   }
 
@@ -761,8 +857,17 @@ class RoutedWire final : public Wire {
            WireReject* why) override {
     return pick(peer).put(peer, dstWindow, dstOffset, src, bytes, why);
   }
+  bool putInline(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* bytes, uint64_t n,
+                 WireReject* why) override {
+    return pick(peer).putInline(peer, dstWindow, dstOffset, bytes, n, why);
+  }
   bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) override {
     return pick(peer).signal(peer, id, op, value, why);
+  }
+  // Both wires: the engine's "everything before is complete" covers every peer.
+  void complete() override {
+    local_->complete();
+    tcp_.complete();
   }
 
  private:
