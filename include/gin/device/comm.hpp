@@ -104,7 +104,7 @@ GIN_HD inline void recordError(const DevComm& c, Op op, int peer, int context, u
   if (c.error && c.errorClaim) {
     uint32_t idle = 0;
     if (atomicCompareExchange<Scope::Device>(c.errorClaim, idle, 1u)) {
-      volatileStore(&c.error->state, 1u);
+      atomicStore<Scope::System>(&c.error->state, 1u, MemoryOrder::Relaxed);  // host threads read it (hasError)
       fillErrorRecord(*c.error, op, c.rank, peer, context, id, expected, observed);
     }
   }

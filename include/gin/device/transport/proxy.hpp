@@ -63,11 +63,6 @@ static_assert(std::is_trivially_copyable_v<ProxyRingDev>);
 
 namespace proxy {
 
-// Push one descriptor into context `ctx`'s ring: claim a ticket, wait (bounded)
-// for its slot to be free, fill it, publish it. Any number of threads may push
-// at once. Returns false if the wait gave up (error record: Op::ProxyFull);
-// the claimed ticket is then never published, so the ring stays stuck behind
-// it — the communicator is already failed at that point.
 // The consumer index as producers see it: a copy in device memory (the hint,
 // word 0 of its line) that one producer at a time refreshes from the host's
 // index (word 1 is that producer's lock). Thousands of waiting producers then
@@ -101,6 +96,11 @@ GIN_HD bool waitForConsumer(const DevComm& c, const ProxyRingDev* ring, Ready re
       ready, what);
 }
 
+// Push one descriptor into context `ctx`'s ring: claim a ticket, wait (bounded)
+// for its slot to be free, fill it, publish it. Any number of threads may push
+// at once. Returns false if the wait gave up (error record: Op::ProxyFull);
+// the claimed ticket is then never published, so the ring stays stuck behind
+// it — the communicator is already failed at that point.
 GIN_HD inline bool push(const DevComm& c, int ctx, const ProxyDesc& d) {
   const ProxyRingDev* ring = c.proxyRings + ctx;
   ProxyDesc* slots = loadConst(&ring->slots);
