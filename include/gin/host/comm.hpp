@@ -27,6 +27,7 @@
 #include "gin/device/comm.hpp"
 #include "gin/device/window.hpp"
 #include "gin/host/bootstrap.hpp"
+#include "gin/host/ibgda.hpp"
 #include "gin/host/memory.hpp"
 #include "gin/host/proxy.hpp"
 #include "gin/host/window.hpp"
@@ -38,8 +39,10 @@ enum class DeviceKind { Auto, Cpu, Gpu };
 // How peers are reached. Auto: lsa for every peer load/store reaches (today,
 // every peer: ranks on several hosts are refused). Lsa: the same, never proxy.
 // Proxy: every peer through the proxy engine, lsa members included (testing,
-// debugging). GIN_TRANSPORT=auto|lsa|proxy overrides.
-enum class TransportChoice { Auto, Lsa, Proxy };
+// debugging). Ibgda: every peer through GPU-posted mlx5 work requests, lsa
+// members included (today on the soft NIC only: CommConfig::ibgda).
+// GIN_TRANSPORT=auto|lsa|proxy|ibgda overrides.
+enum class TransportChoice { Auto, Lsa, Proxy, Ibgda };
 
 struct CommConfig {
   int nContexts = 4;    // network contexts (queue pairs per peer on network transports)
@@ -56,6 +59,7 @@ struct CommConfig {
   int cudaDevice = -1;
   TransportChoice transport = TransportChoice::Auto;
   ProxyConfig proxy;  // rings and engine of the proxy transport
+  IbgdaConfig ibgda;  // queue pairs and NIC of the ibgda transport
 };
 
 namespace detail {
@@ -89,7 +93,8 @@ inline TransportChoice envTransport(TransportChoice fallback) {
   if (v == "auto") return TransportChoice::Auto;
   if (v == "lsa") return TransportChoice::Lsa;
   if (v == "proxy") return TransportChoice::Proxy;
-  throw Error("GIN_TRANSPORT=" + v + " is not one of auto, lsa, proxy");
+  if (v == "ibgda") return TransportChoice::Ibgda;
+  throw Error("GIN_TRANSPORT=" + v + " is not one of auto, lsa, proxy, ibgda");
 }
 inline bool envDebug() {
   const char* e = std::getenv("GIN_DEBUG");
@@ -125,13 +130,15 @@ class Comm {
     buildState();
     bs_.barrier();  // every rank's signals and inboxes are zero before anyone uses them
     if (dev_.proxyRings) startProxy();
+    if (std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Ibgda)) != transports_.end()) startIbgda();
     if (rank_ == 0 && detail::envDebug()) printTransports();
   }
 
   ~Comm() {
     // Our engine writes into peers' memory: it drains and stops before the
-    // barrier that lets them free it.
+    // barrier that lets them free it. So does our (soft) NIC.
     engine_.reset();
+    ibgda_.reset();
     // Peers may still be writing into our memory until they too are done.
     try {
       bs_.barrier();
@@ -154,6 +161,8 @@ class Comm {
   Transport transportTo(int worldRank) const { return Transport(transports_.at(size_t(worldRank))); }
   // The proxy engine, or nullptr when no peer uses the proxy (tests pause it).
   ProxyEngine* proxyEngine() const { return engine_.get(); }
+  // The ibgda transport (its soft NIC), or nullptr when no peer uses ibgda.
+  IbgdaTransport* ibgda() const { return ibgda_.get(); }
 
   // What kernels receive (by value).
   const DevComm& devComm() const { return dev_; }
@@ -213,7 +222,9 @@ class Comm {
     // window a peer is about to free (bounded; a stuck engine is reported
     // through the error record anyway).
     if (engine_) (void)engine_->quiesce(cfg_.timeoutNs);
+    if (ibgda_) (void)ibgda_->quiesce(cfg_.timeoutNs);
     bs_.barrier();  // nobody still writes into it
+    if (ibgda_) ibgda_->removeWindow(id);
     dir_.remove(id);
     windows_.erase(it);
   }
@@ -308,6 +319,9 @@ class Comm {
   WindowDirectory dir_;
   std::unique_ptr<Wire> wire_;
   std::unique_ptr<ProxyEngine> engine_;
+  // ibgda transport (only when some peer uses it); its NIC writes into peers'
+  // memory, so it goes first too.
+  std::unique_ptr<IbgdaTransport> ibgda_;
 
   bool sameProcess(int a, int b) const {
     return peers_[size_t(a)].hostId == peers_[size_t(b)].hostId && peers_[size_t(a)].pid == peers_[size_t(b)].pid;
@@ -380,9 +394,12 @@ class Comm {
 
     transports_.assign(size_t(nRanks_), uint8_t(Transport::None));
     const bool forceProxy = cfg_.transport == TransportChoice::Proxy;
+    const bool forceIbgda = cfg_.transport == TransportChoice::Ibgda;
     for (int r = 0; r < nRanks_; ++r)
       if (r >= lsaBase && r < lsaBase + perNode)
-        transports_[size_t(r)] = uint8_t(forceProxy ? Transport::Proxy : Transport::Lsa);
+        transports_[size_t(r)] = uint8_t(forceProxy   ? Transport::Proxy
+                                         : forceIbgda ? Transport::Ibgda
+                                                      : Transport::Lsa);
     if (nNodes > 1)
       throw Error("the ranks span " + std::to_string(nNodes) +
                   " hosts, and ranks on different hosts need a network wire (proxy over tcp/verbs, or ibgda), "
@@ -393,6 +410,7 @@ class Comm {
           "use GIN_TRANSPORT=lsa or DeviceKind::Cpu on rank " +
           std::to_string(rank_));
     dev_.proxyAll = forceProxy ? 1 : 0;
+    dev_.ibgdaAll = forceIbgda ? 1 : 0;
   }
 
   void pickGpu(int nGpus, int lsaBase) {
@@ -567,6 +585,12 @@ class Comm {
     engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), *wire_, dir_, nSignalWords_, cfg_.proxy);
   }
 
+  // After buildState (signals mapped, DevComm filled): QPs, key tables, NIC.
+  void startIbgda() {
+    ibgda_ = std::make_unique<IbgdaTransport>(bs_, dev_, transports_, lsaSignalPtrs_, nSignalWords_, gpu_, cfg_.ibgda);
+    dev_.ibgda = ibgda_->dev();
+  }
+
   void printTransports() const {
     std::string s = "gin: rank 0 transport table (" + std::to_string(nRanks_) + " ranks):";
     for (int r = 0; r < nRanks_; ++r)
@@ -633,6 +657,7 @@ class Comm {
     if (rec->owned) rec->buffer.unlinkName();
     rec->publish(gpu_, dev_.lsaSize, bases);
     dir_.add(rec->id, WindowDirectory::Entry{uint64_t(bytes), rec->local, bases});
+    if (ibgda_) ibgda_->addWindow(rec->id, rec->local, uint64_t(bytes), bases);
     const Window w = rec->handle();
     windows_.emplace(w.dev, std::move(rec));
     return w;

@@ -73,23 +73,7 @@ enum Syndrome : uint8_t {
   kSynRemoteAbortedErr = 0x22,
 };
 
-GIN_HD inline const char* syndromeName(uint8_t s) {
-  switch (s) {
-    case kSynLocalLengthErr: return "local length error";
-    case kSynLocalQpOpErr: return "local QP operation error (malformed WQE)";
-    case kSynLocalProtErr: return "local protection error (bad lkey or local address out of bounds)";
-    case kSynWrFlushErr: return "work request flushed (QP in error)";
-    case kSynBadRespErr: return "bad response";
-    case kSynLocalAccessErr: return "local access error";
-    case kSynRemoteInvalReqErr: return "remote invalid request (bad opcode or size)";
-    case kSynRemoteAccessErr: return "remote access error (bad rkey or remote address out of bounds)";
-    case kSynRemoteOpErr: return "remote operation error";
-    case kSynTransportRetryExcErr: return "transport retry counter exceeded";
-    case kSynRnrRetryExcErr: return "RNR retry counter exceeded";
-    case kSynRemoteAbortedErr: return "remote aborted";
-  }
-  return "unknown syndrome";
-}
+// Their names: gin::detail::cqeSyndromeName (gin/core/error.hpp).
 
 // ---- send WQE segments (each 16 bytes) ----
 
