@@ -550,3 +550,69 @@ TEST_CASE("ibgda sink mode: every WQE completes, nothing is written", "[ibgda]")
       },
       ibgdaConfig(20'000'000'000ull, 64, 1u << 20, IbgdaConfig::Device::SoftSink)));
 }
+
+TEST_CASE("ibgda deferred doorbell: posts only publish; one ring at flush covers the batch", "[ibgda]") {
+  REQUIRE_NOTHROW(runRanks(
+      1,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window w = comm.allocWindow(64);
+        Net net(dc, 0);
+        const Team world = teamWorld(dc);
+        for (uint64_t k = 0; k < 10; ++k) net.putValue(world, 0, w, 8, k + 1, SignalInc{0});
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const IbgdaQpDev* qp = ibgda::qpOf(dc, 0, 0);
+        expect(qp->state->ready == 20, "20 WQEs published");
+        expect(comm.ibgda()->nic().consumed(0) == 0 && *qp->dbrec == 0 && *qp->uar == 0,
+               "the NIC saw a doorbell before any flush");
+        expect(net.readSignal(0) == 0, "a signal arrived without a doorbell");
+        expect(net.flush(CoopThread{}), "flush: " + checkMessage(comm));
+        expect(net.readSignal(0) == 10, "signals after the flush's ring");
+        expect(mlx5::bswap32(qp->dbrec[mlx5::kDbrSend]) == 20, "one ring covers all 20 WQEs");
+        expect(qp->state->rung == 20, "rung index");
+        comm.check();
+        comm.deregisterWindow(w);
+      },
+      [] {
+        CommConfig c = ibgdaConfig(20'000'000'000ull, 64);
+        c.ibgda.deferDoorbell = true;
+        return c;
+      }()));
+}
+
+TEST_CASE("ibgda deferred doorbell: many threads, a small queue; producers waiting for room ring", "[ibgda]") {
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        const int me = comm.rank(), peer = 1 - me;
+        constexpr int kThreads = 4, kOps = 300;
+        Window w = comm.allocWindow(8 * kThreads * kOps);
+        comm.bootstrap().barrier();
+        std::vector<std::thread> ts;
+        std::atomic<int> bad{0};
+        for (int t = 0; t < kThreads; ++t)
+          ts.emplace_back([&, t] {
+            Net net(dc, 1);
+            for (int k = 0; k < kOps; ++k)
+              net.putValue(teamWorld(dc), peer, w, 8 * size_t(t * kOps + k), uint64_t(t * kOps + k + 1),
+                           SignalInc{uint32_t(t)}, CoopThread{});
+            if (!net.flush(CoopThread{})) bad.fetch_add(1);
+          });
+        for (auto& th : ts) th.join();
+        expect(bad.load() == 0, "flush gave up: " + checkMessage(comm));
+        Net net(dc, 1);
+        for (int t = 0; t < kThreads; ++t)
+          expect(net.waitSignal(CoopThread{}, uint32_t(t), kOps), "waitSignal: " + checkMessage(comm));
+        const auto* v = static_cast<const uint64_t*>(comm.localPointer(w));
+        for (int i = 0; i < kThreads * kOps; ++i) expect(v[i] == uint64_t(i + 1), "value " + std::to_string(i));
+        comm.check();
+        comm.bootstrap().barrier();
+        comm.deregisterWindow(w);
+      },
+      [] {
+        CommConfig c = ibgdaConfig(20'000'000'000ull, 8);
+        c.ibgda.deferDoorbell = true;
+        return c;
+      }()));
+}

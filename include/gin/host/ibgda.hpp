@@ -32,6 +32,10 @@ struct IbgdaConfig {
   uint32_t qpDepth = 256;           // WQEs per QP (and CQEs per CQ): a power of two in [2, 2^15]
   uint32_t maxWqeBytes = 1u << 20;  // bytes one RDMA WRITE carries; larger puts are split
   uint32_t maxWindows = 64;         // windows registered at once
+  // Posts only publish their WQEs; flush, waitCounter, readCounter and
+  // producers waiting for room ring the doorbell (one ring covers a batch).
+  // A peer waiting for a signal sees nothing until the sender flushes.
+  bool deferDoorbell = false;
 };
 
 namespace detail {
@@ -139,6 +143,7 @@ class IbgdaTransport {
     id.signalRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offSigRemote);
     id.maxWindows = cfg.maxWindows;
     id.maxWqeBytes = cfg.maxWqeBytes;
+    id.deferDoorbell = cfg.deferDoorbell ? 1 : 0;
     table_.upload(tablePad_ + offDev, &id, sizeof id);
     dev_ = reinterpret_cast<const IbgdaDev*>(base_ + offDev);
     offWin_ = offWin;

@@ -18,6 +18,10 @@
 //   slot) and writes the CQ doorbell record (consumer index) so the NIC may
 //   reuse CQ entries.
 //
+// With IbgdaDev::deferDoorbell a post stops after releasing `ready`: flush,
+// counter waits and producers waiting for room ring (under a per-QP try-lock,
+// for every WQE published so far), so one ring covers a batch of posts.
+//
 // Every WQE requests a CQE, so `done` advances one WQE at a time and no CQE is
 // needed beyond the SQ's depth (nCqe == nWqe cannot overflow).
 //
@@ -64,6 +68,9 @@ struct IbgdaQpState {
   alignas(64) uint32_t pollLock;  // 1 while a thread polls the CQ
   uint32_t failed;                // 1 once an error CQE was seen
   uint64_t cqCi;                  // CQ consumer index (under pollLock)
+  uint32_t ringLock;              // deferred doorbells: 1 while a thread rings
+  uint32_t pad;
+  uint64_t rung;  // deferred doorbells: producer index last rung (under ringLock)
 };
 static_assert(sizeof(IbgdaQpState) == 256);
 
@@ -105,7 +112,9 @@ struct IbgdaDev {
   IbgdaRemoteKey* windowRemotes;  // [maxWindows * nRanks]
   IbgdaRemoteKey* signalRemotes;  // [nRanks] each peer's signal array
   uint32_t maxWindows;
-  uint32_t maxWqeBytes;  // largest RDMA WRITE one WQE carries
+  uint32_t maxWqeBytes;    // largest RDMA WRITE one WQE carries
+  uint32_t deferDoorbell;  // 1: posts only publish; flush and waits ring (one ring covers a batch)
+  uint32_t pad;
 };
 static_assert(std::is_trivially_copyable_v<IbgdaDev>);
 
@@ -113,6 +122,30 @@ namespace ibgda {
 
 GIN_HD GIN_INLINE const IbgdaQpDev* qpOf(const DevComm& c, int ctx, int peer) {
   return loadConst(&c.ibgda->qps) + size_t(ctx) * size_t(c.nRanks) + size_t(peer);
+}
+
+GIN_HD GIN_INLINE bool deferred(const DevComm& c) { return loadConst(&c.ibgda->deferDoorbell) != 0; }
+
+// Deferred doorbells: ring for every WQE published so far, unless another
+// thread is ringing (the caller's wait loop comes back). The lock keeps
+// doorbell-record writes monotonic, as the ready token does otherwise.
+GIN_HD inline void ring(const IbgdaQpDev* qp) {
+  IbgdaQpState* st = loadConst(&qp->state);
+  uint32_t unlocked = 0;
+  if (!atomicCompareExchange<Scope::Device>(&st->ringLock, unlocked, 1u, MemoryOrder::Acquire)) return;
+  // Acquire: the WQEs of every publication up to r are visible to us, and
+  // the release below passes them on (cumulatively) to the NIC.
+  const uint64_t r = atomicLoad<Scope::Device>(&st->ready, MemoryOrder::Acquire);
+  if (r != st->rung) {
+    const uint32_t nWqe = loadConst(&qp->nWqe);
+    atomicStore<Scope::System>(loadConst(&qp->dbrec) + mlx5::kDbrSend, mlx5::bswap32(uint32_t(r) & 0xffffu),
+                               MemoryOrder::Release);
+    // WQE r-1 cannot be reused before it completes, which needs this ring.
+    const uint64_t head = *reinterpret_cast<const uint64_t*>(loadConst(&qp->sq) + ((r - 1) & (nWqe - 1)) * 64);
+    atomicStore<Scope::System>(loadConst(&qp->uar), head, MemoryOrder::Release);
+    st->rung = r;
+  }
+  atomicStore<Scope::Device>(&st->ringLock, 0u, MemoryOrder::Release);
 }
 
 // Poll the QP's CQ if no other thread is: advance `done` past every completed
@@ -173,10 +206,12 @@ GIN_HD inline bool progress(const DevComm& c, const IbgdaQpDev* qp, int ctx, int
 // CQ meanwhile. `op` names the wait in the error record.
 GIN_HD inline bool waitDone(const DevComm& c, const IbgdaQpDev* qp, int ctx, int peer, uint64_t target, Op op) {
   IbgdaQpState* st = loadConst(&qp->state);
+  const bool defer = deferred(c);
   return detail::boundedWait(
       c, &st->done, MemoryOrder::Acquire,
       [&](uint64_t v) {
         if (rollingLessEqual(target, v)) return true;
+        if (defer) ring(qp);
         (void)progress(c, qp, ctx, peer);
         return false;
       },
@@ -184,11 +219,16 @@ GIN_HD inline bool waitDone(const DevComm& c, const IbgdaQpDev* qp, int ctx, int
 }
 
 // Poll every QP of every context once (counter waits call this: counters move
-// only when someone polls).
+// only when someone polls), ringing deferred doorbells first.
 GIN_HD inline void progressAll(const DevComm& c) {
+  const bool defer = deferred(c);
   for (int ctx = 0; ctx < c.nContexts; ++ctx)
     for (int p = 0; p < c.nRanks; ++p)
-      if (loadConst(c.peerTransport + p) == uint8_t(Transport::Ibgda)) (void)progress(c, qpOf(c, ctx, p), ctx, p);
+      if (loadConst(c.peerTransport + p) == uint8_t(Transport::Ibgda)) {
+        const IbgdaQpDev* qp = qpOf(c, ctx, p);
+        if (defer) ring(qp);
+        (void)progress(c, qp, ctx, p);
+      }
 }
 
 // Store a 64-byte WQE into its send-queue slot.
@@ -243,13 +283,16 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
       c, &st->ready, MemoryOrder::Acquire, [&](uint64_t v) { return v == t; },
       detail::WaitWhat{Op::IbgdaFull, peer, ctx, t, t});
   if (!turn) return false;
-  // Release at system scope: the WQEs (and the caller's source data, and
-  // counterOf) are visible before the NIC sees the new producer index.
-  atomicStore<Scope::System>(loadConst(&qp->dbrec) + mlx5::kDbrSend, mlx5::bswap32(uint32_t(t + n) & 0xffffu),
-                             MemoryOrder::Release);
-  // The doorbell: the first 8 bytes of the last WQE's control segment.
-  atomicStore<Scope::System>(loadConst(&qp->uar), ctrlHead, MemoryOrder::Release);
-  // Hand the token to the next producer (it acquires `ready`).
+  if (!deferred(c)) {
+    // Release at system scope: the WQEs (and the caller's source data, and
+    // counterOf) are visible before the NIC sees the new producer index.
+    atomicStore<Scope::System>(loadConst(&qp->dbrec) + mlx5::kDbrSend, mlx5::bswap32(uint32_t(t + n) & 0xffffu),
+                               MemoryOrder::Release);
+    // The doorbell: the first 8 bytes of the last WQE's control segment.
+    atomicStore<Scope::System>(loadConst(&qp->uar), ctrlHead, MemoryOrder::Release);
+  }
+  // Hand the token to the next producer (it acquires `ready`); with deferred
+  // doorbells this release is also what ring() acquires.
   atomicStore<Scope::Device>(&st->ready, t + n, MemoryOrder::Release);
   return true;
 }
