@@ -238,8 +238,8 @@ GIN_HD GIN_INLINE void storeWqe(uint8_t* slot, const uint64_t (&w)[8]) {
   for (int i = 0; i < 8; ++i) d[i] = w[i];
 }
 
-// One WQE to post: its 64 bytes (control segment's index and qpn are filled
-// in by post) and the counter its completion bumps.
+// One WQE to post, 64 bytes (one basic block). post() fills in the control
+// segment's WQE index and QP number.
 struct Wqe {
   uint64_t w[8];
 };
@@ -258,9 +258,9 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
   // Relaxed: the reservation orders nothing by itself; `done` and `ready`
   // carry the orderings below.
   const uint64_t t = atomicFetchAdd<Scope::Device>(&st->resv, uint64_t(n), MemoryOrder::Relaxed);
-  // Room: slots [t, t+n) were last used by WQEs [t+n-nWqe-..., t+n-nWqe), which
-  // must have completed. Acquire (in waitDone): the NIC and the poller are
-  // done with those slots before we overwrite them.
+  // Room: slots [t, t+n) were last used by WQEs [t-nWqe, t+n-nWqe), which
+  // must have completed. No cycle: this depends only on earlier reservations. Acquire (in waitDone): the NIC and the
+  // poller are done with those slots before we overwrite them.
   if (t + n > nWqe && !waitDone(c, qp, ctx, peer, t + n - nWqe, Op::IbgdaFull)) return false;
   uint64_t ctrlHead = 0;
   for (uint32_t i = 0; i < n; ++i) {
