@@ -186,3 +186,66 @@ TEST_CASE("mlx5 prm: owner bit flips every pass over the CQ; init value is never
   REQUIRE(m::dsInline(m::kMaxInlineInOneBB) == 4);
   REQUIRE(m::bswap64(0x0102030405060708ull) == 0x0807060504030201ull);
 }
+
+// The whole WQEs the ibgda transport posts (gin/device/transport/ibgda.hpp),
+// against the same WQEs assembled from rdma-core's helpers and structs.
+#include "gin/device/transport/ibgda.hpp"
+
+namespace {
+struct RefWqe {
+  uint8_t b[64];
+};
+RefWqe refCtrlOnly(uint8_t opcode, uint8_t ds, uint8_t fmCeSe) {
+  RefWqe r;
+  std::memset(&r, 0, sizeof r);
+  auto* c = reinterpret_cast<mlx5_wqe_ctrl_seg*>(r.b);
+  mlx5dv_set_ctrl_seg(c, 0, opcode, 0, 0, fmCeSe, ds, 0, 0);
+  return r;
+}
+}  // namespace
+
+TEST_CASE("mlx5 prm: the ibgda transport's WQEs equal rdma-core-built ones", "[mlx5][ibgda]") {
+  std::mt19937_64 rng(4);
+  for (int i = 0; i < kRounds / 10; ++i) {
+    const uint64_t raddr = rng(), laddr = rng(), value = rng();
+    const uint32_t rkey = uint32_t(rng()), lkey = uint32_t(rng()), len = uint32_t(rng());
+
+    // RDMA WRITE: ctrl + raddr + data, CQE requested.
+    gin::ibgda::Wqe q;
+    gin::ibgda::makeWrite(q, raddr, rkey, laddr, lkey, len);
+    RefWqe r = refCtrlOnly(MLX5_OPCODE_RDMA_WRITE, 3, MLX5_WQE_CTRL_CQ_UPDATE);
+    auto* rs = reinterpret_cast<mlx5_wqe_raddr_seg*>(r.b + 16);
+    rs->raddr = htobe64(raddr);
+    rs->rkey = htobe32(rkey);
+    mlx5dv_set_data_seg(reinterpret_cast<mlx5_wqe_data_seg*>(r.b + 32), len, lkey, uintptr_t(laddr));
+    REQUIRE(std::memcmp(q.w, r.b, 64) == 0);
+
+    // Atomic fetch-add: ctrl + raddr + atomic + data (the fetched value's home).
+    gin::ibgda::makeFetchAdd(q, raddr, rkey, value, laddr, lkey);
+    r = refCtrlOnly(MLX5_OPCODE_ATOMIC_FA, 4, MLX5_WQE_CTRL_CQ_UPDATE);
+    rs = reinterpret_cast<mlx5_wqe_raddr_seg*>(r.b + 16);
+    rs->raddr = htobe64(raddr);
+    rs->rkey = htobe32(rkey);
+    reinterpret_cast<mlx5_wqe_atomic_seg*>(r.b + 32)->swap_add = htobe64(value);
+    mlx5dv_set_data_seg(reinterpret_cast<mlx5_wqe_data_seg*>(r.b + 48), 8, lkey, uintptr_t(laddr));
+    REQUIRE(std::memcmp(q.w, r.b, 64) == 0);
+
+    // Inline RDMA WRITE of 1..8 bytes (SignalSet: 8 bytes and the fence).
+    const uint32_t n = 1 + uint32_t(rng() % 8);
+    const uint8_t flags = (rng() & 1) ? MLX5_WQE_CTRL_FENCE : 0;
+    gin::ibgda::makeWriteInline(q, raddr, rkey, &value, n, flags);
+    r = refCtrlOnly(MLX5_OPCODE_RDMA_WRITE, uint8_t((16 + 16 + 4 + n + 15) / 16),
+                    uint8_t(MLX5_WQE_CTRL_CQ_UPDATE | flags));
+    rs = reinterpret_cast<mlx5_wqe_raddr_seg*>(r.b + 16);
+    rs->raddr = htobe64(raddr);
+    rs->rkey = htobe32(rkey);
+    reinterpret_cast<mlx5_wqe_inl_data_seg*>(r.b + 32)->byte_count = htobe32(n | MLX5_INLINE_SEG);
+    std::memcpy(r.b + 36, &value, n);
+    REQUIRE(std::memcmp(q.w, r.b, 64) == 0);
+
+    // NOP.
+    gin::ibgda::makeNop(q);
+    r = refCtrlOnly(MLX5_OPCODE_NOP, 1, MLX5_WQE_CTRL_CQ_UPDATE);
+    REQUIRE(std::memcmp(q.w, r.b, 64) == 0);
+  }
+}
