@@ -598,6 +598,10 @@ class Comm {
     if (dev_.proxyRings)
       s += "; proxy: " + std::to_string(cfg_.nContexts) + " rings x " + std::to_string(cfg_.proxy.ringSlots) +
            " slots, local wire";
+    if (ibgda_)
+      s += "; ibgda: " + std::to_string(cfg_.nContexts) + " QPs per peer x " +
+           std::to_string(ibgda_->config().qpDepth) + " WQEs, " +
+           (ibgda_->nic().mode() == SoftNic::Mode::Sink ? "soft NIC (sink)" : "soft NIC");
     std::fprintf(stderr, "%s\n", s.c_str());
   }
 
