@@ -1,6 +1,7 @@
 // Tests of gin/host/comm.hpp with one rank per process: TCP bootstrap on
 // 127.0.0.1, windows in POSIX shared memory, lsa put/signal and barriers
-// across processes, directly (lsa) and through the proxy engine.
+// across processes, directly (lsa), through the proxy engine and over ibgda
+// (soft NIC).
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -68,7 +69,8 @@ int twoProcessRank(const UniqueId& id, int r, CommConfig cfg) {
   const int peer = 1 - r;
   if (comm.lsaSize() != 2) return 10;
   const bool proxy = cfg.transport == TransportChoice::Proxy;
-  if (comm.transportTo(peer) != (proxy ? Transport::Proxy : Transport::Lsa)) return 16;
+  const bool ibgda = cfg.transport == TransportChoice::Ibgda;
+  if (comm.transportTo(peer) != (proxy ? Transport::Proxy : ibgda ? Transport::Ibgda : Transport::Lsa)) return 16;
   constexpr size_t kBytes = 1 << 20;
   Window w = comm.allocWindow(2 * kBytes);
   auto* base = static_cast<uint8_t*>(comm.localPointer(w));
@@ -91,6 +93,9 @@ int twoProcessRank(const UniqueId& id, int r, CommConfig cfg) {
   // Over the proxy every operation went through this process's engine, into
   // the peer process's shared memory.
   if (proxy && (!comm.proxyEngine() || comm.proxyEngine()->executed() != 51)) return 18;
+  // Over ibgda this process's soft NIC executed every WQE (a payload and a
+  // signal per operation) into the peer process's shared memory.
+  if (ibgda && (!comm.ibgda() || comm.ibgda()->nic().executed() != 102)) return 19;
   comm.deregisterWindow(u);
   comm.memFree(m);
   comm.check();
@@ -110,6 +115,16 @@ TEST_CASE("two processes, proxy transport forced: the local wire writes into the
   const UniqueId id = makeUniqueId();
   CommConfig cfg = gintest::cpuConfig();
   cfg.transport = TransportChoice::Proxy;
+  auto status = forkRanks(2, [&](int r) { return twoProcessRank(id, r, cfg); });
+  CHECK(status == std::vector<int>{0, 0});
+}
+
+TEST_CASE("two processes, ibgda forced: the soft NIC writes into the peer process's shared memory",
+          "[comm][processes][ibgda]") {
+  const UniqueId id = makeUniqueId();
+  CommConfig cfg = gintest::cpuConfig();
+  cfg.transport = TransportChoice::Ibgda;
+  cfg.ibgda.device = IbgdaConfig::Device::Soft;
   auto status = forkRanks(2, [&](int r) { return twoProcessRank(id, r, cfg); });
   CHECK(status == std::vector<int>{0, 0});
 }

@@ -12,6 +12,7 @@
 // Host-only declarations below stay visible in nvcc's device pass (it parses
 // host code too); they are never called from device code.
 #include <cstring>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -38,6 +39,9 @@ enum class Op : uint32_t {
   LlWait,       // an LL packet reader waited for the round's flag (gin/device/ll.hpp)
   P2pSend,      // p2p send waited for the receiver to free a FIFO slot (gin/device/p2p.hpp)
   P2pRecv,      // p2p recv waited for the sender to fill a FIFO slot
+  IbgdaFull,    // a producer waited for free WQE slots (or for earlier posts to be published)
+  IbgdaFlush,   // flush waited for completions of posted WQEs
+  IbgdaCqe,     // the NIC completed a WQE with an error (syndrome in the record)
 };
 
 // Why the tcp wire rejected a frame (DeviceErrorRecord::objectId for Op::WireFrame).
@@ -103,6 +107,9 @@ GIN_HD inline const char* opName(Op op) {
     case Op::LlWait: return "llWait";
     case Op::P2pSend: return "p2pSend";
     case Op::P2pRecv: return "p2pRecv";
+    case Op::IbgdaFull: return "ibgdaQueueFull";
+    case Op::IbgdaFlush: return "ibgdaFlush";
+    case Op::IbgdaCqe: return "ibgdaCompletionError";
   }
   return "unknown";
 }
@@ -121,6 +128,30 @@ struct DeviceErrorRecord {
   uint64_t expected;  // value waited for (or argument that was bad)
   uint64_t observed;  // value last seen (or limit it broke)
 };
+
+namespace detail {
+// Names of mlx5 error-CQE syndromes (the values of MLX5_CQE_SYNDROME_* in
+// mlx5dv.h). Here, not in device/mlx5/prm.hpp, because describe() needs them
+// and core does not include device headers.
+GIN_HD inline const char* cqeSyndromeName(uint32_t s) {
+  switch (s) {
+    case 0x01: return "local length error";
+    case 0x02: return "local QP operation error (malformed WQE: opcode, size or index)";
+    case 0x04: return "local protection error (bad lkey, or local address outside its region)";
+    case 0x05: return "work request flushed (QP in error)";
+    case 0x06: return "memory window bind error";
+    case 0x10: return "bad response";
+    case 0x11: return "local access error";
+    case 0x12: return "remote invalid request (bad opcode, size or alignment)";
+    case 0x13: return "remote access error (bad rkey, or remote address outside the peer's region)";
+    case 0x14: return "remote operation error";
+    case 0x15: return "transport retry counter exceeded";
+    case 0x16: return "RNR retry counter exceeded";
+    case 0x22: return "remote aborted";
+  }
+  return "unknown syndrome";
+}
+}  // namespace detail
 
 // A failure reported to host code. `what()` is the whole message.
 class Error : public std::runtime_error {
@@ -171,6 +202,22 @@ inline std::string describe(const DeviceErrorRecord& r) {
         " timed out on context " + std::to_string(r.context) + ": the proxy engine consumed " +
         std::to_string(r.observed) + " descriptors, " + std::to_string(r.expected) +
         " were needed. Is the engine running (Comm alive, not paused)? Raise CommConfig::timeoutNs if it is just slow.";
+    return s;
+  }
+  if (op == Op::IbgdaCqe) {
+    char hex[64];
+    std::snprintf(hex, sizeof hex, "syndrome 0x%02x, vendor syndrome 0x%02x, QP 0x%06x", unsigned(r.expected),
+                  unsigned(r.observed >> 32), unsigned(r.observed & 0xffffff));
+    s += " on context " + std::to_string(r.context) + " to peer " + std::to_string(r.peer) + ": WQE index " +
+         std::to_string(r.objectId) + " failed, " + hex + ": " + detail::cqeSyndromeName(uint32_t(r.expected)) +
+         ". The QP is in error; nothing after that WQE was carried out.";
+    return s;
+  }
+  if (op == Op::IbgdaFull || op == Op::IbgdaFlush) {
+    s += " timed out on context " + std::to_string(r.context) + " to peer " + std::to_string(r.peer) +
+         ": waited for WQE " + std::to_string(r.expected) + ", the QP had reached " + std::to_string(r.observed) +
+         (op == Op::IbgdaFull ? " (free slots: completions, or earlier posts being published)" : " (completions)") +
+         ". Is the NIC (soft NIC thread) running? Raise CommConfig::timeoutNs if it is just slow.";
     return s;
   }
   s += " timed out";

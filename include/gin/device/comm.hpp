@@ -21,6 +21,7 @@ namespace gin {
 enum class Transport : uint8_t { None = 0, Lsa = 1, Proxy = 2, Ibgda = 4 };
 
 struct ProxyRingDev;  // gin/device/transport/proxy.hpp
+struct IbgdaDev;      // gin/device/transport/ibgda.hpp
 
 struct DevComm {
   int32_t rank = 0, nRanks = 0;
@@ -68,6 +69,13 @@ struct DevComm {
   DeviceErrorRecord* error = nullptr;
   uint32_t* abortFlag = nullptr;
   uint32_t* errorClaim = nullptr;
+
+  // ibgda transport: QPs and key tables; nullptr when no peer uses it.
+  const IbgdaDev* ibgda = nullptr;
+  // 1: every peer, lsa members included, goes through ibgda (testing;
+  // CommConfig::transport = Ibgda).
+  int32_t ibgdaAll = 0;
+  int32_t ibgdaPad = 0;
 };
 static_assert(std::is_trivially_copyable_v<DevComm>, "DevComm must cross to the GPU by value");
 

@@ -25,6 +25,7 @@
 
 #include "gin/core/coop.hpp"
 #include "gin/core/rolling.hpp"
+#include "gin/device/transport/ibgda.hpp"
 #include "gin/device/transport/lsa.hpp"
 #include "gin/device/transport/proxy.hpp"
 #include "gin/device/window.hpp"
@@ -83,7 +84,7 @@ class Net {
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, bytes) || !checkRange(srcWin, srcOffset, bytes))
       return;
     if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !proxyForced()) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !netForced()) {
         lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
         lsaActions(coop, li, remote, local, /*wrote=*/true, alreadyReleased);
         return;
@@ -98,6 +99,15 @@ class Net {
         d.srcOffset = srcOffset;
         d.bytes = bytes;
         proxyPush(coop, d);
+        return;
+      }
+    }
+    if constexpr ((Backends & kBackendIbgda) != 0) {
+      if (viaIbgda(world)) {
+        const ibgda::Action a = ibgdaAction(remote, local);
+        coop.sync();  // the coop's source writes before the post (released by its doorbell record)
+        if (coop.rank() == 0)
+          (void)ibgda::put(*c_, ctx_, world, dstWin.dev, dstOffset, srcWin.dev, srcOffset, bytes, a);
         return;
       }
     }
@@ -120,7 +130,7 @@ class Net {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, sizeof(T))) return;
     if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !proxyForced()) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !netForced()) {
         if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
         lsaActions(coop, li, remote, None{}, /*wrote=*/true, alreadyReleased);
         return;
@@ -140,6 +150,14 @@ class Net {
         return;
       }
     }
+    if constexpr ((Backends & kBackendIbgda) != 0) {
+      if (viaIbgda(world)) {
+        const ibgda::Action a = ibgdaAction(remote, None{});
+        coop.sync();
+        if (coop.rank() == 0) (void)ibgda::putValue(*c_, ctx_, world, dstWin.dev, dstOffset, &value, sizeof(T), a);
+        return;
+      }
+    }
     noTransport(world);
   }
   template <class T, class RemoteAction = None, class Coop = CoopThread>
@@ -156,7 +174,7 @@ class Net {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer)) return;
     if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !proxyForced()) {
+      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !netForced()) {
         lsaActions(coop, li, remote, None{}, /*wrote=*/false, alreadyReleased);
         return;
       }
@@ -166,6 +184,14 @@ class Net {
         const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, None{});
         // No action (None, or a bad id already recorded): nothing to carry.
         if (d.action != uint8_t(ProxyAction::None)) proxyPush(coop, d);
+        return;
+      }
+    }
+    if constexpr ((Backends & kBackendIbgda) != 0) {
+      if (viaIbgda(world)) {
+        const ibgda::Action a = ibgdaAction(remote, None{});
+        coop.sync();
+        if (coop.rank() == 0) (void)ibgda::signal(*c_, ctx_, world, a);
         return;
       }
     }
@@ -188,6 +214,14 @@ class Net {
       }
     } else {
       (void)order;
+    }
+    if constexpr ((Backends & kBackendIbgda) != 0) {
+      // Over ibgda: every WQE reserved on this context's QPs before the call
+      // has completed (polls the CQs; Op::IbgdaFlush or IbgdaCqe on failure).
+      if (c_->ibgda != nullptr && ctx_ >= 0) {
+        if (coop.rank() == 0) ok = ok && ibgda::flush(*c_, ctx_);
+        ok = coop.syncAll(ok);
+      }
     }
     return ok;
   }
@@ -264,8 +298,11 @@ class Net {
   }
 
   // ---- counters (local completion) ----
+  // Over ibgda counters move when some thread polls the completion queues
+  // (flush, waitCounter, readCounter, a producer waiting for room).
   GIN_HD uint64_t readCounter(uint32_t counter, int bits = 56, MemoryOrder order = MemoryOrder::Acquire) const {
     if (!checkCounter(counter)) return 0;
+    progressIbgda();
     return atomicLoad<Scope::System>(c_->counters + counter, order) & rollingMask(bits);
   }
   template <class Coop>
@@ -275,7 +312,12 @@ class Net {
     if (coop.rank() == 0 && checkCounter(counter)) {
       const uint64_t m = rollingMask(bits);
       ok = detail::boundedWait(
-          *c_, c_->counters + counter, order, [&](uint64_t v) { return rollingLessEqual(least & m, v & m, bits); },
+          *c_, c_->counters + counter, order,
+          [&](uint64_t v) {
+            if (rollingLessEqual(least & m, v & m, bits)) return true;
+            progressIbgda();
+            return false;
+          },
           detail::WaitWhat{Op::WaitCounter, -1, ctx_, counter, least & m});
     }
     return coop.syncAll(ok);
@@ -351,6 +393,49 @@ class Net {
       return c_->proxyAll != 0;
     else
       return false;
+  }
+  // A network transport forced for every peer, lsa members included.
+  GIN_HD bool netForced() const {
+    if constexpr ((Backends & kBackendIbgda) != 0)
+      if (c_->ibgdaAll != 0) return true;
+    return proxyForced();
+  }
+  GIN_HD bool viaIbgda(int world) const {
+    return c_->ibgda != nullptr && loadConst(c_->peerTransport + world) == uint8_t(Transport::Ibgda);
+  }
+  // Poll every ibgda CQ once (counters advance on completions).
+  GIN_HD void progressIbgda() const {
+    if constexpr ((Backends & kBackendIbgda) != 0)
+      if (c_->ibgda != nullptr) ibgda::progressAll(*c_);
+  }
+  // The ibgda form of the actions; a bad id is recorded and the action dropped.
+  template <class RemoteAction, class LocalAction>
+  GIN_HD ibgda::Action ibgdaAction(RemoteAction remote, LocalAction local) const {
+    ibgda::Action a;
+    if constexpr (!std::is_same_v<RemoteAction, None>) {
+      static_assert(std::is_same_v<RemoteAction, SignalInc> || std::is_same_v<RemoteAction, SignalAdd> ||
+                        std::is_same_v<RemoteAction, SignalSet>,
+                    "remote action must be None, SignalInc, SignalAdd or SignalSet");
+      if (checkSignal(remote.signal)) {
+        a.signal = remote.signal;
+        if constexpr (std::is_same_v<RemoteAction, SignalInc>) {
+          a.remote = ibgda::kRemoteAdd;
+          a.value = 1;
+        } else {
+          a.remote = std::is_same_v<RemoteAction, SignalAdd> ? ibgda::kRemoteAdd : ibgda::kRemoteSet;
+          a.value = remote.value;
+        }
+      }
+    } else {
+      (void)remote;
+    }
+    if constexpr (!std::is_same_v<LocalAction, None>) {
+      static_assert(std::is_same_v<LocalAction, CounterInc>, "local action must be None or CounterInc");
+      if (checkCounter(local.counter)) a.counter = local.counter;
+    } else {
+      (void)local;
+    }
+    return a;
   }
   GIN_HD bool viaProxy(int world) const {
     return c_->proxyRings != nullptr && loadConst(c_->peerTransport + world) == uint8_t(Transport::Proxy);

@@ -32,6 +32,7 @@
 #include "gin/device/comm.hpp"
 #include "gin/device/window.hpp"
 #include "gin/host/bootstrap.hpp"
+#include "gin/host/ibgda.hpp"
 #include "gin/host/memory.hpp"
 #include "gin/host/proxy.hpp"
 #include "gin/host/tcp_wire.hpp"
@@ -43,11 +44,13 @@ enum class DeviceKind { Auto, Cpu, Gpu };
 
 // How peers are reached. Auto: lsa for every peer load/store reaches (the
 // ranks of this host), the proxy for the others (ranks on other hosts, over
-// the tcp wire; CPU ranks so far). Lsa: lsa only (ranks on several hosts are
-// refused). Proxy: every peer through the proxy engine, lsa members included
-// (testing, debugging). GIN_TRANSPORT=auto|lsa|proxy overrides; which wire the
-// proxy uses per peer: CommConfig::proxy.wire / GIN_PROXY_WIRE.
-enum class TransportChoice { Auto, Lsa, Proxy };
+// the tcp wire). Lsa: lsa only (ranks on several hosts are refused). Proxy:
+// every peer through the proxy engine, lsa members included (testing,
+// debugging). Ibgda: the peers of this host through GPU-posted mlx5 work
+// requests, lsa members included (today on the soft NIC only:
+// CommConfig::ibgda). GIN_TRANSPORT=auto|lsa|proxy|ibgda overrides; which wire
+// the proxy uses per peer: CommConfig::proxy.wire / GIN_PROXY_WIRE.
+enum class TransportChoice { Auto, Lsa, Proxy, Ibgda };
 
 struct CommConfig {
   int nContexts = 4;    // network contexts (queue pairs per peer on network transports)
@@ -64,6 +67,7 @@ struct CommConfig {
   int cudaDevice = -1;
   TransportChoice transport = TransportChoice::Auto;
   ProxyConfig proxy;  // rings and engine of the proxy transport
+  IbgdaConfig ibgda;  // queue pairs and NIC of the ibgda transport
 };
 
 namespace detail {
@@ -107,13 +111,15 @@ inline TransportChoice envTransport(TransportChoice fallback) {
   if (v == "auto") return TransportChoice::Auto;
   if (v == "lsa") return TransportChoice::Lsa;
   if (v == "proxy") return TransportChoice::Proxy;
-  throw Error("GIN_TRANSPORT=" + v + " is not one of auto, lsa, proxy");
+  if (v == "ibgda") return TransportChoice::Ibgda;
+  throw Error("GIN_TRANSPORT=" + v + " is not one of auto, lsa, proxy, ibgda");
 }
 inline const char* choiceName(TransportChoice c) {
   switch (c) {
     case TransportChoice::Auto: return "auto";
     case TransportChoice::Lsa: return "lsa";
     case TransportChoice::Proxy: return "proxy";
+    case TransportChoice::Ibgda: return "ibgda";
   }
   return "?";
 }
@@ -163,14 +169,16 @@ class Comm {
     bs_.barrier();  // every rank's signals and inboxes are zero before anyone uses them
     buildWires();   // collective: the tcp wire connects the pairs that use it
     if (dev_.proxyRings) startProxy();
+    if (std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Ibgda)) != transports_.end()) startIbgda();
     if (rank_ == 0 && detail::envDebug()) printTransports();
   }
 
   ~Comm() {
     // Our engine writes into peers' memory: it drains and stops before the
-    // barrier that lets them free it.
+    // barrier that lets them free it. So does our (soft) NIC.
     engine_.reset();
     if (tcp_) tcp_->closeSend();  // its destructor waits for the peers' goodbyes: all in flight is applied
+    ibgda_.reset();
     // Peers may still be writing into our memory until they too are done.
     try {
       bs_.barrier();
@@ -201,6 +209,8 @@ class Comm {
   ProxyWire proxyWireTo(int worldRank) const { return ProxyWire(wireOf_.at(size_t(worldRank))); }
   // The tcp wire, or nullptr when no pair of ranks uses it.
   TcpWire* tcpWire() const { return tcp_.get(); }
+  // The ibgda transport (its soft NIC), or nullptr when no peer uses ibgda.
+  IbgdaTransport* ibgda() const { return ibgda_.get(); }
 
   // What kernels receive (by value).
   const DevComm& devComm() const { return dev_; }
@@ -263,7 +273,9 @@ class Comm {
     // Over tcp "consumed" means "sent": the fence waits until what peers sent
     // us has been applied (bounded; a lost peer is in the error record).
     if (tcp_) (void)tcp_->fence(cfg_.timeoutNs);
+    if (ibgda_) (void)ibgda_->quiesce(cfg_.timeoutNs);
     bs_.barrier();  // nobody still writes into it
+    if (ibgda_) ibgda_->removeWindow(id);
     dir_.remove(id);
     windows_.erase(it);
   }
@@ -389,6 +401,9 @@ class Comm {
   std::unique_ptr<TcpWire> tcp_;  // its receiver writes into the windows and signals above
   std::unique_ptr<Wire> wire_;
   std::unique_ptr<ProxyEngine> engine_;
+  // ibgda transport (only when some peer uses it); its NIC writes into peers'
+  // memory, so it goes first too.
+  std::unique_ptr<IbgdaTransport> ibgda_;
 
   bool sameProcess(int a, int b) const {
     return peers_[size_t(a)].hostId == peers_[size_t(b)].hostId && peers_[size_t(a)].pid == peers_[size_t(b)].pid;
@@ -468,15 +483,23 @@ class Comm {
 
     transports_.assign(size_t(nRanks_), uint8_t(Transport::None));
     const bool forceProxy = cfg_.transport == TransportChoice::Proxy;
+    const bool forceIbgda = cfg_.transport == TransportChoice::Ibgda;
     // Ranks of other hosts: the proxy (its tcp wire; buildWires checks the wire reaches them).
     for (int r = 0; r < nRanks_; ++r)
-      transports_[size_t(r)] =
-          uint8_t(r >= lsaBase && r < lsaBase + perNode && !forceProxy ? Transport::Lsa : Transport::Proxy);
+      transports_[size_t(r)] = uint8_t(r < lsaBase || r >= lsaBase + perNode ? Transport::Proxy
+                                       : forceProxy                          ? Transport::Proxy
+                                       : forceIbgda                          ? Transport::Ibgda
+                                                                             : Transport::Lsa);
+    if (nNodes > 1 && forceIbgda)
+      throw Error("the ranks span " + std::to_string(nNodes) +
+                  " hosts, and the transport is forced to ibgda, which reaches only this host's ranks today (the "
+                  "soft NIC; no ConnectX setup yet); use GIN_TRANSPORT=auto");
     if (nNodes > 1 && cfg_.transport == TransportChoice::Lsa)
       throw Error("the ranks span " + std::to_string(nNodes) +
                   " hosts, and the transport is forced to lsa (load/store), which cannot reach another host; "
                   "use GIN_TRANSPORT=auto (the proxy over tcp reaches them)");
     dev_.proxyAll = forceProxy ? 1 : 0;
+    dev_.ibgdaAll = forceIbgda ? 1 : 0;
   }
 
   void pickGpu(int nGpus, int lsaBase) {
@@ -844,6 +867,12 @@ class Comm {
                                      detail::tcpWireAddress(bs_, remote), std::move(gpu));
   }
 
+  // After buildState (signals mapped, DevComm filled): QPs, key tables, NIC.
+  void startIbgda() {
+    ibgda_ = std::make_unique<IbgdaTransport>(bs_, dev_, transports_, lsaSignalPtrs_, nSignalWords_, gpu_, cfg_.ibgda);
+    dev_.ibgda = ibgda_->dev();
+  }
+
   void printTransports() const {
     std::string s = "gin: rank 0 transport table (" + std::to_string(nRanks_) + " ranks):";
     for (int r = 0; r < nRanks_; ++r)
@@ -860,6 +889,10 @@ class Comm {
                                : "; engine on " + std::to_string(engineCpus_.size()) + " CPU(s) from " +
                                      std::to_string(engineCpus_.front()) + " to " + std::to_string(engineCpus_.back());
     }
+    if (ibgda_)
+      s += "; ibgda: " + std::to_string(cfg_.nContexts) + " QPs per peer x " +
+           std::to_string(ibgda_->config().qpDepth) + " WQEs, " +
+           (ibgda_->nic().mode() == SoftNic::Mode::Sink ? "soft NIC (sink)" : "soft NIC");
     std::fprintf(stderr, "%s\n", s.c_str());
   }
 
@@ -919,6 +952,7 @@ class Comm {
     if (rec->owned) rec->buffer.unlinkName();
     rec->publish(gpu_, dev_.lsaSize, bases);
     dir_.add(rec->id, WindowDirectory::Entry{uint64_t(bytes), rec->local, bases});
+    if (ibgda_) ibgda_->addWindow(rec->id, rec->local, uint64_t(bytes), bases);
     const Window w = rec->handle();
     windows_.emplace(w.dev, std::move(rec));
     return w;

@@ -1,0 +1,459 @@
+// gin/device/transport/ibgda.hpp — the ibgda transport, device side: threads
+// post mlx5 work requests to a queue pair themselves (no CPU on the data path)
+// and learn about completions by polling its completion queue.
+//
+// One QP per (context, peer). Many threads share a QP:
+//   1. reserve: fetch-add on the QP's `resv` claims WQE indices [t, t+n);
+//   2. wait for room: the slots are free once `done` (WQEs known complete)
+//      reaches t+n-nWqe; a waiting producer polls the CQ itself, so a full
+//      queue drains without any other agent, and never overwrites a slot;
+//   3. fill the WQEs (plain stores into the send queue);
+//   4. publish in order: wait until `ready` == t (every earlier reservation is
+//      published), write the doorbell record (big-endian send counter t+n),
+//      ring the doorbell (the first 8 bytes of the last control segment, to the
+//      UAR), then release `ready` = t+n to the next producer. Holding the
+//      "ready token" while ringing keeps doorbell-record writes monotonic.
+//   CQ polling is under a per-QP try-lock; the poller advances `done`, applies
+//   the CounterInc of every completed WQE (a side table, one counter id per
+//   slot) and writes the CQ doorbell record (consumer index) so the NIC may
+//   reuse CQ entries.
+//
+// With IbgdaDev::deferDoorbell a post stops after releasing `ready`: flush,
+// counter waits and producers waiting for room ring (under a per-QP try-lock,
+// for every WQE published so far), so one ring covers a batch of posts.
+//
+// Every WQE requests a CQE, so `done` advances one WQE at a time and no CQE is
+// needed beyond the SQ's depth (nCqe == nWqe cannot overflow).
+//
+// Operations:
+//  - put: RDMA WRITEs of at most maxWqeBytes each; putValue: one RDMA WRITE
+//    with the value inline (no source buffer).
+//  - SignalInc/SignalAdd: an 8-byte RDMA atomic fetch-add on the peer's signal
+//    word. Operands travel big-endian (network order) in the atomic segment;
+//    the target word is a host-order (little-endian) uint64, which is what a
+//    ConnectX NIC does when the driver sets atomic_req_8B_endianness_mode to
+//    host endianness (mlx5_core does when the HCA supports it) and what the soft
+//    NIC does; so lsa waits and ibgda signals agree on the value. The fetched
+//    old value lands in a per-QP scratch word nobody reads.
+//  - SignalSet: an 8-byte inline RDMA WRITE with the fence flag: it starts only
+//    after earlier atomics of the QP (a SignalAdd on the same word) completed,
+//    so a plain write never interleaves with an in-flight read-modify-write.
+//  - Signal after payload: WQEs of one RC QP execute in order at the responder
+//    (the same property NVSHMEM's IBGDA relies on for put-with-signal); the
+//    payload WQEs of a put precede its signal WQE on the same QP.
+//  - flush(coop): wait until every WQE reserved on this context's QPs before
+//    the call has completed (stronger than "the coop's own").
+//  - An error CQE fills the device error record (rank, peer, context, WQE
+//    index, syndrome, QP number) and raises the abort flag: every wait stops.
+#pragma once
+
+#include <type_traits>
+
+#include "gin/core/atomic.hpp"
+#include "gin/core/rolling.hpp"
+#include "gin/device/comm.hpp"
+#include "gin/device/mlx5/prm.hpp"
+#include "gin/device/window.hpp"
+
+namespace gin {
+
+inline constexpr uint32_t kIbgdaNoCounter = ~uint32_t(0);
+
+// Producer and poller state of one QP: each word on its own 64-byte line
+// (producers hammer resv and ready; pollers write done).
+struct IbgdaQpState {
+  alignas(64) uint64_t resv;      // next WQE index to reserve
+  alignas(64) uint64_t ready;     // WQEs published (doorbell rung), in order
+  alignas(64) uint64_t done;      // WQEs known complete (CQ polled)
+  alignas(64) uint32_t pollLock;  // 1 while a thread polls the CQ
+  uint32_t failed;                // 1 once an error CQE was seen
+  uint64_t cqCi;                  // CQ consumer index (under pollLock)
+  uint32_t ringLock;              // deferred doorbells: 1 while a thread rings
+  uint32_t pad;
+  uint64_t rung;  // deferred doorbells: producer index last rung (under ringLock)
+};
+static_assert(sizeof(IbgdaQpState) == 256);
+
+// One QP as the producers see it. Send queue, doorbell record, UAR word and CQ
+// are what the NIC reads and writes (pinned host memory for the soft NIC);
+// state and counterOf are the producers' own (device memory on a GPU).
+struct IbgdaQpDev {
+  uint8_t* sq;           // nWqe * 64 bytes
+  uint32_t* dbrec;       // [2] big-endian: [kDbrRecv], [kDbrSend] = SQ producer index mod 2^16
+  uint64_t* uar;         // doorbell register: 8-byte write of the last WQE's control segment head
+  mlx5::Cqe64* cq;       // [nCqe]
+  uint32_t* cqDbrec;     // [2] big-endian: [0] = CQ consumer index mod 2^24
+  IbgdaQpState* state;   //
+  uint32_t* counterOf;   // [nWqe] counter to bump when the WQE in that slot completes
+  uint64_t scratchAddr;  // 8 bytes, where fetch-adds return the old value
+  uint32_t scratchLkey;
+  uint32_t qpn;
+  uint32_t nWqe;  // power of two, <= 2^15 (WQE indices are 16 bits)
+  uint32_t nCqe;  // == nWqe
+};
+static_assert(std::is_trivially_copyable_v<IbgdaQpDev>);
+
+// Where a window (or the signal array) lives at one peer, and its rkey there.
+struct IbgdaRemoteKey {
+  uint64_t addr;
+  uint32_t rkey;
+  uint32_t pad;
+};
+// A window as this rank's NIC knows it: slot id % maxWindows; `id` tells a
+// stale slot from the live one.
+struct IbgdaWindowKey {
+  uint32_t id;  // 0: empty
+  uint32_t lkey;
+};
+
+struct IbgdaDev {
+  IbgdaQpDev* qps;                // [nContexts * nRanks], index ctx * nRanks + peer
+  IbgdaWindowKey* windows;        // [maxWindows]
+  IbgdaRemoteKey* windowRemotes;  // [maxWindows * nRanks]
+  IbgdaRemoteKey* signalRemotes;  // [nRanks] each peer's signal array
+  uint32_t maxWindows;
+  uint32_t maxWqeBytes;    // largest RDMA WRITE one WQE carries
+  uint32_t deferDoorbell;  // 1: posts only publish; flush and waits ring (one ring covers a batch)
+  uint32_t pad;
+};
+static_assert(std::is_trivially_copyable_v<IbgdaDev>);
+
+namespace ibgda {
+
+GIN_HD GIN_INLINE const IbgdaQpDev* qpOf(const DevComm& c, int ctx, int peer) {
+  return loadConst(&c.ibgda->qps) + size_t(ctx) * size_t(c.nRanks) + size_t(peer);
+}
+
+GIN_HD GIN_INLINE bool deferred(const DevComm& c) { return loadConst(&c.ibgda->deferDoorbell) != 0; }
+
+// Deferred doorbells: ring for every WQE published so far, unless another
+// thread is ringing (the caller's wait loop comes back). The lock keeps
+// doorbell-record writes monotonic, as the ready token does otherwise.
+GIN_HD inline void ring(const IbgdaQpDev* qp) {
+  IbgdaQpState* st = loadConst(&qp->state);
+  uint32_t unlocked = 0;
+  if (!atomicCompareExchange<Scope::Device>(&st->ringLock, unlocked, 1u, MemoryOrder::Acquire)) return;
+  // Acquire: the WQEs of every publication up to r are visible to us, and
+  // the release below passes them on (cumulatively) to the NIC.
+  const uint64_t r = atomicLoad<Scope::Device>(&st->ready, MemoryOrder::Acquire);
+  if (r != st->rung) {
+    const uint32_t nWqe = loadConst(&qp->nWqe);
+    atomicStore<Scope::System>(loadConst(&qp->dbrec) + mlx5::kDbrSend, mlx5::bswap32(uint32_t(r) & 0xffffu),
+                               MemoryOrder::Release);
+    // WQE r-1 cannot be reused before it completes, which needs this ring.
+    const uint64_t head = *reinterpret_cast<const uint64_t*>(loadConst(&qp->sq) + ((r - 1) & (nWqe - 1)) * 64);
+    atomicStore<Scope::System>(loadConst(&qp->uar), head, MemoryOrder::Release);
+    st->rung = r;
+  }
+  atomicStore<Scope::Device>(&st->ringLock, 0u, MemoryOrder::Release);
+}
+
+// Poll the QP's CQ if no other thread is: advance `done` past every completed
+// WQE, apply their counters, free the CQ entries. An error CQE is recorded and
+// stops the poll (done stays before the failed WQE). Returns false once the
+// QP has failed.
+GIN_HD inline bool progress(const DevComm& c, const IbgdaQpDev* qp, int ctx, int peer) {
+  IbgdaQpState* st = loadConst(&qp->state);
+  if (atomicLoad<Scope::Device>(&st->failed, MemoryOrder::Relaxed) != 0) return false;
+  uint32_t unlocked = 0;
+  // Acquire: we see the previous poller's cqCi/done (released by its unlock).
+  if (!atomicCompareExchange<Scope::Device>(&st->pollLock, unlocked, 1u, MemoryOrder::Acquire)) return true;
+  mlx5::Cqe64* cq = loadConst(&qp->cq);
+  const uint32_t nCqe = loadConst(&qp->nCqe), nWqe = loadConst(&qp->nWqe);
+  const uint32_t* counterOf = loadConst(&qp->counterOf);
+  uint64_t ci = st->cqCi;
+  uint64_t done = st->done;
+  bool ok = true;
+  for (uint32_t k = 0; k < nCqe; ++k) {
+    mlx5::Cqe64* e = cq + (ci & (nCqe - 1));
+    // wqe_counter, signature and op_own share the CQE's last 4-byte word; the
+    // NIC writes it last with release, so this acquire load sees the whole CQE.
+    const uint32_t tail =
+        atomicLoad<Scope::System>(reinterpret_cast<const uint32_t*>(e->b + mlx5::kCqeWqeCounter), MemoryOrder::Acquire);
+    const uint8_t opOwn = uint8_t(tail >> 24);
+    if (mlx5::cqeOpcode(opOwn) == mlx5::kCqeInvalid || mlx5::cqeOwner(opOwn) != mlx5::cqeExpectedOwner(ci, nCqe)) break;
+    const uint16_t wc = uint16_t(((tail & 0xff) << 8) | ((tail >> 8) & 0xff));
+    // The completed WQE's full index: the first index >= done with these low 16 bits.
+    const uint64_t w = done + uint16_t(wc - uint16_t(done));
+    ++ci;
+    if (mlx5::cqeOpcode(opOwn) != mlx5::kCqeReq) {
+      atomicStore<Scope::Device>(&st->failed, 1u, MemoryOrder::Relaxed);
+      const uint64_t qpnAndVendor = (uint64_t(mlx5::cqeVendorSyndrome(*e)) << 32) | mlx5::cqeQpn(*e);
+      recordError(c, Op::IbgdaCqe, peer, ctx, w, mlx5::cqeSyndrome(*e), qpnAndVendor);
+      ok = false;
+      break;
+    }
+    // In-order completion on an RC QP: every WQE up to w is complete.
+    for (uint64_t x = done; x <= w; ++x) {
+      const uint32_t cid = counterOf[x & (nWqe - 1)];
+      if (cid != kIbgdaNoCounter) atomicAdd<Scope::System>(c.counters + cid, 1, MemoryOrder::Release);
+    }
+    done = w + 1;
+    // Release: the counters above, and our reads of the freed slots'
+    // counterOf entries, happen before a producer reuses the slots.
+    atomicStore<Scope::Device>(&st->done, done, MemoryOrder::Release);
+  }
+  if (ci != st->cqCi) {
+    st->cqCi = ci;
+    // Release: we finished reading these CQEs before the NIC may overwrite them.
+    atomicStore<Scope::System>(loadConst(&qp->cqDbrec), mlx5::bswap32(uint32_t(ci) & 0xffffffu), MemoryOrder::Release);
+  }
+  atomicStore<Scope::Device>(&st->pollLock, 0u, MemoryOrder::Release);
+  return ok;
+}
+
+// Wait (bounded) until WQEs [0, target) of the QP have completed, polling the
+// CQ meanwhile. `op` names the wait in the error record.
+GIN_HD inline bool waitDone(const DevComm& c, const IbgdaQpDev* qp, int ctx, int peer, uint64_t target, Op op) {
+  IbgdaQpState* st = loadConst(&qp->state);
+  const bool defer = deferred(c);
+  return detail::boundedWait(
+      c, &st->done, MemoryOrder::Acquire,
+      [&](uint64_t v) {
+        if (rollingLessEqual(target, v)) return true;
+        if (defer) ring(qp);
+        (void)progress(c, qp, ctx, peer);
+        return false;
+      },
+      detail::WaitWhat{op, peer, ctx, target, target});
+}
+
+// Poll every QP of every context once (counter waits call this: counters move
+// only when someone polls), ringing deferred doorbells first.
+GIN_HD inline void progressAll(const DevComm& c) {
+  const bool defer = deferred(c);
+  for (int ctx = 0; ctx < c.nContexts; ++ctx)
+    for (int p = 0; p < c.nRanks; ++p)
+      if (loadConst(c.peerTransport + p) == uint8_t(Transport::Ibgda)) {
+        const IbgdaQpDev* qp = qpOf(c, ctx, p);
+        if (defer) ring(qp);
+        (void)progress(c, qp, ctx, p);
+      }
+}
+
+// Store a 64-byte WQE into its send-queue slot.
+GIN_HD GIN_INLINE void storeWqe(uint8_t* slot, const uint64_t (&w)[8]) {
+  uint64_t* d = reinterpret_cast<uint64_t*>(slot);
+  GIN_UNROLL
+  for (int i = 0; i < 8; ++i) d[i] = w[i];
+}
+
+// One WQE to post, 64 bytes (one basic block). post() fills in the control
+// segment's WQE index and QP number.
+struct Wqe {
+  uint64_t w[8];
+};
+
+// Post n (1 <= n <= nWqe) WQEs produced by make(i, Wqe&) for i in [0, n) to
+// the QP of (ctx, peer); `counter` (or kIbgdaNoCounter) is applied when the
+// last one completes. The caller's writes (a put's source) are ordered before
+// the NIC reads them by the release of the doorbell record.
+template <class Make>
+GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t counter, Make make) {
+  const IbgdaQpDev* qp = qpOf(c, ctx, peer);
+  IbgdaQpState* st = loadConst(&qp->state);
+  uint8_t* sq = loadConst(&qp->sq);
+  uint32_t* counterOf = loadConst(&qp->counterOf);
+  const uint32_t nWqe = loadConst(&qp->nWqe), qpn = loadConst(&qp->qpn);
+  // Relaxed: the reservation orders nothing by itself; `done` and `ready`
+  // carry the orderings below.
+  const uint64_t t = atomicFetchAdd<Scope::Device>(&st->resv, uint64_t(n), MemoryOrder::Relaxed);
+  // Room: slots [t, t+n) were last used by WQEs [t-nWqe, t+n-nWqe), which
+  // must have completed. No cycle: this depends only on earlier reservations. Acquire (in waitDone): the NIC and the
+  // poller are done with those slots before we overwrite them.
+  if (t + n > nWqe && !waitDone(c, qp, ctx, peer, t + n - nWqe, Op::IbgdaFull)) return false;
+  uint64_t ctrlHead = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    Wqe q;
+    make(i, q);
+    // Patch the control segment: WQE index and QP number.
+    mlx5::CtrlSeg ctrl;
+    __builtin_memcpy(&ctrl, q.w, sizeof ctrl);
+    ctrl = mlx5::makeCtrl(uint16_t(t + i), mlx5::ctrlOpcode(ctrl), mlx5::ctrlOpmod(ctrl), qpn, mlx5::ctrlDs(ctrl),
+                          ctrl.fmCeSe, ctrl.imm, ctrl.signature);
+    __builtin_memcpy(q.w, &ctrl, sizeof ctrl);
+    const uint64_t slot = (t + i) & (nWqe - 1);
+    storeWqe(sq + slot * mlx5::kSendWqeBB, q.w);
+    counterOf[slot] = i + 1 == n ? counter : kIbgdaNoCounter;
+    ctrlHead = q.w[0];
+  }
+  // In-order publication. Acquire: the previous holder's doorbell-record
+  // write happens before ours, so the record never moves backwards.
+  const bool turn = detail::boundedWait(
+      c, &st->ready, MemoryOrder::Acquire, [&](uint64_t v) { return v == t; },
+      detail::WaitWhat{Op::IbgdaFull, peer, ctx, t, t});
+  if (!turn) return false;
+  if (!deferred(c)) {
+    // Release at system scope: the WQEs (and the caller's source data, and
+    // counterOf) are visible before the NIC sees the new producer index.
+    atomicStore<Scope::System>(loadConst(&qp->dbrec) + mlx5::kDbrSend, mlx5::bswap32(uint32_t(t + n) & 0xffffu),
+                               MemoryOrder::Release);
+    // The doorbell: the first 8 bytes of the last WQE's control segment.
+    atomicStore<Scope::System>(loadConst(&qp->uar), ctrlHead, MemoryOrder::Release);
+  }
+  // Hand the token to the next producer (it acquires `ready`); with deferred
+  // doorbells this release is also what ring() acquires.
+  atomicStore<Scope::Device>(&st->ready, t + n, MemoryOrder::Release);
+  return true;
+}
+
+// ---- WQE shapes ----
+
+GIN_HD GIN_INLINE void setSegs(Wqe& q, const mlx5::CtrlSeg& c, const void* s1, const void* s2, const void* s3) {
+  for (int i = 0; i < 8; ++i) q.w[i] = 0;
+  __builtin_memcpy(reinterpret_cast<char*>(q.w), &c, 16);
+  if (s1) __builtin_memcpy(reinterpret_cast<char*>(q.w) + 16, s1, 16);
+  if (s2) __builtin_memcpy(reinterpret_cast<char*>(q.w) + 32, s2, 16);
+  if (s3) __builtin_memcpy(reinterpret_cast<char*>(q.w) + 48, s3, 16);
+}
+
+GIN_HD GIN_INLINE void makeWrite(Wqe& q, uint64_t raddr, uint32_t rkey, uint64_t laddr, uint32_t lkey, uint32_t bytes) {
+  const mlx5::CtrlSeg c = mlx5::makeCtrl(0, mlx5::kOpRdmaWrite, 0, 0, mlx5::kDsWrite, mlx5::kCtrlCqUpdate);
+  const mlx5::RaddrSeg r = mlx5::makeRaddr(raddr, rkey);
+  const mlx5::DataSeg d = mlx5::makeData(bytes, lkey, laddr);
+  setSegs(q, c, &r, &d, nullptr);
+}
+
+// RDMA WRITE of `bytes` (<= 8) carried inline.
+GIN_HD GIN_INLINE void makeWriteInline(Wqe& q, uint64_t raddr, uint32_t rkey, const void* value, uint32_t bytes,
+                                       uint8_t extraFlags) {
+  const mlx5::CtrlSeg c =
+      mlx5::makeCtrl(0, mlx5::kOpRdmaWrite, 0, 0, mlx5::dsInline(bytes), uint8_t(mlx5::kCtrlCqUpdate | extraFlags));
+  const mlx5::RaddrSeg r = mlx5::makeRaddr(raddr, rkey);
+  setSegs(q, c, &r, nullptr, nullptr);
+  const mlx5::InlineSeg h = mlx5::makeInline(bytes);
+  char* p = reinterpret_cast<char*>(q.w) + 32;
+  __builtin_memcpy(p, &h, 4);
+  const char* v = static_cast<const char*>(value);
+  for (uint32_t i = 0; i < bytes; ++i) p[4 + i] = v[i];
+}
+
+GIN_HD GIN_INLINE void makeFetchAdd(Wqe& q, uint64_t raddr, uint32_t rkey, uint64_t add, uint64_t scratch,
+                                    uint32_t scratchLkey) {
+  const mlx5::CtrlSeg c = mlx5::makeCtrl(0, mlx5::kOpAtomicFa, 0, 0, mlx5::kDsAtomic, mlx5::kCtrlCqUpdate);
+  const mlx5::RaddrSeg r = mlx5::makeRaddr(raddr, rkey);
+  const mlx5::AtomicSeg a = mlx5::makeFetchAdd(add);
+  const mlx5::DataSeg d = mlx5::makeData(8, scratchLkey, scratch);
+  setSegs(q, c, &r, &a, &d);
+}
+
+GIN_HD GIN_INLINE void makeNop(Wqe& q) {
+  setSegs(q, mlx5::makeCtrl(0, mlx5::kOpNop, 0, 0, mlx5::kDsNop, mlx5::kCtrlCqUpdate), nullptr, nullptr, nullptr);
+}
+
+// What to do besides the payload: a remote signal update (kind 0: none,
+// 1: add, 2: set) and a local counter (kIbgdaNoCounter: none). Ids are
+// checked by the caller (Net).
+struct Action {
+  uint8_t remote = 0;
+  uint32_t signal = 0;
+  uint64_t value = 0;
+  uint32_t counter = kIbgdaNoCounter;
+};
+inline constexpr uint8_t kRemoteNone = 0, kRemoteAdd = 1, kRemoteSet = 2;
+
+// The signal WQE of an action (remote != none).
+GIN_HD GIN_INLINE void makeSignal(const DevComm& c, const IbgdaQpDev* qp, int peer, const Action& a, Wqe& q) {
+  const IbgdaRemoteKey* sr = loadConst(&c.ibgda->signalRemotes) + peer;
+  const uint64_t raddr = loadConst(&sr->addr) + uint64_t(a.signal) * 8;
+  const uint32_t rkey = loadConst(&sr->rkey);
+  if (a.remote == kRemoteAdd)
+    makeFetchAdd(q, raddr, rkey, a.value, loadConst(&qp->scratchAddr), loadConst(&qp->scratchLkey));
+  else
+    makeWriteInline(q, raddr, rkey, &a.value, 8, mlx5::kCtrlFence);
+}
+
+// A window's key-table slot, or nullptr (recorded) when the window is not
+// registered with ibgda.
+GIN_HD GIN_INLINE const IbgdaWindowKey* windowKey(const DevComm& c, int ctx, int peer, uint32_t id, uint32_t* slot) {
+  const uint32_t maxW = loadConst(&c.ibgda->maxWindows);
+  *slot = id % maxW;
+  const IbgdaWindowKey* k = loadConst(&c.ibgda->windows) + *slot;
+  if (loadConst(&k->id) == id) return k;
+  recordError(c, Op::BadArgument, peer, ctx, id, id, maxW);
+  return nullptr;
+}
+
+// put: payload WQEs of at most maxWqeBytes, then the signal WQE, the counter
+// on the last one; posted in batches of at most half the queue so a huge put
+// never needs more slots than exist (the batches stay in order on the QP).
+GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst, uint64_t dstOffset,
+                       const WindowDev* src, uint64_t srcOffset, uint64_t bytes, const Action& a) {
+  uint32_t dslot = 0, sslot = 0;
+  const IbgdaWindowKey* dk = windowKey(c, ctx, peer, loadConst(&dst->id), &dslot);
+  const IbgdaWindowKey* sk = windowKey(c, ctx, peer, loadConst(&src->id), &sslot);
+  if (!dk || !sk) return false;
+  const IbgdaRemoteKey* rk = loadConst(&c.ibgda->windowRemotes) + size_t(dslot) * size_t(c.nRanks) + size_t(peer);
+  const uint64_t raddr = loadConst(&rk->addr) + dstOffset;
+  const uint32_t rkey = loadConst(&rk->rkey), lkey = loadConst(&sk->lkey);
+  const uint64_t laddr = uint64_t(reinterpret_cast<uintptr_t>(loadConst(&src->localBase))) + srcOffset;
+  const uint64_t maxB = loadConst(&c.ibgda->maxWqeBytes);
+  const uint64_t nData = (bytes + maxB - 1) / maxB;
+  const bool sig = a.remote != kRemoteNone;
+  uint64_t total = nData + (sig ? 1 : 0);
+  const bool nop = total == 0;  // a zero-byte put with only a counter: a NOP carries it
+  if (nop) {
+    if (a.counter == kIbgdaNoCounter) return true;
+    total = 1;
+  }
+  const IbgdaQpDev* qp = qpOf(c, ctx, peer);
+  const uint64_t batch = loadConst(&qp->nWqe) / 2 > 0 ? loadConst(&qp->nWqe) / 2 : 1;
+  for (uint64_t i0 = 0; i0 < total; i0 += batch) {
+    const uint32_t n = uint32_t(total - i0 < batch ? total - i0 : batch);
+    const bool last = i0 + n == total;
+    const bool ok = post(c, ctx, peer, n, last ? a.counter : kIbgdaNoCounter, [&](uint32_t i, Wqe& q) {
+      const uint64_t k = i0 + i;
+      if (nop)
+        makeNop(q);
+      else if (k < nData) {
+        const uint64_t off = k * maxB;
+        const uint64_t len = bytes - off < maxB ? bytes - off : maxB;
+        makeWrite(q, raddr + off, rkey, laddr + off, lkey, uint32_t(len));
+      } else {
+        makeSignal(c, qp, peer, a, q);
+      }
+    });
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// putValue: one RDMA WRITE with the value inline, then the signal WQE.
+GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev* dst, uint64_t dstOffset,
+                            const void* value, uint32_t bytes, const Action& a) {
+  uint32_t dslot = 0;
+  if (!windowKey(c, ctx, peer, loadConst(&dst->id), &dslot)) return false;
+  const IbgdaRemoteKey* rk = loadConst(&c.ibgda->windowRemotes) + size_t(dslot) * size_t(c.nRanks) + size_t(peer);
+  const uint64_t raddr = loadConst(&rk->addr) + dstOffset;
+  const uint32_t rkey = loadConst(&rk->rkey);
+  const IbgdaQpDev* qp = qpOf(c, ctx, peer);
+  const uint32_t n = a.remote != kRemoteNone ? 2 : 1;
+  return post(c, ctx, peer, n, a.counter, [&](uint32_t i, Wqe& q) {
+    if (i == 0)
+      makeWriteInline(q, raddr, rkey, value, bytes, 0);
+    else
+      makeSignal(c, qp, peer, a, q);
+  });
+}
+
+// A remote action alone (nothing to do when there is none).
+GIN_HD inline bool signal(const DevComm& c, int ctx, int peer, const Action& a) {
+  if (a.remote == kRemoteNone) return true;
+  const IbgdaQpDev* qp = qpOf(c, ctx, peer);
+  return post(c, ctx, peer, 1, a.counter, [&](uint32_t, Wqe& q) { makeSignal(c, qp, peer, a, q); });
+}
+
+// Flush: every WQE reserved on context ctx's QPs before the call completes.
+GIN_HD inline bool flush(const DevComm& c, int ctx) {
+  bool ok = true;
+  for (int p = 0; p < c.nRanks && ok; ++p) {
+    if (loadConst(c.peerTransport + p) != uint8_t(Transport::Ibgda)) continue;
+    const IbgdaQpDev* qp = qpOf(c, ctx, p);
+    const uint64_t target = atomicLoad<Scope::Device>(&loadConst(&qp->state)->resv, MemoryOrder::Relaxed);
+    if (target != 0) ok = waitDone(c, qp, ctx, p, target, Op::IbgdaFlush);
+  }
+  return ok;
+}
+
+}  // namespace ibgda
+}  // namespace gin

@@ -1,0 +1,250 @@
+// gin/host/ibgda.hpp — the ibgda transport, host side: the queue pairs (send
+// queue, doorbell record, UAR word, completion queue), the key tables kernels
+// read (IbgdaDev), and the NIC that consumes the queues.
+//
+// Today the only NIC is the soft NIC (gin/host/soft_nic.hpp), selected with
+// IbgdaConfig::device = Soft or GIN_IBGDA_DEVICE=soft: queues in host memory,
+// CPU ranks, peers whose memory is mapped in this process (the lsa team).
+// Real ConnectX setup (mlx5dv/DEVX QPs and CQs on umem, UAR mapped into the
+// GPU, QP exchange and RTS) is not written yet: asking for it is a gin::Error.
+#pragma once
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gin/device/comm.hpp"
+#include "gin/device/transport/ibgda.hpp"
+#include "gin/host/bootstrap.hpp"
+#include "gin/host/memory.hpp"
+#include "gin/host/soft_nic.hpp"
+#include "gin/host/window.hpp"
+
+namespace gin {
+
+struct IbgdaConfig {
+  // Auto: GIN_IBGDA_DEVICE from the environment (soft, soft-sink), else a real
+  // mlx5 device (not supported yet: an error). SoftSink: the soft NIC only
+  // completes WQEs (posting-cost benchmarks; nothing is written anywhere).
+  enum class Device { Auto, Soft, SoftSink, Mlx5 };
+  Device device = Device::Auto;
+  uint32_t qpDepth = 256;           // WQEs per QP (and CQEs per CQ): a power of two in [2, 2^15]
+  uint32_t maxWqeBytes = 1u << 20;  // bytes one RDMA WRITE carries; larger puts are split
+  uint32_t maxWindows = 64;         // windows registered at once
+  // Posts only publish their WQEs; flush, waitCounter, readCounter and
+  // producers waiting for room ring the doorbell (one ring covers a batch).
+  // A peer waiting for a signal sees nothing until the sender flushes.
+  bool deferDoorbell = false;
+};
+
+namespace detail {
+inline IbgdaConfig::Device ibgdaDevice(IbgdaConfig::Device d) {
+  if (d != IbgdaConfig::Device::Auto) return d;
+  const char* e = std::getenv("GIN_IBGDA_DEVICE");
+  if (!e || !*e) return IbgdaConfig::Device::Mlx5;
+  const std::string v(e);
+  if (v == "soft") return IbgdaConfig::Device::Soft;
+  if (v == "soft-sink") return IbgdaConfig::Device::SoftSink;
+  if (v == "mlx5") return IbgdaConfig::Device::Mlx5;
+  throw Error("GIN_IBGDA_DEVICE=" + v + " is not one of soft, soft-sink, mlx5");
+}
+}  // namespace detail
+
+class IbgdaTransport {
+ public:
+  // Collective over `bs`. lsaSignals: each lsa member's signal array mapped
+  // here (nSignalWords words each); transports: the per-peer table.
+  IbgdaTransport(Bootstrap& bs, const DevComm& dev, const std::vector<uint8_t>& transports,
+                 const std::vector<uint64_t*>& lsaSignals, uint32_t nSignalWords, bool gpu, IbgdaConfig cfg)
+      : bs_(bs), rank_(dev.rank), nRanks_(dev.nRanks), lsaBase_(dev.rank - dev.lsaRank), cfg_(cfg) {
+    const IbgdaConfig::Device device = detail::ibgdaDevice(cfg.device);
+    if (cfg.qpDepth < 2 || (cfg.qpDepth & (cfg.qpDepth - 1)) || cfg.qpDepth > (1u << 15) || cfg.maxWqeBytes == 0 ||
+        cfg.maxWindows == 0)
+      throw Error(
+          "CommConfig::ibgda: qpDepth must be a power of two in [2, 2^15], maxWqeBytes and maxWindows > 0 "
+          "(got " +
+          std::to_string(cfg.qpDepth) + ", " + std::to_string(cfg.maxWqeBytes) + ", " + std::to_string(cfg.maxWindows) +
+          ")");
+    if (device == IbgdaConfig::Device::Mlx5)
+      throw Error(
+          "the ibgda transport needs an mlx5 (ConnectX) device, and gin cannot drive real hardware yet (host setup "
+          "through mlx5dv/DEVX is not written); set GIN_IBGDA_DEVICE=soft (or CommConfig::ibgda.device = Soft) to "
+          "run it on the soft NIC, or use GIN_TRANSPORT=lsa|proxy");
+    if (gpu)
+      throw Error(
+          "the ibgda transport's soft NIC runs with CPU ranks only so far (it reads windows with host "
+          "loads); use DeviceKind::Cpu or GIN_DEVICE=cpu on rank " +
+          std::to_string(rank_));
+    nic_ = std::make_unique<SoftNic>(device == IbgdaConfig::Device::SoftSink ? SoftNic::Mode::Sink
+                                                                             : SoftNic::Mode::Execute);
+    const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg.qpDepth;
+
+    // NIC-facing memory: per QP the SQ, the CQ, a line with the doorbell
+    // record and the CQ doorbell record, a line for the UAR word; then the
+    // atomic scratch words.
+    qpBytes_ = depth * 64 * 2 + 128;
+    nicMem_ = HostMappedBuffer(gpu, qpBytes_ * nQp + nQp * 8 + 64);
+    char* nic = align64(static_cast<char*>(nicMem_.host()));
+    char* scratch = nic + qpBytes_ * nQp;
+
+    // Producer state, counter side tables, QP table, IbgdaDev, window keys.
+    const size_t offState = 0, offCounterOf = offState + nQp * sizeof(IbgdaQpState),
+                 offQps = offCounterOf + nQp * depth * 4, offDev = (offQps + nQp * sizeof(IbgdaQpDev) + 63) / 64 * 64,
+                 offWin = offDev + 64, offWinRemote = offWin + cfg.maxWindows * sizeof(IbgdaWindowKey),
+                 offSigRemote = offWinRemote + size_t(cfg.maxWindows) * nR * sizeof(IbgdaRemoteKey),
+                 total = offSigRemote + nR * sizeof(IbgdaRemoteKey);
+    table_ = DeviceTable(gpu, total + 64);
+    base_ = align64(table_.data());
+    tablePad_ = size_t(base_ - table_.data());
+
+    std::vector<IbgdaQpDev> qps(nQp);
+    std::vector<uint32_t> noCounter(depth, kIbgdaNoCounter);
+    nic_->addLocalRegion(kScratchKey, reinterpret_cast<uint64_t>(scratch), nQp * 8, scratch);
+    for (size_t ctx = 0; ctx < nCtx; ++ctx)
+      for (size_t p = 0; p < nR; ++p) {
+        const size_t i = ctx * nR + p;
+        char* q = nic + i * qpBytes_;
+        IbgdaQpDev& d = qps[i];
+        d.sq = reinterpret_cast<uint8_t*>(q);
+        d.cq = reinterpret_cast<mlx5::Cqe64*>(q + depth * 64);
+        d.dbrec = reinterpret_cast<uint32_t*>(q + depth * 128);
+        d.cqDbrec = reinterpret_cast<uint32_t*>(q + depth * 128 + 8);
+        d.uar = reinterpret_cast<uint64_t*>(q + depth * 128 + 64);
+        d.state = reinterpret_cast<IbgdaQpState*>(base_ + offState) + i;
+        d.counterOf = reinterpret_cast<uint32_t*>(base_ + offCounterOf) + i * depth;
+        d.scratchAddr = reinterpret_cast<uint64_t>(scratch + i * 8);
+        d.scratchLkey = kScratchKey;
+        d.qpn = qpnOf(i);
+        d.nWqe = d.nCqe = uint32_t(depth);
+        table_.upload(tablePad_ + offCounterOf + i * depth * 4, noCounter.data(), depth * 4);
+        if (transports[p] != uint8_t(Transport::Ibgda)) continue;
+        if (int(p) < lsaBase_ || int(p) >= lsaBase_ + int(lsaSignals.size()))
+          throw Error("the soft NIC reaches only peers whose memory is mapped here (the lsa team); rank " +
+                      std::to_string(p) + " is not one");
+        SoftNic::Qp sq;
+        sq.sq = d.sq;
+        sq.nWqe = d.nWqe;
+        sq.dbrec = d.dbrec;
+        sq.uar = d.uar;
+        sq.cq = d.cq;
+        sq.nCqe = d.nCqe;
+        sq.cqDbrec = d.cqDbrec;
+        sq.qpn = d.qpn;
+        sq.peer = int(p);
+        nic_->addQp(sq);
+      }
+    table_.upload(tablePad_ + offQps, qps.data(), nQp * sizeof(IbgdaQpDev));
+
+    IbgdaDev id{};
+    id.qps = reinterpret_cast<IbgdaQpDev*>(base_ + offQps);
+    id.windows = reinterpret_cast<IbgdaWindowKey*>(base_ + offWin);
+    id.windowRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offWinRemote);
+    id.signalRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offSigRemote);
+    id.maxWindows = cfg.maxWindows;
+    id.maxWqeBytes = cfg.maxWqeBytes;
+    id.deferDoorbell = cfg.deferDoorbell ? 1 : 0;
+    table_.upload(tablePad_ + offDev, &id, sizeof id);
+    dev_ = reinterpret_cast<const IbgdaDev*>(base_ + offDev);
+    offWin_ = offWin;
+    offWinRemote_ = offWinRemote;
+
+    // Signal arrays: every rank advertises (address, key, size) of its own;
+    // the NIC maps each lsa member's through the mapping the Comm made.
+    std::vector<Advert> ads = exchange(Advert{reinterpret_cast<uint64_t>(dev.signals), keyOf(0), nSignalWords * 8ull});
+    std::vector<IbgdaRemoteKey> sig(nR);
+    for (size_t p = 0; p < nR; ++p) {
+      sig[p] = IbgdaRemoteKey{ads[p].addr, ads[p].key, 0};
+      const int li = int(p) - lsaBase_;
+      if (li >= 0 && li < int(lsaSignals.size()))
+        nic_->addRemoteRegion(int(p), ads[p].key, ads[p].addr, ads[p].bytes, reinterpret_cast<char*>(lsaSignals[li]));
+    }
+    table_.upload(tablePad_ + offSigRemote, sig.data(), nR * sizeof(IbgdaRemoteKey));
+    nic_->start();
+  }
+
+  ~IbgdaTransport() { nic_.reset(); }  // the NIC drains and stops before the queues go
+  IbgdaTransport(const IbgdaTransport&) = delete;
+  IbgdaTransport& operator=(const IbgdaTransport&) = delete;
+
+  const IbgdaDev* dev() const { return dev_; }
+  SoftNic& nic() const { return *nic_; }
+  const IbgdaConfig& config() const { return cfg_; }
+
+  // The key this rank's NIC gives window `id` (0: the signal array). Keys are
+  // per rank in a real NIC; the soft NIC's are deterministic but still checked.
+  static uint32_t keyOf(uint32_t id) { return 0x00a00007u + (id << 8); }
+
+  // A window was registered (collective): local key for our buffer, remote
+  // keys of every peer's, the NIC's regions for both.
+  void addWindow(uint32_t id, char* local, uint64_t bytes, const std::vector<char*>& lsaBases) {
+    const uint32_t slot = id % cfg_.maxWindows;
+    std::vector<Advert> ads = exchange(Advert{reinterpret_cast<uint64_t>(local), keyOf(id), bytes});
+    if (live_.size() < cfg_.maxWindows) live_.assign(cfg_.maxWindows, 0);
+    if (live_[slot] != 0)
+      throw Error("the ibgda transport holds at most CommConfig::ibgda.maxWindows = " +
+                  std::to_string(cfg_.maxWindows) + " windows at once (window " + std::to_string(live_[slot]) +
+                  " still holds slot " + std::to_string(slot) + "); raise it or deregister windows");
+    live_[slot] = id;
+    nic_->addLocalRegion(keyOf(id), reinterpret_cast<uint64_t>(local), bytes, local);
+    std::vector<IbgdaRemoteKey> rem(static_cast<size_t>(nRanks_));
+    for (int p = 0; p < nRanks_; ++p) {
+      rem[size_t(p)] = IbgdaRemoteKey{ads[size_t(p)].addr, ads[size_t(p)].key, 0};
+      const int li = p - lsaBase_;
+      if (li >= 0 && li < int(lsaBases.size()))
+        nic_->addRemoteRegion(p, ads[size_t(p)].key, ads[size_t(p)].addr, ads[size_t(p)].bytes, lsaBases[size_t(li)]);
+    }
+    table_.upload(tablePad_ + offWinRemote_ + size_t(slot) * size_t(nRanks_) * sizeof(IbgdaRemoteKey), rem.data(),
+                  rem.size() * sizeof(IbgdaRemoteKey));
+    const IbgdaWindowKey k{id, keyOf(id)};
+    table_.upload(tablePad_ + offWin_ + slot * sizeof(IbgdaWindowKey), &k, sizeof k);
+  }
+
+  // After every rank stopped using window `id` (the Comm quiesced and barriered).
+  void removeWindow(uint32_t id) {
+    const uint32_t slot = id % cfg_.maxWindows;
+    if (slot >= live_.size() || live_[slot] != id) return;
+    live_[slot] = 0;
+    const IbgdaWindowKey k{0, 0};
+    table_.upload(tablePad_ + offWin_ + slot * sizeof(IbgdaWindowKey), &k, sizeof k);
+    nic_->removeLocalRegion(keyOf(id));
+    for (int p = 0; p < nRanks_; ++p) nic_->removeRemoteRegion(p, keyOf(id));
+  }
+
+  // Every WQE posted so far has been consumed by the NIC (bounded).
+  bool quiesce(uint64_t timeoutNs) const { return nic_->quiesce(timeoutNs); }
+
+ private:
+  struct Advert {
+    uint64_t addr;
+    uint32_t key;
+    uint32_t pad = 0;
+    uint64_t bytes;
+    Advert() = default;
+    Advert(uint64_t a, uint32_t k, uint64_t b) : addr(a), key(k), bytes(b) {}
+  };
+  static constexpr uint32_t kScratchKey = 0x00500003u;
+
+  Bootstrap& bs_;
+  int rank_, nRanks_, lsaBase_;
+  IbgdaConfig cfg_;
+  size_t qpBytes_ = 0, tablePad_ = 0, offWin_ = 0, offWinRemote_ = 0;
+  HostMappedBuffer nicMem_;
+  DeviceTable table_;
+  char* base_ = nullptr;
+  const IbgdaDev* dev_ = nullptr;
+  std::vector<uint32_t> live_;  // window id per slot, 0: free
+  std::unique_ptr<SoftNic> nic_;
+
+  static char* align64(char* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64; }
+  uint32_t qpnOf(size_t i) const { return uint32_t(0x100 + i) & 0xffffffu; }
+
+  std::vector<Advert> exchange(const Advert& mine) {
+    std::vector<Advert> all(static_cast<size_t>(nRanks_));
+    all[size_t(rank_)] = mine;
+    bs_.allGather(all.data(), sizeof(Advert));
+    return all;
+  }
+};
+
+}  // namespace gin

@@ -1,0 +1,365 @@
+// gin/host/soft_nic.hpp — a software model of an mlx5 send-queue consumer: a
+// host thread that plays the NIC for queue pairs whose send queue, doorbell
+// record and completion queue are in host memory. A test and development
+// device: it lets the ibgda transport run end to end without ConnectX
+// hardware. It is not a performance model of a NIC.
+//
+// What it does, per QP, in WQE order:
+//  - watches the doorbell record's send counter (big-endian, mod 2^16) and
+//    consumes every WQE up to it (acquire: the producer released the record
+//    after writing the WQEs);
+//  - parses each WQE with gin/device/mlx5/prm.hpp and checks it: WQE index,
+//    QP number, opcode, descriptor count, inline size, lkey and local range
+//    against its local regions, rkey and remote range against the peer's
+//    regions, atomic size and alignment. A bad WQE writes nothing: it gets an
+//    error CQE with the syndrome a ConnectX reports for it, and the QP stops
+//    (error state; later WQEs are neither executed nor completed);
+//  - executes RDMA WRITE (gather entry or inline data), RDMA WRITE with
+//    immediate (there is no responder receive queue in the model: the
+//    immediate is dropped), atomic fetch-add and compare-and-swap, NOP.
+//    Atomics act on the target as a host-order uint64 (ConnectX with the
+//    host-endianness atomic mode, which mlx5_core selects when supported);
+//    operands are read big-endian from the atomic segment, and the old value
+//    is written, host order, at the WQE's local data segment;
+//  - writes a CQE for every WQE with the CQ-update flag (and every error),
+//    with the owner bit of its pass over the CQ and the WQE's index in
+//    wqe_counter; the last 4-byte word (wqe_counter, signature, op_own) is
+//    stored last with release order. It never overruns the CQ: a QP whose CQ
+//    is full (per the CQ doorbell record) waits.
+//
+// Sink mode only completes: every WQE gets a success CQE without being read
+// beyond its control segment, so a benchmark measures posting cost alone.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gin/core/atomic.hpp"
+#include "gin/core/clock.hpp"
+#include "gin/core/error.hpp"
+#include "gin/device/mlx5/prm.hpp"
+
+namespace gin {
+
+class SoftNic {
+ public:
+  enum class Mode { Execute, Sink };
+
+  // A QP's NIC-facing memory, host addresses. `peer` names whose regions its
+  // rkeys resolve against.
+  struct Qp {
+    uint8_t* sq = nullptr;
+    uint32_t nWqe = 0;  // power of two <= 2^15
+    const uint32_t* dbrec = nullptr;
+    const uint64_t* uar = nullptr;
+    mlx5::Cqe64* cq = nullptr;
+    uint32_t nCqe = 0;  // power of two
+    const uint32_t* cqDbrec = nullptr;
+    uint32_t qpn = 0;
+    int peer = 0;
+  };
+
+  explicit SoftNic(Mode mode = Mode::Execute) : mode_(mode) {}
+  ~SoftNic() { stop(); }
+  SoftNic(const SoftNic&) = delete;
+  SoftNic& operator=(const SoftNic&) = delete;
+
+  Mode mode() const { return mode_; }
+
+  // Before start(): the QPs this NIC consumes. Initialises every CQE as
+  // invalid with owner 1 (what software does before handing a CQ over).
+  int addQp(const Qp& q) {
+    if (q.nWqe == 0 || (q.nWqe & (q.nWqe - 1)) || q.nWqe > (1u << 15) || q.nCqe == 0 || (q.nCqe & (q.nCqe - 1)))
+      throw Error("SoftNic::addQp: nWqe must be a power of two <= 2^15 and nCqe a power of two (got " +
+                  std::to_string(q.nWqe) + ", " + std::to_string(q.nCqe) + ")");
+    for (uint32_t i = 0; i < q.nCqe; ++i) {
+      std::memset(q.cq + i, 0, sizeof(mlx5::Cqe64));
+      q.cq[i].b[mlx5::kCqeOpOwn] = mlx5::kCqeInitOpOwn;
+    }
+    qps_.push_back(QpState{q});
+    return int(qps_.size()) - 1;
+  }
+
+  // Memory regions. Local regions (lkey) are this NIC's own; a remote region
+  // (peer, rkey) is a peer's registered memory: `addr` is the address the peer
+  // advertised (what WQEs carry), `map` where those bytes are in this process.
+  void addLocalRegion(uint32_t lkey, uint64_t addr, uint64_t bytes, char* map) {
+    std::lock_guard<std::mutex> lk(mu_);
+    regions_[regionKey(-1, lkey)] = Region{addr, bytes, map};
+  }
+  void addRemoteRegion(int peer, uint32_t rkey, uint64_t addr, uint64_t bytes, char* map) {
+    std::lock_guard<std::mutex> lk(mu_);
+    regions_[regionKey(peer, rkey)] = Region{addr, bytes, map};
+  }
+  void removeLocalRegion(uint32_t lkey) {
+    std::lock_guard<std::mutex> lk(mu_);
+    regions_.erase(regionKey(-1, lkey));
+  }
+  void removeRemoteRegion(int peer, uint32_t rkey) {
+    std::lock_guard<std::mutex> lk(mu_);
+    regions_.erase(regionKey(peer, rkey));
+  }
+
+  void start() {
+    if (thread_.joinable()) return;
+    thread_ = std::thread([this] { run(); });
+  }
+  // Consumes what is published (unless paused with a full CQ: then gives up), then joins.
+  void stop() {
+    stop_.store(true, std::memory_order_release);
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Test hook: a paused NIC consumes nothing. pause(true) returns once the
+  // thread has parked, so nothing posted afterwards is consumed until resumed.
+  void pause(bool p) {
+    const uint64_t seen = parks_.load(std::memory_order_acquire);
+    paused_.store(p, std::memory_order_seq_cst);
+    if (!p || !thread_.joinable()) return;
+    while (parks_.load(std::memory_order_acquire) == seen && !done_.load(std::memory_order_acquire))
+      std::this_thread::yield();
+  }
+
+  // Wait until every QP has consumed every WQE its doorbell record announces
+  // (or has failed), at most timeoutNs. False on timeout.
+  bool quiesce(uint64_t timeoutNs) const {
+    const uint64_t start = nowNs();
+    for (const QpState& q : qps_) {
+      for (;;) {
+        if (q.failed.load(std::memory_order_acquire)) break;
+        const uint16_t pi = uint16_t(mlx5::bswap32(atomicLoad(q.qp.dbrec + mlx5::kDbrSend, MemoryOrder::Acquire)));
+        if (uint16_t(q.consumed.load(std::memory_order_acquire)) == pi) break;
+        if (nowNs() - start > timeoutNs || done_.load(std::memory_order_acquire)) return false;
+        std::this_thread::yield();
+      }
+    }
+    return true;
+  }
+
+  uint64_t executed() const { return executed_.load(std::memory_order_relaxed); }
+  uint64_t errors() const { return errors_.load(std::memory_order_relaxed); }
+  // WQEs QP `i` has consumed, and whether it is in error.
+  uint64_t consumed(int i) const { return qps_.at(size_t(i)).consumed.load(std::memory_order_acquire); }
+  bool failed(int i) const { return qps_.at(size_t(i)).failed.load(std::memory_order_acquire); }
+  size_t nQps() const { return qps_.size(); }
+
+ private:
+  struct Region {
+    uint64_t addr = 0, bytes = 0;
+    char* map = nullptr;
+  };
+  struct QpState {
+    Qp qp;
+    uint64_t pi = 0;    // next WQE to consume (NIC thread only)
+    uint64_t cqPi = 0;  // next CQE to write (NIC thread only)
+    std::atomic<uint64_t> consumed{0};
+    std::atomic<bool> failed{false};
+    explicit QpState(const Qp& q) : qp(q) {}
+    QpState(QpState&& o) noexcept : qp(o.qp), pi(o.pi), cqPi(o.cqPi) {}
+  };
+  // Why a WQE failed.
+  struct Fault {
+    uint8_t syndrome = 0;
+  };
+
+  Mode mode_;
+  std::vector<QpState> qps_;
+  std::mutex mu_;
+  std::map<uint64_t, Region> regions_;
+  std::atomic<bool> stop_{false}, paused_{false}, done_{false};
+  std::atomic<uint64_t> executed_{0}, errors_{0}, parks_{0};
+  std::thread thread_;
+
+  static uint64_t regionKey(int peer, uint32_t key) { return (uint64_t(uint32_t(peer + 1)) << 32) | key; }
+
+  // [addr, addr+bytes) inside a region: its address in this process, or nullptr.
+  char* resolve(int peer, uint32_t key, uint64_t addr, uint64_t bytes) const {
+    auto it = regions_.find(regionKey(peer, key));
+    if (it == regions_.end()) return nullptr;
+    const Region& r = it->second;
+    if (addr < r.addr || addr - r.addr > r.bytes || bytes > r.bytes - (addr - r.addr)) return nullptr;
+    return r.map + (addr - r.addr);
+  }
+
+  void run() {
+    try {
+      uint64_t idle = 0;
+      for (;;) {
+        const bool stopping = stop_.load(std::memory_order_acquire);
+        if (!stopping && paused_.load(std::memory_order_seq_cst)) {
+          parks_.fetch_add(1, std::memory_order_release);
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+          continue;
+        }
+        size_t did = 0;
+        bool blocked = false;
+        {
+          std::lock_guard<std::mutex> lk(mu_);
+          for (QpState& q : qps_) did += drain(q, blocked);
+        }
+        if (did) {
+          idle = 0;
+          continue;
+        }
+        // Stopping: nothing consumable is left (a QP waiting for CQ room
+        // would wait forever once its poller is gone).
+        if (stopping) break;
+        ++idle;
+        if (idle <= 2048)
+          spinPause();
+        else if (idle <= 2048 + 256)
+          std::this_thread::yield();
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gin: soft NIC stopped: %s\n", e.what());
+    }
+    done_.store(true, std::memory_order_release);
+  }
+
+  // Consume up to a batch of WQEs of one QP.
+  size_t drain(QpState& q, bool& blocked) {
+    if (q.failed.load(std::memory_order_relaxed)) return 0;
+    const Qp& p = q.qp;
+    // Acquire: pairs with the producer's release of the doorbell record, so
+    // the WQEs (and the data they point at) are visible.
+    const uint16_t pi16 = uint16_t(mlx5::bswap32(atomicLoad(p.dbrec + mlx5::kDbrSend, MemoryOrder::Acquire)));
+    const uint32_t avail = uint16_t(pi16 - uint16_t(q.pi));
+    if (avail > p.nWqe) {
+      // The producer index ran more than a queue ahead of us: impossible for a
+      // correct producer. Fail the QP rather than read slots being rewritten.
+      complete(q, mlx5::kSynLocalQpOpErr, mlx5::kOpNop, true);
+      return 1;
+    }
+    size_t did = 0;
+    for (uint32_t k = 0; k < avail && k < 64; ++k) {
+      // Room for a CQE: the consumer index (acquire: the poller finished reading).
+      const uint32_t ci = mlx5::bswap32(atomicLoad(p.cqDbrec, MemoryOrder::Acquire)) & 0xffffffu;
+      if (((uint32_t(q.cqPi) - ci) & 0xffffffu) >= p.nCqe) {
+        blocked = true;
+        break;
+      }
+      execute(q);
+      ++did;
+      if (q.failed.load(std::memory_order_relaxed)) break;
+    }
+    return did;
+  }
+
+  // Write the CQE for WQE q.pi, then advance. err: an error CQE and the QP fails.
+  void complete(QpState& q, uint8_t syndrome, uint8_t wqeOpcode, bool err, bool wantCqe = true) {
+    const Qp& p = q.qp;
+    if (err || wantCqe) {
+      mlx5::Cqe64* e = p.cq + (q.cqPi & (p.nCqe - 1));
+      mlx5::Cqe64 c;
+      mlx5::fillCqe(c, uint16_t(q.pi), p.qpn, 0, err ? syndrome : 0, 0, err ? wqeOpcode : 0);
+      c.b[mlx5::kCqeOpOwn] =
+          mlx5::makeOpOwn(err ? mlx5::kCqeReqErr : mlx5::kCqeReq, mlx5::cqeExpectedOwner(q.cqPi, p.nCqe));
+      std::memcpy(e->b, c.b, mlx5::kCqeWqeCounter);
+      uint32_t tail;
+      std::memcpy(&tail, c.b + mlx5::kCqeWqeCounter, 4);
+      // Release: the CQE body, and every effect of the WQE, before the owner bit.
+      atomicStore(reinterpret_cast<uint32_t*>(e->b + mlx5::kCqeWqeCounter), tail, MemoryOrder::Release);
+      ++q.cqPi;
+    }
+    ++q.pi;
+    q.consumed.store(q.pi, std::memory_order_release);
+    if (err) {
+      errors_.fetch_add(1, std::memory_order_relaxed);
+      q.failed.store(true, std::memory_order_release);
+    } else {
+      executed_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
+  void execute(QpState& q) {
+    const Qp& p = q.qp;
+    const uint8_t* w = p.sq + (q.pi & (p.nWqe - 1)) * mlx5::kSendWqeBB;
+    mlx5::CtrlSeg ctrl;
+    std::memcpy(&ctrl, w, sizeof ctrl);
+    const uint8_t op = mlx5::ctrlOpcode(ctrl), ds = mlx5::ctrlDs(ctrl);
+    const bool wantCqe = (ctrl.fmCeSe & mlx5::kCtrlCqUpdate) != 0;
+    if (mode_ == Mode::Sink) return complete(q, 0, op, false, true);
+    if (mlx5::ctrlWqeIndex(ctrl) != uint16_t(q.pi) || mlx5::ctrlQpn(ctrl) != p.qpn || ds == 0 || ds > 4)
+      return complete(q, mlx5::kSynLocalQpOpErr, op, true);
+    switch (op) {
+      case mlx5::kOpNop: return complete(q, 0, op, false, wantCqe);
+      case mlx5::kOpRdmaWrite:
+      case mlx5::kOpRdmaWriteImm: {
+        mlx5::RaddrSeg r;
+        std::memcpy(&r, w + 16, 16);
+        uint32_t storedCount;
+        std::memcpy(&storedCount, w + 32, 4);
+        const uint64_t raddr = mlx5::raddrAddr(r);
+        if (mlx5::isInline(storedCount)) {
+          mlx5::InlineSeg h{storedCount};
+          const uint32_t n = mlx5::inlineBytes(h);
+          if (n > mlx5::kMaxInlineInOneBB || ds != mlx5::dsInline(n))
+            return complete(q, mlx5::kSynLocalQpOpErr, op, true);
+          char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n);
+          if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
+          if (n == 8 && (raddr & 7) == 0) {
+            // An aligned 8-byte write (SignalSet): one store, release, so a
+            // waiter's acquire load sees earlier WQEs' payload.
+            uint64_t v;
+            std::memcpy(&v, w + 36, 8);
+            atomicStore(reinterpret_cast<uint64_t*>(dst), v, MemoryOrder::Release);
+          } else {
+            std::memcpy(dst, w + 36, n);
+          }
+          return complete(q, 0, op, false, wantCqe);
+        }
+        if (ds != mlx5::kDsWrite) return complete(q, mlx5::kSynLocalQpOpErr, op, true);
+        mlx5::DataSeg d;
+        std::memcpy(&d, w + 32, 16);
+        const uint32_t n = mlx5::dataBytes(d);
+        const char* src = resolve(-1, mlx5::dataKey(d), mlx5::dataAddr(d), n);
+        if (!src) return complete(q, mlx5::kSynLocalProtErr, op, true);
+        char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n);
+        if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
+        if (n) std::memmove(dst, src, n);
+        return complete(q, 0, op, false, wantCqe);
+      }
+      case mlx5::kOpAtomicFa:
+      case mlx5::kOpAtomicCs: {
+        if (ds != mlx5::kDsAtomic) return complete(q, mlx5::kSynLocalQpOpErr, op, true);
+        mlx5::RaddrSeg r;
+        mlx5::AtomicSeg a;
+        mlx5::DataSeg d;
+        std::memcpy(&r, w + 16, 16);
+        std::memcpy(&a, w + 32, 16);
+        std::memcpy(&d, w + 48, 16);
+        if (mlx5::dataBytes(d) != 8) return complete(q, mlx5::kSynLocalLengthErr, op, true);
+        char* ret = resolve(-1, mlx5::dataKey(d), mlx5::dataAddr(d), 8);
+        if (!ret) return complete(q, mlx5::kSynLocalProtErr, op, true);
+        const uint64_t raddr = mlx5::raddrAddr(r);
+        if (raddr & 7) return complete(q, mlx5::kSynRemoteInvalReqErr, op, true);
+        char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, 8);
+        if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
+        uint64_t* word = reinterpret_cast<uint64_t*>(dst);
+        uint64_t old;
+        // Release: earlier WQEs' payload is visible before the new value
+        // (the signal-after-payload rule at the target).
+        if (op == mlx5::kOpAtomicFa) {
+          old = atomicFetchAdd(word, mlx5::atomicSwapAdd(a), MemoryOrder::AcqRel);
+        } else {
+          old = mlx5::atomicCompare(a);
+          (void)atomicCompareExchange(word, old, mlx5::atomicSwapAdd(a), MemoryOrder::AcqRel);
+        }
+        std::memcpy(ret, &old, 8);
+        return complete(q, 0, op, false, wantCqe);
+      }
+      default: return complete(q, mlx5::kSynLocalQpOpErr, op, true);
+    }
+  }
+};
+
+}  // namespace gin

@@ -1,0 +1,258 @@
+// GPU suite: the ibgda transport's device code on a GPU, against the soft NIC.
+// Every warp of 132 CTAs posts mlx5 WQEs (puts with SignalInc and CounterInc,
+// putValue, SignalAdd, SignalSet) on 4 contexts to QPs whose send queues,
+// doorbell records, UAR words and CQs are in pinned mapped host memory; a
+// SoftNic thread on the host consumes them. One GPU, one rank, loopback QPs
+// (the soft NIC reads and writes the windows and signals, also pinned mapped
+// host memory). No gin::Comm: the Comm refuses GPU ranks over ibgda until the
+// soft NIC can reach device memory, so the test builds the DevComm by hand.
+// Skips (exit 77) where no GPU is visible.
+#include <catch2/catch_session.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+#include <cstring>
+#include <vector>
+
+#include "gin/host/soft_nic.hpp"
+#include "gpu_common.cuh"
+
+using namespace gin;
+using gputest::expect;
+
+namespace {
+constexpr int kCtas = 132, kWarps = 16, kContexts = 4;
+constexpr uint32_t kDepth = 64;
+constexpr uint8_t kPoison = 0xAB;
+
+void* hostMapped(size_t bytes) {
+  void* p = nullptr;
+  GPU_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(p, 0, bytes);
+  return p;
+}
+template <class T>
+T* devPtr(T* host) {
+  void* d = nullptr;
+  GPU_CHECK(cudaHostGetDevicePointer(&d, host, 0));
+  return static_cast<T*>(d);
+}
+void* devAlloc(size_t bytes) {
+  void* p = nullptr;
+  GPU_CHECK(cudaMalloc(&p, bytes));
+  GPU_CHECK(cudaMemset(p, 0, bytes));
+  return p;
+}
+
+// A one-rank communicator whose every context has a loopback QP consumed by a
+// soft NIC, built by hand in the memory a GPU rank would use.
+struct Harness {
+  static constexpr uint32_t kSrcId = 1, kDstId = 2, kMaxWindows = 8, kNSignals = 64, kNCounters = 64;
+  size_t winBytes;
+  SoftNic nic;
+  std::vector<void*> hostBufs, devBufs;
+  char *srcHost, *dstHost;
+  uint64_t* signalsHost;
+  DeviceErrorRecord* recordHost;
+  DevComm dc{};
+  Window src, dst;
+
+  explicit Harness(size_t bytes) : winBytes(bytes) {
+    // Windows and signals: pinned mapped host memory (the soft NIC writes there).
+    srcHost = static_cast<char*>(host(winBytes));
+    dstHost = static_cast<char*>(host(winBytes));
+    signalsHost = static_cast<uint64_t*>(host(kNSignals * 8));
+    recordHost = static_cast<DeviceErrorRecord*>(host(sizeof(DeviceErrorRecord)));
+    constexpr uint32_t kLocalSrc = 0x101, kLocalDst = 0x202, kSig = 0x303, kScratch = 0x404;
+    nic.addLocalRegion(kLocalSrc, uint64_t(uintptr_t(devPtr(srcHost))), winBytes, srcHost);
+    nic.addLocalRegion(kLocalDst, uint64_t(uintptr_t(devPtr(dstHost))), winBytes, dstHost);
+    nic.addRemoteRegion(0, kLocalDst, uint64_t(uintptr_t(devPtr(dstHost))), winBytes, dstHost);
+    nic.addRemoteRegion(0, kLocalSrc, uint64_t(uintptr_t(devPtr(srcHost))), winBytes, srcHost);
+    nic.addRemoteRegion(0, kSig, uint64_t(uintptr_t(devPtr(signalsHost))), kNSignals * 8,
+                        reinterpret_cast<char*>(signalsHost));
+
+    // QPs: NIC-facing memory mapped; producer state and counterOf on the device.
+    char* nicMem = static_cast<char*>(host(kContexts * (kDepth * 128 + 128) + kContexts * 8));
+    char* scratch = nicMem + kContexts * (kDepth * 128 + 128);
+    nic.addLocalRegion(kScratch, uint64_t(uintptr_t(devPtr(scratch))), kContexts * 8, scratch);
+    auto* state = static_cast<IbgdaQpState*>(dev(kContexts * sizeof(IbgdaQpState)));
+    auto* counterOf = static_cast<uint32_t*>(dev(kContexts * kDepth * 4));
+    GPU_CHECK(cudaMemset(counterOf, 0xFF, kContexts * kDepth * 4));  // kIbgdaNoCounter
+    std::vector<IbgdaQpDev> qps(kContexts);
+    for (int c = 0; c < kContexts; ++c) {
+      char* q = nicMem + size_t(c) * (kDepth * 128 + 128);
+      SoftNic::Qp s;
+      s.sq = reinterpret_cast<uint8_t*>(q);
+      s.cq = reinterpret_cast<mlx5::Cqe64*>(q + kDepth * 64);
+      s.dbrec = reinterpret_cast<uint32_t*>(q + kDepth * 128);
+      s.uar = reinterpret_cast<uint64_t*>(q + kDepth * 128 + 64);
+      s.cqDbrec = reinterpret_cast<uint32_t*>(q + kDepth * 128 + 8);
+      s.nWqe = s.nCqe = kDepth;
+      s.qpn = 0x100 + uint32_t(c);
+      s.peer = 0;
+      nic.addQp(s);
+      IbgdaQpDev& d = qps[size_t(c)];
+      d.sq = devPtr(s.sq);
+      d.cq = devPtr(s.cq);
+      d.dbrec = devPtr(const_cast<uint32_t*>(s.dbrec));
+      d.cqDbrec = devPtr(const_cast<uint32_t*>(s.cqDbrec));
+      d.uar = devPtr(const_cast<uint64_t*>(s.uar));
+      d.state = state + c;
+      d.counterOf = counterOf + size_t(c) * kDepth;
+      d.scratchAddr = uint64_t(uintptr_t(devPtr(scratch + 8 * c)));
+      d.scratchLkey = kScratch;
+      d.qpn = s.qpn;
+      d.nWqe = d.nCqe = kDepth;
+    }
+    IbgdaWindowKey wins[kMaxWindows] = {};
+    wins[kSrcId % kMaxWindows] = IbgdaWindowKey{kSrcId, kLocalSrc};
+    wins[kDstId % kMaxWindows] = IbgdaWindowKey{kDstId, kLocalDst};
+    IbgdaRemoteKey remotes[kMaxWindows] = {};
+    remotes[kSrcId % kMaxWindows] = IbgdaRemoteKey{uint64_t(uintptr_t(devPtr(srcHost))), kLocalSrc, 0};
+    remotes[kDstId % kMaxWindows] = IbgdaRemoteKey{uint64_t(uintptr_t(devPtr(dstHost))), kLocalDst, 0};
+    const IbgdaRemoteKey sigRemote{uint64_t(uintptr_t(devPtr(signalsHost))), kSig, 0};
+    IbgdaDev id{};
+    id.qps = static_cast<IbgdaQpDev*>(upload(qps.data(), qps.size() * sizeof(IbgdaQpDev)));
+    id.windows = static_cast<IbgdaWindowKey*>(upload(wins, sizeof wins));
+    id.windowRemotes = static_cast<IbgdaRemoteKey*>(upload(remotes, sizeof remotes));
+    id.signalRemotes = static_cast<IbgdaRemoteKey*>(upload(&sigRemote, sizeof sigRemote));
+    id.maxWindows = kMaxWindows;
+    id.maxWqeBytes = 4096;
+
+    dc.rank = 0;
+    dc.nRanks = 1;
+    dc.lsaRank = 0;
+    dc.lsaSize = 1;
+    dc.railSize = 1;
+    dc.nContexts = kContexts;
+    dc.nSignals = kNSignals;
+    dc.nCounters = kNCounters;
+    dc.nBarriers = 1;
+    dc.timeoutNs = 20'000'000'000ull;
+    const uint8_t transport = uint8_t(Transport::Ibgda);
+    dc.peerTransport = static_cast<const uint8_t*>(upload(&transport, 1));
+    dc.signals = devPtr(signalsHost);
+    dc.signalShadows = static_cast<uint64_t*>(dev(kNSignals * 8));
+    dc.counters = static_cast<uint64_t*>(dev(kNCounters * 8));
+    dc.error = devPtr(recordHost);
+    dc.errorClaim = static_cast<uint32_t*>(dev(8));
+    dc.abortFlag = dc.errorClaim + 1;
+    dc.ibgda = static_cast<const IbgdaDev*>(upload(&id, sizeof id));
+    dc.ibgdaAll = 1;
+
+    src = window(kSrcId, devPtr(srcHost));
+    dst = window(kDstId, devPtr(dstHost));
+    nic.start();
+  }
+  ~Harness() {
+    nic.stop();
+    for (void* p : hostBufs) (void)cudaFreeHost(p);
+    for (void* p : devBufs) (void)cudaFree(p);
+  }
+
+  void* host(size_t bytes) {
+    hostBufs.push_back(hostMapped(bytes));
+    return hostBufs.back();
+  }
+  void* dev(size_t bytes) {
+    devBufs.push_back(devAlloc(bytes));
+    return devBufs.back();
+  }
+  void* upload(const void* p, size_t bytes) {
+    void* d = dev(bytes);
+    GPU_CHECK(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice));
+    return d;
+  }
+  Window window(uint32_t id, char* base) {
+    WindowDev w{};
+    w.localBase = base;
+    w.bytes = winBytes;
+    w.id = id;
+    w.lsaSize = 1;
+    w.lsaBases = nullptr;
+    return Window{static_cast<const WindowDev*>(upload(&w, sizeof w))};
+  }
+  std::string error() const { return recordHost->state == 2 ? describe(*recordHost) : std::string(); }
+};
+
+using NetI = Net<kBackendIbgda>;
+
+// Warp w of CTA b: one put of `chunk` bytes on context (b*kWarps+w) % 4 with a
+// SignalInc and a CounterInc on that context's ids.
+__global__ void putEveryWarp(DevComm dc, Window dst, Window src, size_t chunk) {
+  const int warp = threadIdx.x / 32;
+  const size_t id = size_t(blockIdx.x) * kWarps + warp;
+  const int ctx = int(id % kContexts);
+  NetI net(dc, ctx);
+  net.put(teamWorld(dc), 0, dst, id * chunk, src, id * chunk, chunk, SignalInc{uint32_t(ctx)},
+          CounterInc{uint32_t(ctx)}, CoopWarp{});
+}
+
+// Per warp: putValue of its id with SignalAdd, then a SignalSet of a per-context word.
+__global__ void valuesEveryWarp(DevComm dc, Window dst, size_t base) {
+  const int warp = threadIdx.x / 32;
+  const size_t id = size_t(blockIdx.x) * kWarps + warp;
+  const int ctx = int(id % kContexts);
+  NetI net(dc, ctx);
+  net.putValue(teamWorld(dc), 0, dst, base + id * 8, uint64_t(id + 1), SignalAdd{uint32_t(8 + ctx), 3}, CoopWarp{});
+  net.signal(teamWorld(dc), 0, SignalSet{uint32_t(16 + ctx), 0x5151}, CoopWarp{});
+}
+
+__global__ void waitAndFlush(DevComm dc, uint64_t perCtx, uint64_t counterPerCtx, int* ok) {
+  NetI net(dc, blockIdx.x);
+  bool good = net.flush(CoopBlock{});
+  good = net.waitSignal(CoopBlock{}, blockIdx.x, perCtx) && good;
+  good = net.waitCounter(CoopBlock{}, blockIdx.x, counterPerCtx) && good;
+  if (threadIdx.x == 0) ok[blockIdx.x] = good ? 1 : 0;
+}
+}  // namespace
+
+TEST_CASE("GPU ibgda: every warp of 132 CTAs puts with signal and counter on 4 contexts through the soft NIC",
+          "[gpu][ibgda]") {
+  constexpr size_t kChunk = 1000;  // not a multiple of 16: unaligned WQE boundaries
+  const size_t total = size_t(kCtas) * kWarps * kChunk;
+  Harness h(total);
+  for (size_t i = 0; i < total; ++i) h.srcHost[i] = char(gputest::pattern(3, 0, i));
+  std::memset(h.dstHost, kPoison, total);
+  putEveryWarp<<<kCtas, 32 * kWarps>>>(h.dc, h.dst, h.src, kChunk);
+  int* ok = nullptr;
+  GPU_CHECK(cudaMallocManaged(&ok, kContexts * sizeof(int)));
+  const uint64_t perCtx = uint64_t(kCtas) * kWarps / kContexts;
+  waitAndFlush<<<kContexts, 128>>>(h.dc, perCtx, perCtx, ok);
+  GPU_CHECK(cudaDeviceSynchronize());
+  INFO(h.error());
+  for (int c = 0; c < kContexts; ++c) REQUIRE(ok[c] == 1);
+  for (size_t i = 0; i < total; ++i)
+    if (uint8_t(h.dstHost[i]) != gputest::pattern(3, 0, i)) FAIL("byte " << i << " is wrong");
+  REQUIRE(h.nic.errors() == 0);
+  REQUIRE(h.nic.executed() == 2 * uint64_t(kCtas) * kWarps);  // payload + signal per put
+  GPU_CHECK(cudaFree(ok));
+}
+
+TEST_CASE("GPU ibgda: putValue with SignalAdd and SignalSet from every warp", "[gpu][ibgda]") {
+  const size_t n = size_t(kCtas) * kWarps;
+  Harness h(n * 8);
+  std::memset(h.dstHost, kPoison, n * 8);
+  valuesEveryWarp<<<kCtas, 32 * kWarps>>>(h.dc, h.dst, 0);
+  int* ok = nullptr;
+  GPU_CHECK(cudaMallocManaged(&ok, kContexts * sizeof(int)));
+  waitAndFlush<<<kContexts, 32>>>(h.dc, 0, 0, ok);
+  GPU_CHECK(cudaDeviceSynchronize());
+  INFO(h.error());
+  for (int c = 0; c < kContexts; ++c) REQUIRE(ok[c] == 1);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t v;
+    std::memcpy(&v, h.dstHost + 8 * i, 8);
+    REQUIRE(v == i + 1);
+  }
+  for (int c = 0; c < kContexts; ++c) {
+    REQUIRE(h.signalsHost[8 + c] == 3 * n / kContexts);
+    REQUIRE(h.signalsHost[16 + c] == 0x5151);
+  }
+  REQUIRE(h.nic.errors() == 0);
+  GPU_CHECK(cudaFree(ok));
+}
+
+int main(int argc, char** argv) {
+  if (gputest::gpuCount() == 0) return gputest::skipNoGpu("GPU ibgda suite");
+  return Catch::Session().run(argc, argv);
+}
