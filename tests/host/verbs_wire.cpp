@@ -254,8 +254,8 @@ TEST_CASE("loopback through a real NIC: a put lands before its signal, putValue 
     if (w.signal(0, 4, ProxyAction::Add, 1, &why)) throw Error("a signal past the signal words was accepted");
     w.complete();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while ((atomicLoad(&signals[1], MemoryOrder::Acquire) != 5 || atomicLoad(&signals[2], MemoryOrder::Acquire) !=
-                                                                      0xabcdef0123ull) &&
+    while ((atomicLoad(&signals[1], MemoryOrder::Acquire) != 5 ||
+            atomicLoad(&signals[2], MemoryOrder::Acquire) != 0xabcdef0123ull) &&
            std::chrono::steady_clock::now() < deadline)
       std::this_thread::yield();
     if (signals[1] != 5 || signals[2] != 0xabcdef0123ull) throw Error("signals did not arrive");

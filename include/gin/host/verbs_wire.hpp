@@ -27,8 +27,8 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -219,8 +219,13 @@ class VerbsWire final : public Wire {
   // this rank's signal words (host memory; on GPU ranks the Comm's proxy
   // signal array) that peers' signals update.
   VerbsWire(Bootstrap& bs, uint64_t* signals, uint32_t nSignalWords, VerbsWireConfig cfg = {})
-      : bs_(bs), me_(bs.rank()), nRanks_(bs.nRanks()), signals_(signals), nSignalWords_(nSignalWords),
-        cfg_(std::move(cfg)), qpOf_(size_t(nRanks_), -1) {
+      : bs_(bs),
+        me_(bs.rank()),
+        nRanks_(bs.nRanks()),
+        signals_(signals),
+        nSignalWords_(nSignalWords),
+        cfg_(std::move(cfg)),
+        qpOf_(size_t(nRanks_), -1) {
     if (cfg_.peers.empty())
       for (int r = 0; r < nRanks_; ++r)
         if (r != me_) cfg_.peers.push_back(r);
@@ -229,7 +234,7 @@ class VerbsWire final : public Wire {
       openDevice();
       createQueues();
     } catch (const std::exception& e) {
-      err = e.what();
+      err = ownText(e);
     }
     verbs::agreeOrThrow(bs_, err, "opening the RDMA device");
     connect();
@@ -252,7 +257,7 @@ class VerbsWire final : public Wire {
     try {
       if (bytes) w.mr = registerMemory(base, bytes, gpu);
     } catch (const std::exception& e) {
-      err = e.what();
+      err = ownText(e);
     }
     verbs::agreeOrThrow(bs_, err, "registering window " + std::to_string(id));
     struct Ad {
@@ -306,15 +311,17 @@ class VerbsWire final : public Wire {
       std::lock_guard<std::mutex> lk(winMu_);
       if (!target(peer, dstWindow, dstOffset, n, &raddr, &rkey, why)) return false;
     }
-    if (n) postSend(*q, kWriteInline, IBV_WR_RDMA_WRITE, uint64_t(uintptr_t(bytes)), uint32_t(n), 0, 0, raddr, rkey,
-                    IBV_SEND_INLINE);
+    if (n)
+      postSend(*q, kWriteInline, IBV_WR_RDMA_WRITE, uint64_t(uintptr_t(bytes)), uint32_t(n), 0, 0, raddr, rkey,
+               IBV_SEND_INLINE);
     return true;
   }
 
   bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) override {
     Qp* q = qpFor(peer, why);
     if (!q) return false;
-    if (op != ProxyAction::Add && op != ProxyAction::Set) return reject(why, id, uint64_t(op), uint64_t(ProxyAction::Set));
+    if (op != ProxyAction::Add && op != ProxyAction::Set)
+      return reject(why, id, uint64_t(op), uint64_t(ProxyAction::Set));
     if (id >= q->remoteSignalWords) return reject(why, id, id, q->remoteSignalWords);
     unsigned char rec[verbs::kSignalRecordBytes];
     verbs::encodeSignal({id, op, value}, rec);
@@ -329,7 +336,8 @@ class VerbsWire final : public Wire {
   void complete() override {
     throwAsyncError();
     for (auto& q : qps_)
-      if (q->uncovered && !q->broken) postSend(*q, kFence, IBV_WR_RDMA_WRITE, 0, 0, 0, 0, q->fenceAddr, q->fenceRkey, 0);
+      if (q->uncovered && !q->broken)
+        postSend(*q, kFence, IBV_WR_RDMA_WRITE, 0, 0, 0, 0, q->fenceAddr, q->fenceRkey, 0);
     const uint64_t start = nowNs();
     for (;;) {
       bool busy = false;
@@ -431,6 +439,7 @@ class VerbsWire final : public Wire {
   std::atomic<bool> gpuWindows_{false}, stop_{false}, asyncFailed_{false};
   std::mutex asyncMu_;
   std::string asyncError_;
+  bool flushGpu_ = false;   // receiver thread: flush GPUDirect writes before applying a signal
   std::thread recvThread_;  // last: started when everything above exists, joined first
 
   static bool reject(WireReject* why, uint64_t id, uint64_t value, uint64_t limit) {
@@ -439,6 +448,13 @@ class VerbsWire final : public Wire {
   }
   [[noreturn]] void fail(const std::string& what) const {
     throw Error("verbs wire: rank " + std::to_string(me_) + ": " + what);
+  }
+  // A setup failure's text for the vote, which names the rank itself.
+  std::string ownText(const std::exception& e) const {
+    std::string s = e.what();
+    for (const std::string& head : {std::string("gin: "), "verbs wire: rank " + std::to_string(me_) + ": "})
+      if (s.compare(0, head.size(), head) == 0) s.erase(0, head.size());
+    return s;
   }
   static std::string errnoText(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
   static std::string envOr(const std::string& v, const char* name) {
@@ -498,7 +514,11 @@ class VerbsWire final : public Wire {
   void chooseAddress() {
     roce_ = portAttr_.link_layer == IBV_LINK_LAYER_ETHERNET;
     maxChunk_ = std::min<uint64_t>(portAttr_.max_msg_sz ? portAttr_.max_msg_sz : (1ull << 30), 1ull << 30);
-    if (!roce_) return;  // IB: the LID routes; no GRH inside a subnet
+    if (!roce_) {  // IB: the LID routes; no GRH inside a subnet
+      if (portAttr_.lid == 0)
+        fail(devName_ + " port " + std::to_string(port_) + " has no LID: is a subnet manager running?");
+      return;
+    }
     int forced = cfg_.gidIndex;
     if (forced < 0) {
       const std::string e = envOr("", "GIN_IB_GID_INDEX");
@@ -549,8 +569,8 @@ class VerbsWire final : public Wire {
     recvCq_.reset(ibv_create_cq(ctx_.get(), int(nQp * cfg_.recvDepth), nullptr, nullptr, 0));
     if (!sendCq_ || !recvCq_) fail("ibv_create_cq failed: " + errnoText(errno));
     mailbox_.assign(size_t(nQp) * cfg_.recvDepth * verbs::kSignalRecordBytes, 0);
-    mailboxMr_.reset(ibv_reg_mr(pd_.get(), mailbox_.data(), mailbox_.size(),
-                                IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
+    mailboxMr_.reset(
+        ibv_reg_mr(pd_.get(), mailbox_.data(), mailbox_.size(), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE));
     if (!mailboxMr_) fail("ibv_reg_mr(signal mailbox) failed: " + errnoText(errno));
     std::mt19937 rng(std::random_device{}());
     for (auto& q : qps_) {
@@ -596,7 +616,8 @@ class VerbsWire final : public Wire {
       for (auto& q : qps_) {
         const ConnInfo& r = all[size_t(q->peer) * size_t(nRanks_) + size_t(me_)];
         if (!r.qpn)
-          fail("rank " + std::to_string(q->peer) + " has no verbs QP for this rank (VerbsWireConfig::peers must be "
+          fail("rank " + std::to_string(q->peer) +
+               " has no verbs QP for this rank (VerbsWireConfig::peers must be "
                "symmetric)");
         if (r.linkLayer != portAttr_.link_layer)
           fail("peer " + std::to_string(q->peer) + " is on a different link layer (InfiniBand vs Ethernet)");
@@ -604,7 +625,7 @@ class VerbsWire final : public Wire {
         toRts(*q, r);
       }
     } catch (const std::exception& e) {
-      err = e.what();
+      err = ownText(e);
     }
     verbs::agreeOrThrow(bs_, err, "connecting queue pairs");
   }
@@ -632,9 +653,9 @@ class VerbsWire final : public Wire {
            (roce_ ? "; on RoCE check GIN_IB_GID_INDEX (show_gids)" : ""));
     ibv_qp_attr b{};
     b.qp_state = IBV_QPS_RTS;
-    b.timeout = 14;    // 4.096 us * 2^14 = 67 ms per transport retry ...
-    b.retry_cnt = 7;   // ... 7 retries: a dead peer is an error completion after ~0.5 s
-    b.rnr_retry = 7;   // RNR: retry indefinitely (a busy receiver); complete()'s timeout bounds it
+    b.timeout = 14;   // 4.096 us * 2^14 = 67 ms per transport retry ...
+    b.retry_cnt = 7;  // ... 7 retries: a dead peer is an error completion after ~0.5 s
+    b.rnr_retry = 7;  // RNR: retry indefinitely (a busy receiver); complete()'s timeout bounds it
     b.sq_psn = q.psn;
     b.max_rd_atomic = uint8_t(std::clamp(devAttr_.max_qp_init_rd_atom, 1, 16));
     if (ibv_modify_qp(q.qp.get(), &b,
@@ -692,8 +713,8 @@ class VerbsWire final : public Wire {
       const uintptr_t b = uintptr_t(allocBase) & ~(page - 1);
       const uintptr_t e = (uintptr_t(allocBase) + allocBytes + page - 1) & ~(page - 1);
       int fd = -1;
-      const CUresult r = reinterpret_cast<Fn>(fn)(&fd, CUdeviceptr(b), size_t(e - b),
-                                                  CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+      const CUresult r =
+          reinterpret_cast<Fn>(fn)(&fd, CUdeviceptr(b), size_t(e - b), CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
       if (r != CUDA_SUCCESS || fd < 0)
         return *why = "cuMemGetHandleForAddressRange returned " + std::to_string(int(r)), -1;
       *offset = uint64_t(uintptr_t(base) - b);
@@ -776,9 +797,9 @@ class VerbsWire final : public Wire {
       if (wc[i].status != IBV_WC_SUCCESS) {
         q.broken = true, q.outstanding = q.uncovered = 0;
         if (err.empty())
-          err = "peer " + std::to_string(q.peer) + ": " + kindName(uint32_t(wc[i].wr_id >> 24) & 0xff) + " failed: " +
-                ibv_wc_status_str(wc[i].status) + " (status " + std::to_string(int(wc[i].status)) + ", vendor error 0x" +
-                hex(wc[i].vendor_err) + ")" +
+          err = "peer " + std::to_string(q.peer) + ": " + kindName(uint32_t(wc[i].wr_id >> 24) & 0xff) +
+                " failed: " + ibv_wc_status_str(wc[i].status) + " (status " + std::to_string(int(wc[i].status)) +
+                ", vendor error 0x" + hex(wc[i].vendor_err) + ")" +
                 (wc[i].status == IBV_WC_RETRY_EXC_ERR ? "; the peer is dead or unreachable" : "");
         continue;
       }
@@ -837,8 +858,21 @@ class VerbsWire final : public Wire {
 
   void receiveLoop() {
 #if GIN_WITH_CUDA
-    if (cfg_.cudaDevice >= 0 && cudaSetDevice(cfg_.cudaDevice) != cudaSuccess)
-      asyncFailure(-1, "the receiver thread cannot bind GPU " + std::to_string(cfg_.cudaDevice));
+    // Flush NIC writes into GPU memory before a signal only where the GPU does
+    // not already consume them in order (cudaDevAttrGPUDirectRDMAWritesOrdering).
+    int ordering = 0, options = 0;
+    if (cfg_.cudaDevice >= 0) {
+      if (cudaSetDevice(cfg_.cudaDevice) != cudaSuccess ||
+          cudaDeviceGetAttribute(&ordering, cudaDevAttrGPUDirectRDMAWritesOrdering, cfg_.cudaDevice) != cudaSuccess ||
+          cudaDeviceGetAttribute(&options, cudaDevAttrGPUDirectRDMAFlushWritesOptions, cfg_.cudaDevice) != cudaSuccess)
+        asyncFailure(-1, "the receiver thread cannot bind GPU " + std::to_string(cfg_.cudaDevice));
+      flushGpu_ = ordering < cudaGPUDirectRDMAWritesOrderingOwner && (options & cudaFlushGPUDirectRDMAWritesOptionHost);
+      if (ordering < cudaGPUDirectRDMAWritesOrderingOwner && !flushGpu_)
+        std::fprintf(stderr,
+                     "gin: verbs wire: rank %d: GPU %d neither orders GPUDirect RDMA writes nor supports "
+                     "cudaDeviceFlushGPUDirectRDMAWrites; a kernel may see a signal before its payload\n",
+                     me_, cfg_.cudaDevice);
+    }
 #endif
     std::vector<bool> dead(qps_.size(), false);
     uint64_t idle = 0;
@@ -864,7 +898,10 @@ class VerbsWire final : public Wire {
         if (dead[qi]) continue;
         if (wc[i].status != IBV_WC_SUCCESS) {
           dead[qi] = true;  // the QP is in the error state; the rest of its receives flush
-          asyncFailure(q.peer, std::string("signal receive failed: ") + ibv_wc_status_str(wc[i].status));
+          asyncFailure(q.peer, std::string("signal receive failed: ") + ibv_wc_status_str(wc[i].status) +
+                                   (wc[i].status == IBV_WC_WR_FLUSH_ERR
+                                        ? " (the queue pair to this peer failed; the send side names why)"
+                                        : ""));
           continue;
         }
         applySignal(q, slot, wc[i]);
@@ -884,15 +921,15 @@ class VerbsWire final : public Wire {
     const uint64_t seq = q.recvSeq++;
     if (wc.opcode != IBV_WC_RECV || !(wc.wc_flags & IBV_WC_WITH_IMM) || wc.byte_len != verbs::kSignalRecordBytes ||
         !verbs::immediateMatches(ntohl(wc.imm_data), seq) || !verbs::decodeSignal(p, &r))
-      return asyncFailure(q.peer, "malformed or out-of-order signal message #" + std::to_string(seq) +
-                                      " (" + std::to_string(wc.byte_len) + " bytes); not applied");
+      return asyncFailure(q.peer, "malformed or out-of-order signal message #" + std::to_string(seq) + " (" +
+                                      std::to_string(wc.byte_len) + " bytes); not applied");
     if (r.id >= nSignalWords_)
       return asyncFailure(q.peer, "signal id " + std::to_string(r.id) + " is past " + std::to_string(nSignalWords_) +
                                       " signal words; not applied");
 #if GIN_WITH_CUDA
     // NIC writes into GPU memory may still be in flight over PCIe: make them
     // visible to the GPU before the signal says they are there.
-    if (gpuWindows_.load(std::memory_order_acquire) && cfg_.cudaDevice >= 0 &&
+    if (flushGpu_ && gpuWindows_.load(std::memory_order_acquire) &&
         cudaDeviceFlushGPUDirectRDMAWrites(cudaFlushGPUDirectRDMAWritesTargetCurrentDevice,
                                            cudaFlushGPUDirectRDMAWritesToOwner) != cudaSuccess)
       asyncFailure(q.peer, "cudaDeviceFlushGPUDirectRDMAWrites failed");
