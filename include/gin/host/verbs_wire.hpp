@@ -195,8 +195,9 @@ struct VerbsWireConfig {
 //
 // Why signals are messages, not RDMA atomics: mlx5 executes RDMA atomics in
 // big-endian on little-endian hosts (libfabric PR 10935, Open MPI issue
-// 1148), and an atomic from the NIC is not atomic with the CPU atomics the
-// local wire and the kernels use on the same words. So a signal is a SEND
+// 1148), and a NIC atomic is atomic only against other atomics of that NIC
+// (IBV_ATOMIC_HCA), not against the CPU atomics the local wire and the
+// kernels use on the same words. So a signal is a SEND
 // WITH IMMEDIATE of a 16-byte record (inline) into a mailbox slot of the
 // receiver, and the receiver's thread applies it with a CPU atomic.
 //   SEND rather than RDMA WRITE WITH IMMEDIATE: both consume a pre-posted
@@ -209,10 +210,12 @@ struct VerbsWireConfig {
 //   Ordering: RC executes a QP's requests in order at the responder, and a
 // receive completes only after its message was placed; so the receive
 // completion of a signal implies every earlier RDMA WRITE on that QP was
-// placed (IB spec ch. 9.5, what MPI rendezvous protocols rely on). For GPU
-// windows the NIC's PCIe writes to GPU memory may still be in flight when the
-// CQE is seen; the receiver calls cudaDeviceFlushGPUDirectRDMAWrites before
-// the atomic (the same reason NCCL flushes before it reports a receive).
+// placed (IBA vol. 1 ch. 9 ordering rules; what MPI rendezvous protocols
+// rely on). For GPU windows the NIC's PCIe writes to GPU memory may still be
+// in flight when the CQE is seen; where the GPU does not order them itself,
+// the receiver calls cudaDeviceFlushGPUDirectRDMAWrites before the atomic
+// (the reason NCCL flushes before it reports a receive). The engine also
+// waits in complete() for the writes' acknowledgements before each signal.
 class VerbsWire final : public Wire {
  public:
   // Collective over `bs` (every rank, same order). `signals`/`nSignalWords`:
@@ -584,6 +587,8 @@ class VerbsWire final : public Wire {
       a.cap.max_inline_data = uint32_t(verbs::kSignalRecordBytes);
       q->qp.reset(ibv_create_qp(pd_.get(), &a));
       if (!q->qp) fail("ibv_create_qp (RC, inline 16 bytes) failed: " + errnoText(errno));
+      if (a.cap.max_inline_data < verbs::kSignalRecordBytes)
+        fail("the device gives " + std::to_string(a.cap.max_inline_data) + " inline bytes per WR; the wire needs 16");
       q->psn = rng() & 0xffffff;
       ibv_qp_attr s{};
       s.qp_state = IBV_QPS_INIT;
