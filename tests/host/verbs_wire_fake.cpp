@@ -199,7 +199,8 @@ TEST_CASE("fake RC: signals apply in order through few mailbox slots (Set then A
       }
       w.complete();
     } else {
-      expect(waitFor(&signals[0], 19007), "Set(19000) then 7 Adds expected last, got " + std::to_string(signals[0]));
+      expect(waitFor(&signals[0], 19007), "Set(19000) then 7 Adds expected last, got " +
+                                              std::to_string(atomicLoad(&signals[0], MemoryOrder::Acquire)));
     }
     bs.barrier();
   });
