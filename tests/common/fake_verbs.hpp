@@ -33,7 +33,9 @@ struct Control {
   std::atomic<uint64_t> overflows{0};    // a send queue or CQ overflow: a wire bug
   std::atomic<uint64_t> badAttrs{0};     // QP attributes that break the wire's rules
   std::atomic<uint64_t> rnrWaits{0};     // SENDs that found no receive posted
-  std::atomic<bool> freezeSends{false};  // SENDs wait forever and no error comes back (a stuck peer)
+  std::atomic<bool> freezeSends{false};
+  std::atomic<uint64_t> opened{
+      0};  // ibv_open_device calls  // SENDs wait forever and no error comes back (a stuck peer)
   std::string lastBadAttr;
 };
 inline Control ctl;
@@ -220,6 +222,7 @@ ibv_device** ibv_get_device_list(int* n) {
 void ibv_free_device_list(ibv_device** l) { delete[] l; }
 const char* ibv_get_device_name(ibv_device*) { return "fake0"; }
 ibv_context* ibv_open_device(ibv_device* dev) {
+  ctl.opened++;
   auto* c = &(new verbs_context{})->context;  // the whole struct, though only `context` is used
   c->device = dev;
   c->abi_compat = nullptr;  // not extended: ibv_query_port goes to the function below

@@ -95,8 +95,10 @@ void allToAll(int n, bool self, uint32_t sendDepth) {
     std::vector<uint64_t> signals(size_t(n) + 1, 0);
     VerbsWireConfig cfg;
     cfg.sendDepth = sendDepth;
+    std::vector<int> peers;
     for (int r = 0; r < n; ++r)
-      if (r != me || self) cfg.peers.push_back(r);
+      if (r != me || self) peers.push_back(r);
+    cfg.peers = peers;
     VerbsWire w(bs, signals.data(), uint32_t(signals.size()), cfg);
     expect(w.roce() && w.gidIndex() == 3, "RoCE v2 IPv4-mapped GID index 3 expected");
     std::vector<char> src(S), dst(size_t(n) * S + 64, char(0xAB));
@@ -107,11 +109,11 @@ void allToAll(int n, bool self, uint32_t sendDepth) {
       for (size_t i = 0; i < len; ++i) src[i] = char(pat(uint64_t(round), me, i));
       bs.barrier();  // receivers finished checking the previous round
       WireReject why;
-      for (int p : cfg.peers) expect(w.put(p, 2, uint64_t(me) * S, src.data(), len, &why), "put refused");
+      for (int p : peers) expect(w.put(p, 2, uint64_t(me) * S, src.data(), len, &why), "put refused");
       w.complete();  // as the engine does before a signal
-      for (int p : cfg.peers) expect(w.signal(p, uint32_t(me), ProxyAction::Add, 1, &why), "signal refused");
+      for (int p : peers) expect(w.signal(p, uint32_t(me), ProxyAction::Add, 1, &why), "signal refused");
       w.complete();
-      for (int p : cfg.peers) {
+      for (int p : peers) {
         expect(waitFor(&signals[size_t(p)], uint64_t(round) + 1),
                "signal from " + std::to_string(p) + " did not arrive in round " + std::to_string(round));
         const size_t plen = 1 + (size_t(round) * 977 + size_t(p) * 131) % S;
@@ -212,9 +214,7 @@ TEST_CASE("fake RC: a refused put or signal posts nothing") {
   const auto msgs = onRanks(3, [&](int me, Bootstrap& bs) {
     std::vector<uint64_t> signals(6, 0);
     VerbsWireConfig cfg;
-    if (me == 0) cfg.peers = {1};
-    if (me == 1) cfg.peers = {0};
-    if (me == 2) cfg.peers = {2};
+    cfg.peers = std::vector<int>{me == 0 ? 1 : me == 1 ? 0 : 2};
     VerbsWire w(bs, signals.data(), uint32_t(4 + me), cfg);  // ranks advertise different signal counts
     std::vector<char> src(100), dst(size_t(100 + 10 * me));
     w.registerWindow(1, src.data(), src.size(), false);
@@ -350,4 +350,32 @@ TEST_CASE("fake: with no device every rank fails at once") {
   });
   for (const auto& m : msgs) CHECK_THAT(m, ContainsSubstring("no RDMA device found"));
   fakeverbs::ctl.devicePresent = true;
+}
+
+TEST_CASE("fake RC: a rank with no verbs peers takes part in the collectives without opening a device") {
+  resetFake();
+  const uint64_t opened = fakeverbs::ctl.opened;
+  const auto msgs = onRanks(3, [&](int me, Bootstrap& bs) {
+    std::vector<uint64_t> signals(1, 0);
+    VerbsWireConfig cfg;
+    cfg.peers = me == 2 ? std::vector<int>{} : std::vector<int>{1 - me};
+    VerbsWire w(bs, signals.data(), 1, cfg);
+    std::vector<char> buf(64, char(me));
+    w.registerWindow(1, buf.data(), buf.size(), false);
+    WireReject why;
+    if (me < 2) {
+      expect(w.put(1 - me, 1, 8, buf.data(), 8, &why), "put refused");
+      w.complete();
+      expect(w.signal(1 - me, 0, ProxyAction::Add, 1, &why), "signal refused");
+      w.complete();
+      expect(waitFor(&signals[0], 1), "signal did not arrive");
+      expect(buf[8] == char(1 - me), "payload did not arrive");
+    } else {
+      expect(!w.put(0, 1, 0, buf.data(), 8, &why), "rank 2 put to a rank it has no QP for");
+      w.complete();
+    }
+    bs.barrier();
+  });
+  requireAllOk(msgs);
+  CHECK(fakeverbs::ctl.opened - opened == 2);
 }

@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -176,13 +177,15 @@ inline void agreeOrThrow(Bootstrap& bs, const std::string& localError, const std
 
 struct VerbsWireConfig {
   uint64_t timeoutNs = 20'000'000'000ull;  // the communicator's timeout: bounds complete() and every wait here
-  std::vector<int> peers;                  // ranks reached over verbs; empty: every other rank. May hold this
-                                           // rank (a loopback QP). Must be symmetric: a in b's list iff b in a's.
-  std::string device;                      // "name[:port]"; empty: GIN_IB_DEVICE, else first active port
-  int gidIndex = -1;                       // RoCE GID index; -1: GIN_IB_GID_INDEX, else automatic
-  uint32_t sendDepth = 256;                // send queue depth per QP (clamped to the device)
-  uint32_t recvDepth = 64;                 // signal mailbox slots (pre-posted receives) per QP
-  int cudaDevice = -1;                     // GPU ranks: the GPU of this rank (dma-buf, GPUDirect flush)
+  // Ranks reached over verbs; unset: every other rank. May hold this rank (a
+  // loopback QP). Empty: none; the rank still takes part in the collectives
+  // but opens no device. Must be symmetric: a in b's list iff b in a's.
+  std::optional<std::vector<int>> peers;
+  std::string device;        // "name[:port]"; empty: GIN_IB_DEVICE, else first active port
+  int gidIndex = -1;         // RoCE GID index; -1: GIN_IB_GID_INDEX, else automatic
+  uint32_t sendDepth = 256;  // send queue depth per QP (clamped to the device)
+  uint32_t recvDepth = 64;   // signal mailbox slots (pre-posted receives) per QP
+  int cudaDevice = -1;       // GPU ranks: the GPU of this rank (dma-buf, GPUDirect flush)
   // A failure the receiver thread saw (bad message, failed receive). Called on
   // that thread; the default prints it. It is also thrown by the next complete().
   std::function<void(int peer, const std::string&)> onAsyncError;
@@ -229,19 +232,21 @@ class VerbsWire final : public Wire {
         nSignalWords_(nSignalWords),
         cfg_(std::move(cfg)),
         qpOf_(size_t(nRanks_), -1) {
-    if (cfg_.peers.empty())
+    if (cfg_.peers) {
+      peers_ = *cfg_.peers;
+    } else {
       for (int r = 0; r < nRanks_; ++r)
-        if (r != me_) cfg_.peers.push_back(r);
+        if (r != me_) peers_.push_back(r);
+    }
     std::string err;
     try {
-      openDevice();
-      createQueues();
+      if (!peers_.empty()) openDevice(), createQueues();
     } catch (const std::exception& e) {
       err = ownText(e);
     }
     verbs::agreeOrThrow(bs_, err, "opening the RDMA device");
     connect();
-    recvThread_ = std::thread([this] { receiveLoop(); });
+    if (!qps_.empty()) recvThread_ = std::thread([this] { receiveLoop(); });
   }
   ~VerbsWire() override {
     stop_.store(true, std::memory_order_release);
@@ -258,7 +263,7 @@ class VerbsWire final : public Wire {
     Window w;
     std::string err;
     try {
-      if (bytes) w.mr = registerMemory(base, bytes, gpu);
+      if (bytes && pd_) w.mr = registerMemory(base, bytes, gpu);
     } catch (const std::exception& e) {
       err = ownText(e);
     }
@@ -422,6 +427,7 @@ class VerbsWire final : public Wire {
   uint64_t* signals_;
   uint32_t nSignalWords_;
   VerbsWireConfig cfg_;
+  std::vector<int> peers_;  // cfg_.peers resolved
   std::string devName_;
   int port_ = 0;
   bool roce_ = false;
@@ -553,7 +559,7 @@ class VerbsWire final : public Wire {
     chooseAddress();
     pd_.reset(ibv_alloc_pd(ctx_.get()));
     if (!pd_) fail("ibv_alloc_pd failed: " + errnoText(errno));
-    for (int p : cfg_.peers) {
+    for (int p : peers_) {
       if (p < 0 || p >= nRanks_ || qpOf_[size_t(p)] >= 0)
         fail("VerbsWireConfig::peers: rank " + std::to_string(p) + " is out of range or listed twice");
       qpOf_[size_t(p)] = int(qps_.size());
