@@ -4,9 +4,10 @@
 // its own signal words.
 //
 // NOT YET RUN ON RDMA HARDWARE: it is written to the verbs API and the IB
-// spec and compiled and unit-tested here (no RDMA device is available), but
-// no byte of it has crossed a real NIC. Treat it as untested until the
-// loopback test in tests/host/verbs_wire.cpp passes on a machine with one.
+// spec, compiled, and its logic runs end to end only over an in-process model
+// of RC queue pairs (tests/host/verbs_wire_fake.cpp); no byte of it has
+// crossed a real NIC. Treat it as untested on hardware until the loopback
+// test in tests/host/verbs_wire.cpp passes on a machine with a device.
 //
 // Promises (see VerbsWire below for how each is kept):
 //  - signal-after-payload per peer: a signal is applied at the receiver only
