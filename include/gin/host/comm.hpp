@@ -38,6 +38,17 @@
 #include "gin/host/tcp_wire.hpp"
 #include "gin/host/window.hpp"
 
+// The verbs wire links -libverbs, so the Comm builds it only where the program
+// asks for it: define GIN_COMM_VERBS=1 and link libibverbs (gin's Meson build
+// does this for its own verbs tests). Without it GIN_PROXY_WIRE=verbs is an
+// error that says so.
+#ifndef GIN_COMM_VERBS
+#define GIN_COMM_VERBS 0
+#endif
+#if GIN_COMM_VERBS
+#include "gin/host/verbs_wire.hpp"
+#endif
+
 namespace gin {
 
 enum class DeviceKind { Auto, Cpu, Gpu };
@@ -276,6 +287,9 @@ class Comm {
     if (ibgda_) (void)ibgda_->quiesce(cfg_.timeoutNs);
     bs_.barrier();  // nobody still writes into it
     if (ibgda_) ibgda_->removeWindow(id);
+#if GIN_COMM_VERBS
+    if (verbs_) verbs_->deregisterWindow(id);
+#endif
     dir_.remove(id);
     windows_.erase(it);
   }
@@ -399,6 +413,9 @@ class Comm {
 #endif
   std::vector<uint8_t> wireOf_;   // per peer: ProxyWire::Local / Tcp, Auto when not proxied
   std::unique_ptr<TcpWire> tcp_;  // its receiver writes into the windows and signals above
+#if GIN_COMM_VERBS
+  std::unique_ptr<VerbsWire> verbs_;  // likewise (its receiver thread applies signals)
+#endif
   std::unique_ptr<Wire> wire_;
   std::unique_ptr<ProxyEngine> engine_;
   // ibgda transport (only when some peer uses it); its NIC writes into peers'
@@ -741,7 +758,12 @@ class Comm {
     }
 #endif
     if (!wire_) wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_);
-    if (tcp_) wire_ = std::make_unique<RoutedWire>(std::move(wire_), *tcp_, wireOf_);  // tcp_wire.hpp
+    Wire* network[2] = {tcp_.get(), nullptr};
+#if GIN_COMM_VERBS
+    network[1] = verbs_.get();
+#endif
+    if (network[0] || network[1])
+      wire_ = std::make_unique<RoutedWire>(std::move(wire_), network[0], network[1], wireOf_);  // tcp_wire.hpp
     engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), *wire_, dir_, nSignalWords_, cfg_.proxy,
                                             std::move(hooks));
   }
@@ -829,6 +851,7 @@ class Comm {
     auto pairWire = [&](int a, int b) {
       const bool sameHost = a / L == b / L;
       if (a == b || (sameHost && !forceProxy)) return ProxyWire::Auto;  // lsa, or a copy to oneself
+      if (want == ProxyWire::Verbs) return ProxyWire::Verbs;  // never chosen by auto until it ran on hardware
       if (want == ProxyWire::Tcp || (want == ProxyWire::Auto && !sameHost)) return ProxyWire::Tcp;
       if (!sameHost)
         throw Error(
@@ -839,9 +862,12 @@ class Comm {
     };
     wireOf_.assign(size_t(nRanks_), uint8_t(ProxyWire::Auto));
     std::vector<uint8_t> useTcp(size_t(nRanks_), 0);
-    bool anyTcp = false, remote = false;
+    bool anyTcp = false, anyVerbs = false, remote = false;
     for (int a = 0; a < nRanks_; ++a)
-      for (int b = 0; b < nRanks_; ++b) anyTcp = anyTcp || pairWire(a, b) == ProxyWire::Tcp;
+      for (int b = 0; b < nRanks_; ++b) {
+        anyTcp = anyTcp || pairWire(a, b) == ProxyWire::Tcp;
+        anyVerbs = anyVerbs || pairWire(a, b) == ProxyWire::Verbs;
+      }
     for (int r = 0; r < nRanks_; ++r) {
       if (transports_[size_t(r)] != uint8_t(Transport::Proxy)) continue;
       const ProxyWire w = pairWire(rank_, r);
@@ -849,6 +875,7 @@ class Comm {
       useTcp[size_t(r)] = w == ProxyWire::Tcp;
       remote = remote || (w == ProxyWire::Tcp && r / L != rank_ / L);
     }
+    if (anyVerbs) buildVerbsWire();
     if (!anyTcp) return;
     TcpGpu gpu;
 #if GIN_WITH_CUDA
@@ -873,6 +900,33 @@ class Comm {
     dev_.ibgda = ibgda_->dev();
   }
 
+  // Collective when any pair uses verbs: every rank builds the wire (a rank
+  // with no verbs peers opens no device but joins the collectives).
+  void buildVerbsWire() {
+#if GIN_COMM_VERBS
+    VerbsWireConfig vc;
+    std::vector<int> peers;
+    for (int r = 0; r < nRanks_; ++r)
+      if (wireOf_[size_t(r)] == uint8_t(ProxyWire::Verbs)) peers.push_back(r);
+    vc.peers = peers;
+    vc.timeoutNs = cfg_.timeoutNs;
+    vc.cudaDevice = gpu_ ? cudaDev_ : -1;
+    vc.onAsyncError = [this](int peer, const std::string& what) {
+      std::fprintf(stderr, "gin: rank %d: verbs wire: %s\n", rank_, what.c_str());
+#if GIN_WITH_CUDA
+      if (gpu_) return hostRecordError(Op::ProxyEngine, peer, -1, 0, 0, 0);
+#endif
+      recordError(dev_, Op::ProxyEngine, peer, -1, 0, 0, 0);
+    };
+    uint64_t* signals = gpu_ ? reinterpret_cast<uint64_t*>(proxySignals_.data()) : dev_.signals;
+    verbs_ = std::make_unique<VerbsWire>(bs_, signals, nSignalWords_, vc);
+#else
+    throw Error(
+        "the proxy wire is set to verbs (GIN_PROXY_WIRE / CommConfig::proxy.wire), but this program was built "
+        "without the verbs wire in the Comm: compile it with -DGIN_COMM_VERBS=1 and link -libverbs (rdma-core)");
+#endif
+  }
+
   void printTransports() const {
     std::string s = "gin: rank 0 transport table (" + std::to_string(nRanks_) + " ranks):";
     for (int r = 0; r < nRanks_; ++r)
@@ -884,6 +938,11 @@ class Comm {
           s += " " + std::to_string(r) + "=" + detail::proxyWireName(ProxyWire(wireOf_[size_t(r)]));
       s += "; " + std::to_string(cfg_.nContexts) + " rings x " + std::to_string(cfg_.proxy.ringSlots) + " slots";
       if (tcp_) s += "; tcp wire on port " + std::to_string(tcp_->port());
+#if GIN_COMM_VERBS
+      if (verbs_)
+        s += "; verbs wire on " + verbs_->deviceName() + " port " + std::to_string(verbs_->port()) +
+             (verbs_->roce() ? " (RoCE, GID index " + std::to_string(verbs_->gidIndex()) + ")" : " (InfiniBand)");
+#endif
       if (gpu_) s += "; GPU: copy-engine copies, signals and counters in host memory";
       s += engineCpus_.empty() ? std::string("; engine not pinned")
                                : "; engine on " + std::to_string(engineCpus_.size()) + " CPU(s) from " +
@@ -953,6 +1012,9 @@ class Comm {
     rec->publish(gpu_, dev_.lsaSize, bases);
     dir_.add(rec->id, WindowDirectory::Entry{uint64_t(bytes), rec->local, bases});
     if (ibgda_) ibgda_->addWindow(rec->id, rec->local, uint64_t(bytes), bases);
+#if GIN_COMM_VERBS
+    if (verbs_) verbs_->registerWindow(rec->id, rec->local, uint64_t(bytes), gpu_);  // collective
+#endif
     const Window w = rec->handle();
     windows_.emplace(w.dev, std::move(rec));
     return w;

@@ -40,7 +40,7 @@ namespace gin {
 // memory is mapped in this process (the lsa team), tcp for the others. Local:
 // only mapped peers (ranks on other hosts are an error). Tcp: every other
 // rank over sockets (a rank reaches itself by a copy). gin/host/tcp_wire.hpp.
-enum class ProxyWire : uint8_t { Auto = 0, Local = 1, Tcp = 2 };
+enum class ProxyWire : uint8_t { Auto = 0, Local = 1, Tcp = 2, Verbs = 3 };
 
 // Engine knobs (CommConfig::proxy). The defaults favour latency while busy and
 // give the core back within ~a millisecond of going idle, which matters when

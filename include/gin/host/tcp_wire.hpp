@@ -171,13 +171,15 @@ inline ProxyWire envProxyWire(ProxyWire fallback) {
   if (v == "auto") return ProxyWire::Auto;
   if (v == "local") return ProxyWire::Local;
   if (v == "tcp") return ProxyWire::Tcp;
-  throw Error("GIN_PROXY_WIRE=" + v + " is not one of auto, local, tcp");
+  if (v == "verbs") return ProxyWire::Verbs;
+  throw Error("GIN_PROXY_WIRE=" + v + " is not one of auto, local, tcp, verbs");
 }
 inline const char* proxyWireName(ProxyWire w) {
   switch (w) {
     case ProxyWire::Auto: return "auto";
     case ProxyWire::Local: return "local";
     case ProxyWire::Tcp: return "tcp";
+    case ProxyWire::Verbs: return "verbs";
   }
   return "?";
 }
@@ -847,12 +849,14 @@ class TcpWire final : public Wire {
   }
 };
 
-// The engine's wire when some peers are reached by a copy and others over tcp.
+// The engine's wire when some peers are reached by a copy and others over a
+// network wire (tcp, verbs).
 class RoutedWire final : public Wire {
  public:
-  // kinds[r]: ProxyWire::Local or ProxyWire::Tcp for each peer the proxy reaches.
-  RoutedWire(std::unique_ptr<Wire> local, TcpWire& tcp, std::vector<uint8_t> kinds)
-      : local_(std::move(local)), tcp_(tcp), kinds_(std::move(kinds)) {}
+  // kinds[r]: ProxyWire::Local, Tcp or Verbs for each peer the proxy reaches;
+  // tcp and verbs may be null when no peer uses them.
+  RoutedWire(std::unique_ptr<Wire> local, Wire* tcp, Wire* verbs, std::vector<uint8_t> kinds)
+      : local_(std::move(local)), tcp_(tcp), verbs_(verbs), kinds_(std::move(kinds)) {}
   bool put(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* src, uint64_t bytes,
            WireReject* why) override {
     return pick(peer).put(peer, dstWindow, dstOffset, src, bytes, why);
@@ -864,19 +868,23 @@ class RoutedWire final : public Wire {
   bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) override {
     return pick(peer).signal(peer, id, op, value, why);
   }
-  // Both wires: the engine's "everything before is complete" covers every peer.
+  // Every wire: the engine's "everything before is complete" covers every peer.
   void complete() override {
     local_->complete();
-    tcp_.complete();
+    if (tcp_) tcp_->complete();
+    if (verbs_) verbs_->complete();
   }
 
  private:
   std::unique_ptr<Wire> local_;
-  TcpWire& tcp_;
+  Wire* tcp_;
+  Wire* verbs_;
   std::vector<uint8_t> kinds_;
   Wire& pick(int peer) {
-    const bool tcp = peer >= 0 && size_t(peer) < kinds_.size() && kinds_[size_t(peer)] == uint8_t(ProxyWire::Tcp);
-    return tcp ? static_cast<Wire&>(tcp_) : *local_;
+    const auto k = peer >= 0 && size_t(peer) < kinds_.size() ? ProxyWire(kinds_[size_t(peer)]) : ProxyWire::Local;
+    if (k == ProxyWire::Tcp && tcp_) return *tcp_;
+    if (k == ProxyWire::Verbs && verbs_) return *verbs_;
+    return *local_;
   }
 };
 
