@@ -13,10 +13,11 @@
 #include <cstring>
 #include <thread>
 
-#include "../common/ranks.hpp"
+#include "../common/net_checks.hpp"
 
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
+using gintest::checkMessage;
 using gintest::expect;
 using gintest::pattern;
 using gintest::runRanks;
@@ -34,15 +35,6 @@ CommConfig ibgdaConfig(uint64_t timeoutNs = 20'000'000'000ull, uint32_t depth = 
   return c;
 }
 
-std::string checkMessage(Comm& comm) {
-  try {
-    comm.check();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // The QP state of (ctx, peer), host view (CPU ranks: the table is host memory).
 IbgdaQpState& qpState(Comm& comm, int ctx, int peer) { return *ibgda::qpOf(comm.devComm(), ctx, peer)->state; }
 
@@ -53,50 +45,10 @@ void expectNicRan(Comm& comm, uint64_t atLeast) {
                                                         " WQEs, expected at least " + std::to_string(atLeast));
 }
 
-// Every rank puts to every peer on every context with a SignalInc and a
-// CounterInc; receivers check every byte and the poison around it.
+// The shared all-to-all check, and the operations really went through the NIC.
 void allToAllPut(Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_t seed) {
-  const DevComm dc = comm.devComm();
-  const int n = comm.nRanks(), me = comm.rank();
-  const size_t slot = bytes + 64;
-  const size_t winBytes = slot * size_t(n) + 128;
-  Window src = comm.allocWindow(winBytes);
-  Window dst = comm.allocWindow(winBytes * size_t(dc.nContexts));
-  auto* s = static_cast<uint8_t*>(comm.localPointer(src));
-  auto* d = static_cast<uint8_t*>(comm.localPointer(dst));
-  for (size_t i = 0; i < bytes; ++i) s[srcMis + i] = pattern(seed, me, i);
-  std::memset(d, kPoison, winBytes * size_t(dc.nContexts));
-  comm.bootstrap().barrier();
-
-  const Team world = teamWorld(dc);
-  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
-    Net net(dc, ctx);
-    for (int p = 0; p < n; ++p)
-      net.put(world, p, dst, size_t(ctx) * winBytes + size_t(me) * slot + dstMis, src, srcMis, bytes,
-              SignalInc{uint32_t(ctx)}, CounterInc{uint32_t(ctx)});
-    expect(net.flush(CoopThread{}), "flush gave up: " + checkMessage(comm));
-    expect(net.readCounter(uint32_t(ctx)) == uint64_t(n),
-           "counter after flush is " + std::to_string(net.readCounter(uint32_t(ctx))));
-  }
-  std::memset(s, 0x5A, winBytes);  // sources may be reused after flush
-  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
-    Net net(dc, ctx);
-    expect(net.waitSignal(CoopThread{}, uint32_t(ctx), uint64_t(n)), "waitSignal gave up: " + checkMessage(comm));
-    for (int p = 0; p < n; ++p) {
-      const uint8_t* blk = d + size_t(ctx) * winBytes + size_t(p) * slot;
-      for (size_t i = 0; i < dstMis; ++i) expect(blk[i] == kPoison, "bytes before the put were written");
-      for (size_t i = 0; i < bytes; ++i)
-        if (blk[dstMis + i] != pattern(seed, p, i))
-          expect(false, "rank " + std::to_string(me) + " ctx " + std::to_string(ctx) + ": byte " + std::to_string(i) +
-                            " from rank " + std::to_string(p) + " is wrong");
-      for (size_t i = dstMis + bytes; i < slot; ++i) expect(blk[i] == kPoison, "bytes after the put were written");
-    }
-  }
-  expectNicRan(comm, uint64_t(n) * uint64_t(dc.nContexts));
-  comm.check();
-  comm.bootstrap().barrier();
-  comm.deregisterWindow(dst);
-  comm.deregisterWindow(src);
+  gintest::allToAllPut(comm, bytes, srcMis, dstMis, seed);
+  expectNicRan(comm, uint64_t(comm.nRanks()) * uint64_t(comm.devComm().nContexts));
 }
 }  // namespace
 

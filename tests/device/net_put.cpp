@@ -4,7 +4,7 @@
 #include <catch2/generators/catch_generators.hpp>
 #include <cstring>
 
-#include "../common/ranks.hpp"
+#include "../common/net_checks.hpp"
 
 using namespace gin;
 using gintest::expect;
@@ -14,48 +14,10 @@ using gintest::runRanks;
 namespace {
 constexpr uint8_t kPoison = 0xAB;
 
-// Every rank puts `bytes` (at odd offsets when `misalign`) to every peer on
-// every context, with a SignalInc; each receiver checks each sender's block
-// byte for byte and that the poison around it is untouched.
-void allToAllPut(Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_t seed) {
-  const DevComm dc = comm.devComm();
-  const int n = comm.nRanks(), me = comm.rank();
-  const size_t slot = bytes + 64;  // guard bytes between slots
-  const size_t winBytes = slot * size_t(n) + 128;
-  Window src = comm.allocWindow(winBytes);
-  Window dst = comm.allocWindow(winBytes * size_t(dc.nContexts));
-  auto* s = static_cast<uint8_t*>(comm.localPointer(src));
-  auto* d = static_cast<uint8_t*>(comm.localPointer(dst));
-  for (size_t i = 0; i < bytes; ++i) s[srcMis + i] = pattern(seed, me, i);
-  std::memset(d, kPoison, winBytes * size_t(dc.nContexts));
-  comm.bootstrap().barrier();
-
-  const Team world = teamWorld(dc);
-  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
-    Net net(dc, ctx);
-    for (int p = 0; p < n; ++p)
-      net.put(world, p, dst, size_t(ctx) * winBytes + size_t(me) * slot + dstMis, src, srcMis, bytes,
-              SignalInc{uint32_t(ctx)});
-    net.flush(CoopThread{});
-  }
-  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
-    Net net(dc, ctx);
-    expect(net.waitSignal(CoopThread{}, uint32_t(ctx), uint64_t(n)), "waitSignal gave up");
-    for (int p = 0; p < n; ++p) {
-      const uint8_t* blk = d + size_t(ctx) * winBytes + size_t(p) * slot;
-      for (size_t i = 0; i < dstMis; ++i) expect(blk[i] == kPoison, "bytes before the put were written");
-      for (size_t i = 0; i < bytes; ++i)
-        if (blk[dstMis + i] != pattern(seed, p, i))
-          expect(false, "rank " + std::to_string(me) + " ctx " + std::to_string(ctx) + ": byte " + std::to_string(i) +
-                            " from rank " + std::to_string(p) + " is wrong");
-      for (size_t i = dstMis + bytes; i < slot; ++i) expect(blk[i] == kPoison, "bytes after the put were written");
-    }
-  }
-  comm.check();
-  comm.bootstrap().barrier();
-  comm.deregisterWindow(dst);
-  comm.deregisterWindow(src);
-}
+// Every rank puts `bytes` to every peer on every context with SignalInc and
+// CounterInc; each receiver checks each sender's block byte for byte and the
+// poison around it (tests/common/net_checks.hpp).
+using gintest::allToAllPut;
 }  // namespace
 
 TEST_CASE("put delivers every byte to every peer and signals after the payload, any size and alignment", "[net][put]") {

@@ -20,10 +20,11 @@
 #include <sstream>
 #include <thread>
 
-#include "../common/ranks.hpp"
+#include "../common/net_checks.hpp"
 
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
+using gintest::checkMessage;
 using gintest::expect;
 using gintest::pattern;
 using gintest::runRanks;
@@ -38,15 +39,6 @@ CommConfig tcpConfig(uint64_t timeoutNs = 20'000'000'000ull, uint32_t ringSlots 
   c.proxy.wire = ProxyWire::Tcp;
   c.proxy.ringSlots = ringSlots;
   return c;
-}
-
-std::string checkMessage(const Comm& comm) {
-  try {
-    comm.check();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 uint64_t freshSeed() {
@@ -83,53 +75,12 @@ void resetAll(Comm& comm, std::initializer_list<uint32_t> signals, std::initiali
   comm.bootstrap().barrier();
 }
 
-// Every rank puts `bytes` of random data to every peer on every context with
-// SignalInc and CounterInc; receivers check every byte against the reference
-// and that the poison around it is intact.
+// The shared all-to-all check (tests/common/net_checks.hpp), and the bytes
+// really crossed the tcp wire.
 void allToAllPut(Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_t seed) {
-  const DevComm dc = comm.devComm();
-  const int n = comm.nRanks(), me = comm.rank();
-  const size_t slot = bytes + 64;
-  const size_t winBytes = slot * size_t(n) + 128;
-  Window src = comm.allocWindow(winBytes);
-  Window dst = comm.allocWindow(winBytes * size_t(dc.nContexts));
-  auto* s = static_cast<uint8_t*>(comm.localPointer(src));
-  auto* d = static_cast<uint8_t*>(comm.localPointer(dst));
-  for (size_t i = 0; i < bytes; ++i) s[srcMis + i] = pattern(seed, me, i);
-  std::memset(d, kPoison, winBytes * size_t(dc.nContexts));
-  comm.bootstrap().barrier();
   const uint64_t appliedBefore = comm.tcpWire() ? comm.tcpWire()->framesApplied() : 0;
-
-  const Team world = teamWorld(dc);
-  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
-    Net net(dc, ctx);
-    for (int q = 0; q < n; ++q) {
-      const int p = (me + q) % n;
-      net.put(world, p, dst, size_t(ctx) * winBytes + size_t(me) * slot + dstMis, src, srcMis, bytes,
-              SignalInc{uint32_t(ctx)}, CounterInc{uint32_t(ctx)});
-    }
-    expectOk(comm, net.flush(CoopThread{}), "flush gave up");
-    expectOk(comm, net.readCounter(uint32_t(ctx)) == uint64_t(n), "counter after flush");
-  }
-  std::memset(s, 0x5A, winBytes);  // sources may be reused after flush
-  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
-    Net net(dc, ctx);
-    expectOk(comm, net.waitSignal(CoopThread{}, uint32_t(ctx), uint64_t(n)), "waitSignal gave up");
-    for (int p = 0; p < n; ++p) {
-      const uint8_t* blk = d + size_t(ctx) * winBytes + size_t(p) * slot;
-      for (size_t i = 0; i < dstMis; ++i) expect(blk[i] == kPoison, "bytes before the put were written");
-      for (size_t i = 0; i < bytes; ++i)
-        if (blk[dstMis + i] != pattern(seed, p, i))
-          expect(false, "rank " + std::to_string(me) + " ctx " + std::to_string(ctx) + ": byte " + std::to_string(i) +
-                            " of " + std::to_string(bytes) + " from rank " + std::to_string(p) + " is wrong");
-      for (size_t i = dstMis + bytes; i < slot; ++i) expect(blk[i] == kPoison, "bytes after the put were written");
-    }
-  }
-  if (n > 1) expect(comm.tcpWire()->framesApplied() > appliedBefore, "nothing arrived over the tcp wire");
-  comm.check();
-  resetAll(comm, {0, 1, 2, 3}, {0, 1, 2, 3});
-  comm.deregisterWindow(dst);
-  comm.deregisterWindow(src);
+  gintest::allToAllPut(comm, bytes, srcMis, dstMis, seed);
+  if (comm.nRanks() > 1) expect(comm.tcpWire()->framesApplied() > appliedBefore, "nothing arrived over the tcp wire");
 }
 
 // putValue of every width, SignalInc/Add/Set, CounterInc, waits, resets.

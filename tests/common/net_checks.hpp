@@ -1,0 +1,81 @@
+// tests/common/net_checks.hpp — checks every transport's tests share.
+#pragma once
+
+#include <cstring>
+#include <string>
+
+#include "ranks.hpp"
+
+namespace gintest {
+
+inline constexpr uint8_t kPoisonByte = 0xAB;
+
+// comm.check()'s message, or "" when nothing failed.
+inline std::string checkMessage(const gin::Comm& comm) {
+  try {
+    comm.check();
+  } catch (const gin::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Every rank puts `bytes` of random data (at `srcMis` in its source window)
+// to every peer (rotated order) on every context with SignalInc and
+// CounterInc, into slot [ctx][me] of the peer's destination at `dstMis`.
+// Checks: flush returns and the counter then equals the puts (the sources
+// were consumed: scribbling on them afterwards reaches nobody); every byte
+// arrived and the poison around it is intact once the signal says so. The
+// windows are freed at the end and the signals/counters [0, nContexts) reset.
+inline void allToAllPut(gin::Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_t seed) {
+  using namespace gin;
+  const DevComm dc = comm.devComm();
+  const int n = comm.nRanks(), me = comm.rank();
+  const size_t slot = bytes + 64;  // guard bytes between slots
+  const size_t winBytes = slot * size_t(n) + 128;
+  Window src = comm.allocWindow(winBytes);
+  Window dst = comm.allocWindow(winBytes * size_t(dc.nContexts));
+  auto* s = static_cast<uint8_t*>(comm.localPointer(src));
+  auto* d = static_cast<uint8_t*>(comm.localPointer(dst));
+  for (size_t i = 0; i < bytes; ++i) s[srcMis + i] = pattern(seed, me, i);
+  std::memset(d, kPoisonByte, winBytes * size_t(dc.nContexts));
+  comm.bootstrap().barrier();
+
+  const Team world = teamWorld(dc);
+  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
+    Net net(dc, ctx);
+    for (int q = 0; q < n; ++q)
+      net.put(world, (me + q) % n, dst, size_t(ctx) * winBytes + size_t(me) * slot + dstMis, src, srcMis, bytes,
+              SignalInc{uint32_t(ctx)}, CounterInc{uint32_t(ctx)});
+    if (!net.flush(CoopThread{})) expect(false, "flush gave up: " + checkMessage(comm));
+    const uint64_t counted = net.readCounter(uint32_t(ctx));
+    expect(counted == uint64_t(n), "counter after flush is " + std::to_string(counted) + ", expected " +
+                                       std::to_string(n) + " " + checkMessage(comm));
+  }
+  std::memset(s, 0x5A, winBytes);  // sources may be reused after flush
+  for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
+    Net net(dc, ctx);
+    if (!net.waitSignal(CoopThread{}, uint32_t(ctx), uint64_t(n)))
+      expect(false, "waitSignal gave up: " + checkMessage(comm));
+    for (int p = 0; p < n; ++p) {
+      const uint8_t* blk = d + size_t(ctx) * winBytes + size_t(p) * slot;
+      for (size_t i = 0; i < dstMis; ++i) expect(blk[i] == kPoisonByte, "bytes before the put were written");
+      for (size_t i = 0; i < bytes; ++i)
+        if (blk[dstMis + i] != pattern(seed, p, i))
+          expect(false, "rank " + std::to_string(me) + " ctx " + std::to_string(ctx) + ": byte " + std::to_string(i) +
+                            " of " + std::to_string(bytes) + " from rank " + std::to_string(p) + " is wrong");
+      for (size_t i = dstMis + bytes; i < slot; ++i) expect(blk[i] == kPoisonByte, "bytes after the put were written");
+    }
+  }
+  comm.check();
+  comm.bootstrap().barrier();  // every rank has checked: nothing more arrives
+  Net net(dc, 0);
+  for (int c = 0; c < dc.nContexts; ++c) {
+    net.resetSignal(uint32_t(c));
+    net.resetCounter(uint32_t(c));
+  }
+  comm.deregisterWindow(dst);
+  comm.deregisterWindow(src);
+}
+
+}  // namespace gintest
