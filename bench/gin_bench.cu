@@ -1064,7 +1064,7 @@ class GpuEngine final : public Engine {
 struct Setup {
   bool gpu = false;
   int ranks = 2;
-  int gpus = 0;  // visible; ranks > gpus: ranks share GPUs round-robin (proxy only)
+  int gpus = 0;             // visible; ranks > gpus: ranks share GPUs round-robin (proxy only)
   std::string whyEmulated;  // when emulating without --emulate
 };
 
@@ -1108,9 +1108,9 @@ void commonJson(Report& rep, const Options& o, const Setup& s, const std::vector
 
 std::vector<std::string> headLines(const Options& o, const Setup& s, const std::vector<std::string>& where) {
   std::vector<std::string> h;
-  h.push_back(fmt("gin-bench %s: transport %s, %d ranks, %s", o.opName.c_str(), o.transport.c_str(), s.ranks,
-                  s.gpu ? "GPUs of one host (one gin::Comm per GPU)"
-                        : "CPU emulation (CPU ranks running the gin device API)"));
+  h.push_back(
+      fmt("gin-bench %s: transport %s, %d ranks, %s", o.opName.c_str(), o.transport.c_str(), s.ranks,
+          s.gpu ? "GPUs of one host (one gin::Comm per GPU)" : "CPU emulation (CPU ranks running the gin device API)"));
   if (!s.whyEmulated.empty()) h.push_back("  note: " + s.whyEmulated);
   if (s.gpu && s.ranks > s.gpus)
     h.push_back(fmt("  note: %d ranks share %d GPU%s (round-robin); over the proxy the GPUs never address each other",
@@ -1767,7 +1767,10 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
     rep->table.rows.push_back({r.name, fmt("%" PRIu64, r.each), fmt("%.2f", m),
                                fmt("%.2f", *std::min_element(r.rates.begin(), r.rates.end())),
                                fmt("%.2f", *std::max_element(r.rates.begin(), r.rates.end()))});
-    rows.push(J::obj().set("producers", r.name).set("count", double(r.producers)).set("each", double(r.each))
+    rows.push(J::obj()
+                  .set("producers", r.name)
+                  .set("count", double(r.producers))
+                  .set("each", double(r.each))
                   .set("mdesc_per_s_median", m));
   }
   rep->table.rows.push_back({"post-to-consume latency, us", "1", fmt("%.3f", median(lat)),
@@ -1813,12 +1816,13 @@ Setup decide(const Options& o) {
       std::exit(2);
     }
     if (needsTwo && s.ranks < 2) {
-      std::fprintf(stderr,
-                   "gin-bench: %s needs 2 ranks on 2 GPUs (rank 0 on one GPU talks to rank 1 on another), but %s. Run it on a "
-                   "machine with at least 2 GPUs, or use --emulate for CPU ranks.\n",
-                   o.opName.c_str(),
-                   o.ranks ? ("--ranks is " + std::to_string(o.ranks)).c_str()
-                           : (std::to_string(gpus) + " GPU is visible").c_str());
+      std::fprintf(
+          stderr,
+          "gin-bench: %s needs 2 ranks on 2 GPUs (rank 0 on one GPU talks to rank 1 on another), but %s. Run it on a "
+          "machine with at least 2 GPUs, or use --emulate for CPU ranks.\n",
+          o.opName.c_str(),
+          o.ranks ? ("--ranks is " + std::to_string(o.ranks)).c_str()
+                  : (std::to_string(gpus) + " GPU is visible").c_str());
       std::exit(2);
     }
   } else {

@@ -165,8 +165,10 @@ GIN_HD bool boundedPoll(const DevComm& c, Poll poll, Ready ready, const WaitWhat
 // release, which is cheaper than an acquire per poll.
 template <class Ready>
 GIN_HD bool boundedWait(const DevComm& c, const uint64_t* word, MemoryOrder order, Ready ready, const WaitWhat& what) {
-  const bool ok = boundedPoll(c, [&] { return atomicLoad<Scope::System>(word, MemoryOrder::Relaxed); }, ready, what);
-  if (ok && order != MemoryOrder::Relaxed && order != MemoryOrder::Release) (void)atomicLoad<Scope::System>(word, order);
+  const bool ok = boundedPoll(
+      c, [&] { return atomicLoad<Scope::System>(word, MemoryOrder::Relaxed); }, ready, what);
+  if (ok && order != MemoryOrder::Relaxed && order != MemoryOrder::Release)
+    (void)atomicLoad<Scope::System>(word, order);
   return ok;
 }
 }  // namespace detail

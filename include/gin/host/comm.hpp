@@ -851,7 +851,7 @@ class Comm {
     auto pairWire = [&](int a, int b) {
       const bool sameHost = a / L == b / L;
       if (a == b || (sameHost && !forceProxy)) return ProxyWire::Auto;  // lsa, or a copy to oneself
-      if (want == ProxyWire::Verbs) return ProxyWire::Verbs;  // never chosen by auto until it ran on hardware
+      if (want == ProxyWire::Verbs) return ProxyWire::Verbs;            // never chosen by auto until it ran on hardware
       if (want == ProxyWire::Tcp || (want == ProxyWire::Auto && !sameHost)) return ProxyWire::Tcp;
       if (!sameHost)
         throw Error(

@@ -306,7 +306,6 @@ class TcpWire final : public Wire {
   }
 
  public:
-
   bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) override {
     if (!isTcpPeer(peer)) return reject(why, uint64_t(peer), uint64_t(peer), uint64_t(nRanks_));
     if (id >= nSignalWords_) return reject(why, id, id, nSignalWords_);
