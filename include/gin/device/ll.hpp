@@ -39,14 +39,9 @@
 #include <cstring>
 
 #include "gin/core/atomic.hpp"
-#include "gin/core/clock.hpp"
 #include "gin/core/coop.hpp"
 #include "gin/device/comm.hpp"
 #include "gin/device/window.hpp"
-
-#if !GIN_DEVICE_CODE
-#include <thread>
-#endif
 
 namespace gin::ll {
 
@@ -183,26 +178,17 @@ GIN_HD GIN_INLINE bool tryRead(const P* p, uint32_t flag, PayloadOf<P>* payload)
 template <class P>
 GIN_HD bool waitRead(const DevComm& c, const P* p, uint32_t flag, PayloadOf<P>* payload, uint64_t index = 0,
                      int peer = -1) {
-  uint64_t start = 0;
-  for (uint32_t spins = 1;; ++spins) {
-    const Seen<P> s = load(p);
-    if (s.valid && s.flag == flag) {
-      *payload = s.payload;
-      return true;
-    }
-    if ((spins & 63) == 0) {
-      if (aborted(c)) return false;
-      const uint64_t now = nowNs();
-      if (start == 0) start = now;
-      if (c.timeoutNs != 0 && now - start > c.timeoutNs) {
-        recordError(c, Op::LlWait, peer, -1, index, flag, s.flag);
-        return false;
-      }
-#if !GIN_DEVICE_CODE
-      std::this_thread::yield();  // CPU ranks often outnumber cores
-#endif
-    }
-  }
+  Seen<P> s{};
+  if (!gin::detail::boundedPoll(
+          c,
+          [&] {
+            s = load(p);
+            return uint64_t(s.flag);
+          },
+          [&](uint64_t f) { return s.valid && f == flag; }, gin::detail::WaitWhat{Op::LlWait, peer, -1, index, flag}))
+    return false;
+  *payload = s.payload;
+  return true;
 }
 
 // ---- many packets, split over a coop ----

@@ -211,27 +211,12 @@ class Endpoint {
   // skip the poll). Bounded like Net's waits, with `op` and the peer named.
   GIN_HD bool waitAtLeast(uint32_t id, uint64_t least, uint64_t* seen, Op op, int peer) const {
     if (rollingLessEqual(least, *seen)) return true;
-    const DevComm& c = net_.comm();
-    uint64_t start = 0;
-    for (uint32_t spins = 1;; ++spins) {
-      const uint64_t v = net_.readSignal(id, 64, MemoryOrder::Relaxed);
-      if (rollingLessEqual(least, v)) {
-        *seen = net_.readSignal(id, 64, MemoryOrder::Acquire);
-        return true;
-      }
-      if ((spins & 63) == 0) {
-        if (aborted(c)) return false;
-        const uint64_t now = nowNs();
-        if (start == 0) start = now;
-        if (c.timeoutNs != 0 && now - start > c.timeoutNs) {
-          recordError(c, op, peer, net_.context(), id, least, v);
-          return false;
-        }
-#if !GIN_DEVICE_CODE
-        std::this_thread::yield();  // CPU ranks often outnumber cores
-#endif
-      }
-    }
+    const bool ok = gin::detail::boundedPoll(
+        net_.comm(), [&] { return net_.readSignal(id, 64, MemoryOrder::Relaxed); },
+        [&](uint64_t v) { return rollingLessEqual(least, v); },
+        gin::detail::WaitWhat{op, peer, net_.context(), id, least});
+    if (ok) *seen = net_.readSignal(id, 64, MemoryOrder::Acquire);
+    return ok;
   }
 
   // Step k of a message: slot s.step % nSlots of our ring at the peer.
