@@ -78,4 +78,44 @@ inline void allToAllPut(gin::Comm& comm, size_t bytes, size_t srcMis, size_t dst
   comm.deregisterWindow(src);
 }
 
+// putValue of 1, 2, 4 and 8 bytes, aligned and not, from every rank to every
+// rank on context `ctx`, into the 64-byte slot [me] of `w` (64 * nRanks bytes,
+// poisoned here); the last carries SignalInc{9}, so once signal 9 counts every
+// rank, every value must be there and nothing outside them written.
+inline void putValueWidths(gin::Comm& comm, gin::Window w, int ctx) {
+  using namespace gin;
+  const DevComm dc = comm.devComm();
+  const int n = comm.nRanks(), me = comm.rank();
+  std::memset(comm.localPointer(w), kPoisonByte, 64 * size_t(n));
+  comm.bootstrap().barrier();
+  Net net(dc, ctx);
+  const Team world = teamWorld(dc);
+  for (int p = 0; p < n; ++p) {
+    const size_t o = size_t(me) * 64;
+    net.putValue(world, p, w, o + 0, uint8_t(0x10 + me));
+    net.putValue(world, p, w, o + 2, uint16_t(0x2000 + me));
+    net.putValue(world, p, w, o + 4, uint32_t(0x30000000u + unsigned(me)));
+    net.putValue(world, p, w, o + 8, uint64_t(0x4000000000000000ull + unsigned(me)));
+    net.putValue(world, p, w, o + 17, uint32_t(0xdeadbeefu), SignalInc{9});  // unaligned
+  }
+  if (!net.waitSignal(CoopThread{}, 9, uint64_t(n)))
+    expect(false, "signal 9 never arrived from everyone: " + checkMessage(comm));
+  const auto* b = static_cast<const uint8_t*>(comm.localPointer(w));
+  for (int p = 0; p < n; ++p) {
+    const uint8_t* blk = b + size_t(p) * 64;
+    uint16_t v16;
+    uint32_t v32, u32;
+    uint64_t v64;
+    std::memcpy(&v16, blk + 2, 2);
+    std::memcpy(&v32, blk + 4, 4);
+    std::memcpy(&v64, blk + 8, 8);
+    std::memcpy(&u32, blk + 17, 4);
+    expect(blk[0] == 0x10 + p && v16 == 0x2000 + p && v32 == 0x30000000u + unsigned(p) &&
+               v64 == 0x4000000000000000ull + unsigned(p) && u32 == 0xdeadbeefu,
+           "putValue payload wrong from rank " + std::to_string(p));
+    expect(blk[1] == kPoisonByte && blk[16] == kPoisonByte && blk[21] == kPoisonByte && blk[63] == kPoisonByte,
+           "putValue wrote outside its bytes");
+  }
+}
+
 }  // namespace gintest

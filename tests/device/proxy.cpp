@@ -88,38 +88,8 @@ TEST_CASE("proxy: putValue carries 1, 2, 4 and 8 byte values inline, signal afte
   REQUIRE_NOTHROW(runRanks(
       4,
       [](Comm& comm) {
-        const DevComm dc = comm.devComm();
-        const int n = comm.nRanks(), me = comm.rank();
-        Window w = comm.allocWindow(64 * size_t(n));
-        std::memset(comm.localPointer(w), kPoison, 64 * size_t(n));
-        comm.bootstrap().barrier();
-        Net net(dc, 0);
-        const Team world = teamWorld(dc);
-        for (int p = 0; p < n; ++p) {
-          const size_t o = size_t(me) * 64;
-          net.putValue(world, p, w, o + 0, uint8_t(0x10 + me));
-          net.putValue(world, p, w, o + 2, uint16_t(0x2000 + me));
-          net.putValue(world, p, w, o + 4, uint32_t(0x30000000u + unsigned(me)));
-          net.putValue(world, p, w, o + 8, uint64_t(0x4000000000000000ull + unsigned(me)));
-          net.putValue(world, p, w, o + 17, uint32_t(0xdeadbeefu), SignalInc{9});  // unaligned
-        }
-        expect(net.waitSignal(CoopThread{}, 9, uint64_t(n)), "signal 9 never arrived from everyone");
-        auto* b = static_cast<uint8_t*>(comm.localPointer(w));
-        for (int p = 0; p < n; ++p) {
-          const uint8_t* blk = b + size_t(p) * 64;
-          uint16_t v16;
-          uint32_t v32, u32;
-          uint64_t v64;
-          std::memcpy(&v16, blk + 2, 2);
-          std::memcpy(&v32, blk + 4, 4);
-          std::memcpy(&v64, blk + 8, 8);
-          std::memcpy(&u32, blk + 17, 4);
-          expect(blk[0] == 0x10 + p && v16 == 0x2000 + p && v32 == 0x30000000u + unsigned(p) &&
-                     v64 == 0x4000000000000000ull + unsigned(p) && u32 == 0xdeadbeefu,
-                 "putValue payload wrong from rank " + std::to_string(p));
-          expect(blk[1] == kPoison && blk[16] == kPoison && blk[21] == kPoison, "putValue wrote outside its bytes");
-        }
-        expectEngineRan(comm, 5 * uint64_t(n));
+        gintest::putValueWidths(comm, comm.allocWindow(64 * size_t(comm.nRanks())), 0);
+        expectEngineRan(comm, 5 * uint64_t(comm.nRanks()));
         comm.check();
         comm.bootstrap().barrier();
       },

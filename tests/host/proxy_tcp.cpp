@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "../common/net_checks.hpp"
+#include "../common/processes.hpp"
 
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
@@ -89,34 +90,7 @@ void valuesSignalsCounters(Comm& comm) {
   const int n = comm.nRanks(), me = comm.rank();
   const Team world = teamWorld(dc);
   Window w = comm.allocWindow(64 * size_t(n));
-  std::memset(comm.localPointer(w), kPoison, 64 * size_t(n));
-  comm.bootstrap().barrier();
-  Net net(dc, 1);
-  for (int p = 0; p < n; ++p) {
-    const size_t o = size_t(me) * 64;
-    net.putValue(world, p, w, o + 0, uint8_t(0x10 + me));
-    net.putValue(world, p, w, o + 2, uint16_t(0x2000 + me));
-    net.putValue(world, p, w, o + 4, uint32_t(0x30000000u + unsigned(me)));
-    net.putValue(world, p, w, o + 8, uint64_t(0x4000000000000000ull + unsigned(me)));
-    net.putValue(world, p, w, o + 17, uint32_t(0xdeadbeefu), SignalInc{9});  // unaligned
-  }
-  expectOk(comm, net.waitSignal(CoopThread{}, 9, uint64_t(n)), "putValue signal");
-  const auto* b = static_cast<const uint8_t*>(comm.localPointer(w));
-  for (int p = 0; p < n; ++p) {
-    const uint8_t* blk = b + size_t(p) * 64;
-    uint16_t v16;
-    uint32_t v32, u32;
-    uint64_t v64;
-    std::memcpy(&v16, blk + 2, 2);
-    std::memcpy(&v32, blk + 4, 4);
-    std::memcpy(&v64, blk + 8, 8);
-    std::memcpy(&u32, blk + 17, 4);
-    expect(blk[0] == 0x10 + p && v16 == 0x2000 + p && v32 == 0x30000000u + unsigned(p) &&
-               v64 == 0x4000000000000000ull + unsigned(p) && u32 == 0xdeadbeefu,
-           "putValue payload wrong from rank " + std::to_string(p));
-    expect(blk[1] == kPoison && blk[16] == kPoison && blk[21] == kPoison && blk[63] == kPoison,
-           "putValue wrote outside its bytes");
-  }
+  gintest::putValueWidths(comm, w, 1);
 
   Net sig(dc, 2);
   for (int round = 0; round < 2; ++round) {  // the second round after resets
@@ -237,51 +211,7 @@ void contention(Comm& comm, int pushers, int perPeer) {
 
 // ---- processes ----
 
-// Runs body(rank) in n forked processes; each child's exit status (0 = passed).
-// Children that outlive `limitS` seconds are killed (status 124).
-std::vector<int> forkRanks(int n, const std::function<int(int)>& body, int limitS = 60) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      int rc = 1;
-      try {
-        rc = body(r);
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
-        rc = 2;
-      }
-      std::fflush(stderr);
-      _exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  std::vector<int> status(size_t(n), -1);
-  const auto deadline = Clock::now() + std::chrono::seconds(limitS);
-  for (int left = n; left > 0;) {
-    for (int r = 0; r < n; ++r) {
-      if (status[size_t(r)] != -1) continue;
-      int st = 0;
-      if (waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
-        status[size_t(r)] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        --left;
-      }
-    }
-    if (Clock::now() > deadline) {
-      for (int r = 0; r < n; ++r)
-        if (status[size_t(r)] == -1) {
-          kill(pids[size_t(r)], SIGKILL);
-          waitpid(pids[size_t(r)], nullptr, 0);
-          status[size_t(r)] = 124;
-        }
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return status;
-}
+using gintest::forkRanks;  // tests/common/processes.hpp
 
 // Captures what this process writes to stderr while `f` runs.
 std::string captureStderr(const std::function<void()>& f) {
