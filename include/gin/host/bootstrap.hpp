@@ -354,6 +354,27 @@ inline Socket tcpSocket() {
   return s;
 }
 
+// One non-blocking connect to `sa`, waited for until `deadline`: 0 with the
+// connected socket in *out, or the errno that stopped it (ETIMEDOUT when the
+// deadline passed). Callers retry with their own backoff and messages.
+inline int connectOnce(const sockaddr_in& sa, Clock::time_point deadline, Socket* out) {
+  Socket s = tcpSocket();
+  int err = 0;
+  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      if (pollOne(s.get(), POLLOUT, deadline) == 0) {
+        err = ETIMEDOUT;
+      } else {
+        socklen_t len = sizeof err;
+        if (::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+      }
+    }
+  }
+  if (err == 0) *out = std::move(s);
+  return err;
+}
+
 inline constexpr const char* kUniqueIdPrefix = "gin-bootstrap-v1 ";
 
 }  // namespace detail
@@ -1019,19 +1040,8 @@ class TcpBootstrap final : public Bootstrap {
     int lastErr = 0;
     auto backoff = std::chrono::milliseconds(10);
     for (;;) {
-      detail::Socket s = detail::tcpSocket();
-      int err = 0;
-      if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
-        err = errno;
-        if (err == EINPROGRESS) {
-          if (detail::pollOne(s.get(), POLLOUT, deadline) == 0) {
-            err = ETIMEDOUT;
-          } else {
-            socklen_t len = sizeof err;
-            if (::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-          }
-        }
-      }
+      detail::Socket s;
+      int err = detail::connectOnce(sa, deadline, &s);
       if (err == 0 && connectedToSelf(s.get())) err = ECONNREFUSED;
       if (err == 0) {
         root_ = std::move(s);

@@ -564,19 +564,8 @@ class TcpWire final : public Wire {
     auto backoff = std::chrono::milliseconds(5);
     int lastErr = 0;
     for (;;) {
-      detail::Socket s = detail::tcpSocket();
-      int err = 0;
-      if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
-        err = errno;
-        if (err == EINPROGRESS) {
-          if (detail::pollOne(s.get(), POLLOUT, deadline) == 0) {
-            err = ETIMEDOUT;
-          } else {
-            socklen_t l = sizeof err;
-            if (::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &l) != 0) err = errno;
-          }
-        }
-      }
+      detail::Socket s;
+      const int err = detail::connectOnce(sa, deadline, &s);
       if (err == 0) return s;
       lastErr = err;
       if (detail::Clock::now() >= deadline)
