@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "../common/thread_ranks.hpp"
 #include "gin/gin.hpp"
 #include "ring_allreduce.hpp"
 
@@ -101,27 +102,8 @@ int main(int argc, char** argv) {
   if (gpus > 0 && ranks > gpus) ranks = gpus;
   std::printf("allreduce: %d ranks on %s, %zu floats\n", ranks, gpus > 0 ? "GPUs" : "CPU ranks (threads)", count);
   try {
-    gin::InProcessGroup group(ranks);
-    std::vector<size_t> wrong(size_t(ranks), 0);
-    std::vector<std::string> errors(static_cast<size_t>(ranks));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          gin::CommConfig c = cfg;
-          if (gpus > 0) c.cudaDevice = r;
-          gin::Comm comm(group.rank(r), c);
-          wrong[size_t(r)] = runRank(comm, count);
-        } catch (const std::exception& e) {
-          errors[size_t(r)] = e.what();
-        }
-      });
-    for (auto& t : threads) t.join();
-    int bad = 0;
-    for (int r = 0; r < ranks; ++r) {
-      if (!errors[size_t(r)].empty()) std::fprintf(stderr, "rank %d: %s\n", r, errors[size_t(r)].c_str());
-      bad += !errors[size_t(r)].empty() || wrong[size_t(r)] != 0;
-    }
+    const int bad =
+        examples::runThreadRanks(ranks, cfg, gpus > 0, [&](gin::Comm& comm) { return runRank(comm, count); });
     std::printf("allreduce: %s\n", bad ? "FAILED" : "every rank holds the exact sum");
     return bad ? 1 : 0;
   } catch (const std::exception& e) {
