@@ -183,18 +183,49 @@ GIN_HD inline bool msgBurst(const gin::DevComm& dc, int ctx, int peer, int count
 
 // msg-rate latency: one descriptor at a time, from the push to the moment the
 // producer sees the engine's consumer index pass it (flush). Sum of ns.
-GIN_HD inline bool msgLatency(const gin::DevComm& dc, int peer, int iters, uint64_t* sumNs) {
+// *pushNs: the part of it spent in the push itself (until signal() returns).
+GIN_HD inline bool msgLatency(const gin::DevComm& dc, int peer, int iters, uint64_t* sumNs, uint64_t* pushNs) {
   gin::Net<gin::kBackendProxy> net(dc, 0);
-  uint64_t sum = 0;
+  uint64_t sum = 0, push = 0;
   bool ok = true;
   for (int i = 0; i < iters && ok; ++i) {
     const uint64_t t0 = gin::nowNs();
     net.signal(gin::teamWorld(dc), peer, gin::SignalAdd{kSigMsg, 1}, gin::CoopThread{}, gin::Scope::System);
+    const uint64_t t1 = gin::nowNs();
     ok = net.flush(gin::CoopThread{});
     sum += gin::nowNs() - t0;
+    push += t1 - t0;
   }
   *sumNs = sum;
+  *pushNs = push;
   return ok;
+}
+
+// The hardware floor under that latency: the producer stores a sequence
+// number into a host word (system-scope release, as a push publishes its
+// descriptor), a host thread spinning on that word echoes it into a second
+// one, and the producer polls the echo (system-scope acquire, as flush polls
+// the consumer index). No gin code: the same memory, the same two PCIe trips.
+GIN_HD inline uint64_t rawEcho(uint64_t* ping, const uint64_t* pong, int iters) {
+  const uint64_t t0 = gin::nowNs();
+  for (int i = 1; i <= iters; ++i) {
+    gin::atomicStore<gin::Scope::System>(ping, uint64_t(i), gin::MemoryOrder::Release);
+    while (gin::atomicLoad<gin::Scope::System>(pong, gin::MemoryOrder::Acquire) != uint64_t(i)) {
+    }
+  }
+  return gin::nowNs() - t0;
+}
+
+// The host side of rawEcho: echoes ping into pong until it saw `iters`.
+inline void rawEchoResponder(const uint64_t* ping, uint64_t* pong, int iters) {
+  uint64_t last = 0;
+  while (last != uint64_t(iters)) {
+    const uint64_t v = gin::atomicLoad<gin::Scope::System>(ping, gin::MemoryOrder::Acquire);
+    if (v != last) {
+      gin::atomicStore<gin::Scope::System>(pong, v, gin::MemoryOrder::Release);
+      last = v;
+    }
+  }
 }
 
 // Barrier check, around one sync of barrier index b (of nB): before the sync
@@ -244,9 +275,14 @@ __global__ void msgBurstKernel(gin::DevComm dc, int peer, int count, unsigned lo
 }
 
 __global__ void msgLatencyKernel(gin::DevComm dc, int peer, int iters, unsigned long long* out) {
-  uint64_t ns = 0;
-  out[0] = msgLatency(dc, peer, iters, &ns) ? 1 : 0;
+  uint64_t ns = 0, push = 0;
+  out[0] = msgLatency(dc, peer, iters, &ns, &push) ? 1 : 0;
   out[1] = ns;
+  out[2] = push;
+}
+
+__global__ void rawEchoKernel(uint64_t* ping, const uint64_t* pong, int iters, unsigned long long* out) {
+  out[0] = rawEcho(ping, pong, iters);
 }
 
 __global__ void fillKernel(uint8_t* p, size_t bytes, uint64_t seed) {
@@ -700,8 +736,11 @@ class Engine {
   // msg-rate: seconds for `ctas` x `threads`/32 producers to push `count`
   // descriptors each and see them consumed; throws if a flush gave up.
   virtual double msgRate(int ctas, int threads, int peer, int count) = 0;
-  // msg-rate latency: mean ns from a push to its consumption, over `iters`.
-  virtual double msgLatencyNs(int peer, int iters) = 0;
+  // msg-rate latency: mean ns from a push to its consumption, over `iters`,
+  // and mean ns of the push alone (*pushNs).
+  virtual double msgLatencyNs(int peer, int iters, double* pushNs) = 0;
+  // Mean ns of one rawEcho round trip through words where the rings live.
+  virtual double rawEchoNs(int iters) = 0;
 
  protected:
   gin::Comm& comm_;
@@ -817,11 +856,20 @@ class CpuEngine final : public Engine {
     if (!ok) throw gin::Error("msg-rate: a flush gave up without a device error record");
     return s;
   }
-  double msgLatencyNs(int peer, int iters) override {
-    uint64_t ns = 0;
-    const bool ok = msgLatency(comm_.devComm(), peer, iters, &ns);
+  double msgLatencyNs(int peer, int iters, double* pushNs) override {
+    uint64_t ns = 0, push = 0;
+    const bool ok = msgLatency(comm_.devComm(), peer, iters, &ns, &push);
     comm_.check();
     if (!ok) throw gin::Error("msg-rate: a flush gave up without a device error record");
+    *pushNs = double(push) / iters;
+    return double(ns) / iters;
+  }
+  double rawEchoNs(int iters) override {
+    alignas(64) uint64_t ping = 0;
+    alignas(64) uint64_t pong = 0;
+    std::thread echo(rawEchoResponder, &ping, &pong, iters);
+    const uint64_t ns = rawEcho(&ping, &pong, iters);
+    echo.join();
     return double(ns) / iters;
   }
 
@@ -986,15 +1034,33 @@ class GpuEngine final : public Engine {
     if (fetch(0)) throw gin::Error("msg-rate: a flush gave up without a device error record");
     return s;
   }
-  double msgLatencyNs(int peer, int iters) override {
-    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 2 * sizeof(unsigned long long), stream_));
+  double msgLatencyNs(int peer, int iters, double* pushNs) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 3 * sizeof(unsigned long long), stream_));
     msgLatencyKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), peer, iters, scratch_);
     launched();
     sync();
-    unsigned long long h[2] = {0, 0};
+    unsigned long long h[3] = {0, 0, 0};
     BENCH_CUDA(cudaMemcpy(h, scratch_, sizeof h, cudaMemcpyDeviceToHost));
     if (!h[0]) throw gin::Error("msg-rate: a flush gave up without a device error record");
+    *pushNs = double(h[2]) / iters;
     return double(h[1]) / iters;
+  }
+  // The words sit in mapped pinned host memory, like the rings.
+  double rawEchoNs(int iters) override {
+    uint64_t* words = nullptr;
+    BENCH_CUDA(cudaHostAlloc(reinterpret_cast<void**>(&words), 128, cudaHostAllocMapped | cudaHostAllocPortable));
+    words[0] = words[8] = 0;
+    uint64_t* dev = nullptr;
+    BENCH_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), words, 0));
+    std::thread echo(rawEchoResponder, words, words + 8, iters);
+    rawEchoKernel<<<1, 1, 0, stream_>>>(dev, dev + 8, iters, scratch_);
+    launched();
+    sync();
+    echo.join();
+    unsigned long long ns = 0;
+    BENCH_CUDA(cudaMemcpy(&ns, scratch_, sizeof ns, cudaMemcpyDeviceToHost));
+    BENCH_CUDA(cudaFreeHost(words));
+    return double(ns) / iters;
   }
 
 #if GIN_BENCH_NCCL
@@ -1728,12 +1794,18 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
     verify(sh.name.c_str());
     res.push_back(std::move(r));
   }
-  std::vector<double> lat;
+  std::vector<double> lat, pushLat, echo;
   for (int run = -1; run < kLatRuns; ++run) {
     comm.bootstrap().barrier();
     if (me == 0) {
-      const double ns = e.msgLatencyNs(peer, latIters);
-      if (run >= 0) lat.push_back(ns / 1e3);
+      double push = 0;
+      const double ns = e.msgLatencyNs(peer, latIters, &push);
+      const double raw = e.rawEchoNs(latIters);
+      if (run >= 0) {
+        lat.push_back(ns / 1e3);
+        pushLat.push_back(push / 1e3);
+        echo.push_back(raw / 1e3);
+      }
     }
     pushed += uint64_t(latIters);
   }
@@ -1759,6 +1831,10 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
           latIters, gpu ? "%globaltimer" : "steady_clock", kLatRuns),
       "verified: after each shape, the target's signal equals every descriptor pushed so far (none lost, none run "
       "twice)",
+      fmt("raw echo (the floor, no gin code): the producer stores i into a word %s (system-scope release), a host "
+          "thread spinning on it stores i into a second word, the producer polls that (system-scope acquire); "
+          "mean of %d round trips",
+          gpu ? "in mapped pinned host memory" : "in host memory", latIters),
   };
   rep->table.header = {"producers", "descriptors each", "median M desc/s", "min", "max"};
   J rows = J::arr();
@@ -1773,12 +1849,19 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
                   .set("each", double(r.each))
                   .set("mdesc_per_s_median", m));
   }
-  rep->table.rows.push_back({"post-to-consume latency, us", "1", fmt("%.3f", median(lat)),
-                             fmt("%.3f", *std::min_element(lat.begin(), lat.end())),
-                             fmt("%.3f", *std::max_element(lat.begin(), lat.end()))});
+  const auto latRow = [&](const std::string& name, const std::vector<double>& v) {
+    rep->table.rows.push_back({name, "1", fmt("%.3f", median(v)), fmt("%.3f", *std::min_element(v.begin(), v.end())),
+                               fmt("%.3f", *std::max_element(v.begin(), v.end()))});
+  };
+  latRow("post-to-consume latency, us", lat);
+  latRow("  of which the push, us", pushLat);
+  latRow("raw echo through host memory, us", echo);
+  rep->notes.push_back(fmt("post-to-consume / raw echo = %.2f", median(lat) / median(echo)));
   commonJson(*rep, o, s, where);
   rep->json.set("rates", std::move(rows));
   rep->json.set("latency_us_median", median(lat));
+  rep->json.set("push_us_median", median(pushLat));
+  rep->json.set("raw_echo_us_median", median(echo));
 }
 
 // ---------------------------------------------------------------------------

@@ -7,11 +7,13 @@
 #include <sched.h>
 
 #include <atomic>
+#include <catch2/catch_get_random_seed.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "../common/net_checks.hpp"
@@ -73,6 +75,25 @@ TEST_CASE("proxy: forcing the transport reports proxy for every peer and starts 
   REQUIRE_THROWS_WITH(runRanks(
                           1, [](Comm&) {}, bad),
                       ContainsSubstring("power of two"));
+}
+
+TEST_CASE("proxy: a Net compiled without the proxy backend records noTransport on a proxy-forced communicator",
+          "[proxy][errors]") {
+  std::string msg;
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [&](Comm& comm) {
+        Window w = comm.allocWindow(64);
+        Net<kBackendLsa> net(comm.devComm(), 0);
+        net.putValue(teamWorld(comm.devComm()), 1 - comm.rank(), w, 0, uint64_t(7), SignalInc{0});
+        const auto* got = static_cast<const uint64_t*>(comm.localPointer(w));
+        comm.bootstrap().barrier();
+        expect(got[0] == 0 && comm.devComm().signals[0] == 0, "the lsa path ran on a proxy-forced communicator");
+        if (comm.rank() == 0) msg = checkMessage(comm);
+        comm.bootstrap().barrier();
+      },
+      proxyConfig()));
+  CHECK_THAT(msg, ContainsSubstring("noTransport") && ContainsSubstring("peer 1"));
 }
 
 TEST_CASE("proxy: put delivers every byte to every peer on every context, any size and alignment", "[proxy][put]") {
@@ -284,8 +305,9 @@ TEST_CASE("proxy: a full ring makes the producer wait instead of overwriting", "
         });
         std::this_thread::sleep_for(std::chrono::milliseconds(150));
         const bool waited = !done.load();
-        const ProxyDesc& first = dc.proxyRings[0].slots[0];
-        const bool intact = first.seq == 1 && first.dstOffset == 0 && first.srcOffset == 100;
+        ProxyDesc first{};
+        const bool intact =
+            proxyUnpack(&dc.proxyRings[0].slots[0], 0, &first) && first.dstOffset == 0 && first.srcOffset == 100;
         comm.proxyEngine()->pause(false);
         late.join();
         expect(waited, "the 9th push into an 8-slot ring returned while the engine was paused");
@@ -372,14 +394,14 @@ TEST_CASE("proxy: the engine rejects bad descriptors without writing anything", 
           bad.push_back(desc(ProxyOp::PutValue)), bad.back().bytes = 9;        // too wide
           bad.push_back(desc(ProxyOp::Put)), bad.back().peer = 7;              // no such rank
           bad.push_back(desc(ProxyOp(9)));                                     // no such op
-          for (const ProxyDesc& d : bad) expect(proxy::push(dc, 0, d), "push");
+          for (const ProxyDesc& d : bad) expect(proxy::push(dc, 0, d, true), "push");
           ProxyDesc good = desc(ProxyOp::PutValue);
           good.dstOffset = 128;
           good.srcOffset = 0x1122334455667788ull;
           good.action = uint8_t(ProxyAction::Add);
           good.signalId = 6;
           good.signalValue = 1;
-          expect(proxy::push(dc, 0, good), "push good");
+          expect(proxy::push(dc, 0, good, true), "push good");
           // Not flush: the first rejection raised the abort flag, which stops device-side waits.
           expect(comm.proxyEngine()->quiesce(5'000'000'000ull), "the engine did not get past the bad ones");
           expect(comm.proxyEngine()->rejected() == bad.size(),
@@ -418,7 +440,7 @@ TEST_CASE("proxy: tickets and credits keep working across the 2^64 wrap of the r
   c.error = &rec;
   c.errorClaim = &claimAndAbort[0];
   c.abortFlag = &claimAndAbort[1];
-  std::vector<ProxyDesc> slots(8);
+  std::vector<ProxySlot> slots(8);
   const uint64_t start = ~uint64_t(0) - 5;  // the 7th ticket wraps to 0
   uint64_t head = start, consumed = start, hint[2] = {start, 0};
   const ProxyRingDev ring{slots.data(), &head, &consumed, hint, 8, 0};
@@ -427,24 +449,65 @@ TEST_CASE("proxy: tickets and credits keep working across the 2^64 wrap of the r
   d.op = uint8_t(ProxyOp::Signal);
   for (uint64_t i = 0; i < 8; ++i) {
     d.dstOffset = i;
-    REQUIRE(proxy::push(c, 0, d));
+    REQUIRE(proxy::push(c, 0, d, true));
   }
   for (uint64_t i = 0; i < 8; ++i) {
-    const ProxyDesc& s = slots[size_t((start + i) & 7)];
-    CHECK(s.seq == start + i + 1);
+    ProxyDesc s{};
+    CHECK(proxyUnpack(&slots[size_t((start + i) & 7)], start + i, &s));
     CHECK(s.dstOffset == i);
   }
   CHECK(head == start + 8);  // wrapped
   // Full across the wrap: the 9th push must wait and give up, not overwrite.
   d.dstOffset = 99;
-  CHECK_FALSE(proxy::push(c, 0, d));
+  CHECK_FALSE(proxy::push(c, 0, d, true));
   CHECK(rec.state == 2u);
   CHECK(rec.op == uint32_t(Op::ProxyFull));
-  for (const ProxyDesc& s : slots) CHECK(s.dstOffset != 99);
+  for (const ProxySlot& s : slots) CHECK(s.w[1] != 99);  // w1: dstOffset
   // Flush compares rolling: consumed (wrapped) reaching head (wrapped) completes it.
   claimAndAbort[1] = 0;
   consumed = head;
   CHECK(proxy::waitConsumed(c, 0, MemoryOrder::Acquire));
+}
+
+TEST_CASE("proxy: a slot packs every descriptor field and is accepted only when all four chunks carry its tag",
+          "[proxy][slot]") {
+  std::mt19937_64 rng(Catch::getSeed());
+  for (int iter = 0; iter < 2000; ++iter) {
+    ProxyDesc d{};
+    d.op = uint8_t(rng());
+    d.action = uint8_t(rng());
+    d.peer = int32_t(uint32_t(rng()));
+    d.dstWindow = uint32_t(rng());
+    d.srcWindow = uint32_t(rng());
+    d.dstOffset = rng();
+    d.srcOffset = rng();
+    d.bytes = rng() & kProxyMaxBytes;
+    d.signalValue = rng();
+    d.signalId = uint32_t(rng());
+    d.counterId = uint32_t(rng());
+    const uint64_t ticket = rng() % 4 == 0 ? ~uint64_t(0) - (rng() % 4) : rng();
+    ProxySlot slot{};
+    proxyPack(d, proxyTag(ticket), slot.w);
+    ProxyDesc got{};
+    REQUIRE(proxyUnpack(&slot, ticket, &got));
+    CHECK(std::memcmp(&got, &d, sizeof d) == 0);
+    CHECK_FALSE(proxyUnpack(&slot, ticket + 1, &got));
+    // One chunk still from the previous lap of a 2^15-slot ring (or any
+    // other ticket): not accepted until it arrives.
+    const int k = int(rng() % 4);
+    ProxySlot old = slot;
+    ProxySlot prev{};
+    proxyPack(d, proxyTag(ticket - kProxyMaxSlots), prev.w);
+    old.w[2 * k] = prev.w[2 * k];
+    old.w[2 * k + 1] = ~prev.w[2 * k + 1];
+    CHECK_FALSE(proxyUnpack(&old, ticket, &got));
+  }
+  ProxySlot zero{};
+  ProxyDesc got{};
+  // A fresh (zeroed) ring is empty: slot i is first used by ticket i < 2^15,
+  // whose tag i + 1 is not 0. (Tag 0 belongs to tickets 2^16 - 1 + k 2^16,
+  // whose slots were all written before.)
+  for (uint64_t t = 0; t < kProxyMaxSlots; ++t) CHECK_FALSE(proxyUnpack(&zero, t, &got));
 }
 
 TEST_CASE("proxy: GIN_TRANSPORT overrides CommConfig::transport; a bad value is an error", "[proxy][env]") {
@@ -491,7 +554,7 @@ TEST_CASE("proxy: an engine that fails internally stops, records proxyEngine and
   c.error = &rec;
   c.errorClaim = &claimAndAbort[0];
   c.abortFlag = &claimAndAbort[1];
-  std::vector<ProxyDesc> slots(8);
+  std::vector<ProxySlot> slots(8);
   uint64_t head = 0, consumed = 0, hint[2] = {0, 0};
   const ProxyRingDev ringDev{slots.data(), &head, &consumed, hint, 8, 0};
   c.proxyRings = &ringDev;
@@ -506,7 +569,7 @@ TEST_CASE("proxy: an engine that fails internally stops, records proxyEngine and
   d.dstWindow = d.srcWindow = 1;
   d.bytes = 8;
   d.counterId = kProxyNoCounter;
-  REQUIRE(proxy::push(c, 0, d));
+  REQUIRE(proxy::push(c, 0, d, true));
   const auto t0 = std::chrono::steady_clock::now();
   while (engine.running() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -242,7 +242,7 @@ template <Kind K, bool Separate>
 __global__ void p2pRing(DevComm dc, p2p::Fifo fifo, Window src, size_t smis, size_t sendBytes, uint8_t* dst,
                         size_t recvBytes, int* failed) {
   const int n = dc.nRanks, me = dc.rank, to = (me + 1) % n, from = (me + n - 1) % n;
-  p2p::Endpoint ep(Net<kBackendLsa>(dc, 0), fifo);
+  p2p::Endpoint ep(Net<kBackendLsa | kBackendProxy>(dc, 0), fifo);
   withCoop<K>([&](auto coop) {
     bool ok = true;
     if constexpr (Separate) {
@@ -308,7 +308,7 @@ void p2pRingTest(int n, uint64_t seed) {
 __global__ void p2pAllToAll(DevComm dc, p2p::Fifo fifo, Window src, size_t slot, size_t bytes, uint8_t* dst,
                             int* failed) {
   const int n = dc.nRanks, p = blockIdx.x % n;
-  p2p::Endpoint ep(Net<kBackendLsa>(dc, p % dc.nContexts), fifo, p);
+  p2p::Endpoint ep(Net<kBackendLsa | kBackendProxy>(dc, p % dc.nContexts), fifo, p);
   const bool ok = blockIdx.x < n ? ep.send(CoopBlock{}, p, src, size_t(p) * slot, bytes)
                                  : ep.recv(CoopBlock{}, p, dst + size_t(p) * slot, bytes);
   if (!ok && threadIdx.x == 0) atomicAdd(failed, 1);
@@ -356,7 +356,7 @@ void p2pAllToAllTest(int n) {
 }
 
 __global__ void p2pNever(DevComm dc, p2p::Fifo fifo, uint8_t* dst, int* toldOk) {
-  p2p::Endpoint ep(Net<kBackendLsa>(dc, 1), fifo);
+  p2p::Endpoint ep(Net<kBackendLsa | kBackendProxy>(dc, 1), fifo);
   if (ep.recv(CoopBlock{}, 0, dst, 100)) atomicAdd(toldOk, 1);
 }
 }  // namespace
@@ -414,7 +414,7 @@ namespace {
 template <class T>
 __global__ void allReduceKernel(DevComm dc, p2p::Fifo fifo, Window w, size_t count, T* tmp, size_t tmpElts,
                                 int* failed) {
-  p2p::Endpoint ep(Net<kBackendLsa>(dc, 0), fifo);
+  p2p::Endpoint ep(Net<kBackendLsa | kBackendProxy>(dc, 0), fifo);
   if (!ginex::ringAllReduce(CoopBlock{}, ep, w, 0, count, tmp, tmpElts, ginex::Sum{}) && threadIdx.x == 0)
     atomicAdd(failed, 1);
 }

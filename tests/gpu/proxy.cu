@@ -173,7 +173,7 @@ __global__ void badWindowThenWait(DevComm dc, int* toldOk) {
     d.srcWindow = 9999;
     d.bytes = 8;
     d.counterId = kProxyNoCounter;
-    proxy::push(dc, 0, d);
+    proxy::push(dc, 0, d, true);
   }
   Net net(dc, 0);
   if (net.waitSignal(CoopBlock{}, 5, 1)) atomicAdd(toldOk, 1);

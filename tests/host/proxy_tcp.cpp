@@ -654,7 +654,7 @@ TEST_CASE("tcp wire: the sender refuses a descriptor whose range the receiver wo
           d.dstOffset = 250;  // 8 bytes from 250: past the 256-byte window (Net would have refused it first)
           d.bytes = 8;
           d.counterId = kProxyNoCounter;
-          expect(proxy::push(dc, 0, d), "push");
+          expect(proxy::push(dc, 0, d, true), "push");
           expect(comm.proxyEngine()->quiesce(5'000'000'000ull), "quiesce");
           expect(comm.proxyEngine()->rejected() == 1, "not rejected by the engine");
           msg = checkMessage(comm);

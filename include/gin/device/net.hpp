@@ -98,7 +98,11 @@ class Net {
         d.srcWindow = loadConst(&srcWin.dev->id);
         d.srcOffset = srcOffset;
         d.bytes = bytes;
-        proxyPush(coop, d);
+        if (bytes > kProxyMaxBytes) {
+          recordError(*c_, Op::BadArgument, world, ctx_, d.dstWindow, bytes, kProxyMaxBytes);
+          return;
+        }
+        proxyPush(coop, d, alreadyReleased);
         return;
       }
     }
@@ -146,7 +150,7 @@ class Net {
         d.srcOffset = 0;
         for (size_t i = 0; i < sizeof(T); ++i) d.srcOffset |= uint64_t(vb[i]) << (8 * i);
         d.bytes = sizeof(T);
-        proxyPush(coop, d);
+        proxyPush(coop, d, alreadyReleased);
         return;
       }
     }
@@ -183,7 +187,7 @@ class Net {
       if (viaProxy(world)) {
         const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, None{});
         // No action (None, or a bad id already recorded): nothing to carry.
-        if (d.action != uint8_t(ProxyAction::None)) proxyPush(coop, d);
+        if (d.action != uint8_t(ProxyAction::None)) proxyPush(coop, d, alreadyReleased);
         return;
       }
     }
@@ -352,7 +356,7 @@ class Net {
         d.action = uint8_t(ProxyAction::Add);
         d.signalId = id;
         d.signalValue = 1;
-        proxyPush(CoopThread{}, d);
+        proxyPush(CoopThread{}, d, Scope::Thread);  // a barrier releases
         return;
       }
     }
@@ -386,20 +390,13 @@ class Net {
   // reaches is recorded as an error.
   GIN_HD void noTransport(int world) const { recordError(*c_, Op::NoTransport, world, ctx_, 0, 0, 0); }
 
-  // Proxy forced for every peer (a parameter-space load; compiled out of
-  // kernels without the proxy backend, so the lsa path does not pay it).
-  GIN_HD bool proxyForced() const {
-    if constexpr ((Backends & kBackendProxy) != 0)
-      return c_->proxyAll != 0;
-    else
-      return false;
-  }
+  // Proxy forced for every peer (a parameter-space load). Read by every Net,
+  // also one compiled without the proxy backend: on such a communicator the
+  // lsa path is not set up (GPU ranks keep their signals in host memory), so
+  // that Net must record NoTransport rather than take it.
+  GIN_HD bool proxyForced() const { return c_->proxyAll != 0; }
   // A network transport forced for every peer, lsa members included.
-  GIN_HD bool netForced() const {
-    if constexpr ((Backends & kBackendIbgda) != 0)
-      if (c_->ibgdaAll != 0) return true;
-    return proxyForced();
-  }
+  GIN_HD bool netForced() const { return c_->ibgdaAll != 0 || proxyForced(); }
   GIN_HD bool viaIbgda(int world) const {
     return c_->ibgda != nullptr && loadConst(c_->peerTransport + world) == uint8_t(Transport::Ibgda);
   }
@@ -475,12 +472,14 @@ class Net {
     }
     return d;
   }
-  // The coop's writes (the put's source) are ordered before the push by the
-  // sync; one thread pushes, and its release of the sequence word publishes them.
+  // The coop's writes (the put's source, the data a signal publishes) are
+  // ordered before the push by the sync; one thread pushes, with a
+  // system-scope fence first unless the caller already released at system
+  // scope.
   template <class Coop>
-  GIN_HD void proxyPush(Coop coop, const ProxyDesc& d) const {
+  GIN_HD void proxyPush(Coop coop, const ProxyDesc& d, Scope alreadyReleased) const {
     coop.sync();
-    if (coop.rank() == 0) (void)proxy::push(*c_, ctx_, d);
+    if (coop.rank() == 0) (void)proxy::push(*c_, ctx_, d, alreadyReleased != Scope::System);
   }
 
   GIN_HD bool waitSignalValue(uint32_t signal, uint64_t least, int bits, MemoryOrder order, Op op) const {

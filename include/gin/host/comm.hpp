@@ -159,8 +159,8 @@ class Comm {
                   std::to_string(cfg.nContexts) + ", " + std::to_string(cfg.nBarriers) + ", " +
                   std::to_string(cfg.nSignals) + ", " + std::to_string(cfg.nCounters) + ")");
     if (cfg.proxy.ringSlots < 2 || (cfg.proxy.ringSlots & (cfg.proxy.ringSlots - 1)) != 0 ||
-        cfg.proxy.ringSlots > (1u << 24) || cfg.proxy.batch < 1)
-      throw Error("CommConfig::proxy: ringSlots must be a power of two in [2, 2^24] and batch >= 1 (got " +
+        cfg.proxy.ringSlots > kProxyMaxSlots || cfg.proxy.batch < 1)
+      throw Error("CommConfig::proxy: ringSlots must be a power of two in [2, 2^15] and batch >= 1 (got " +
                   std::to_string(cfg.proxy.ringSlots) + ", " + std::to_string(cfg.proxy.batch) + ")");
     if (cfg_.timeoutNs == 0) cfg_.timeoutNs = detail::envTimeoutNs();
     cfg_.transport = detail::envTransport(cfg_.transport);
@@ -672,7 +672,7 @@ class Comm {
   // memory on GPUs). Tickets and hints get a 64-byte line each.
   void buildRings() {
     const size_t nCtx = size_t(cfg_.nContexts), nSlots = cfg_.proxy.ringSlots;
-    const size_t slotBytes = nCtx * nSlots * sizeof(ProxyDesc), consumedAt = slotBytes;
+    const size_t slotBytes = nCtx * nSlots * sizeof(ProxySlot), consumedAt = slotBytes;
     ringMem_ = HostMappedBuffer(gpu_, slotBytes + nCtx * 64 + 64);
     ringPad_ = (64 - reinterpret_cast<uintptr_t>(ringMem_.host()) % 64) % 64;
     const size_t headsAt = ringHeadsAt(), hintsAt = headsAt + nCtx * 64;
@@ -680,7 +680,7 @@ class Comm {
     std::vector<ProxyRingDev> rings(nCtx);
     char* dev = static_cast<char*>(ringMem_.device()) + ringPad_;
     for (size_t i = 0; i < nCtx; ++i) {
-      rings[i].slots = reinterpret_cast<ProxyDesc*>(dev) + i * nSlots;
+      rings[i].slots = reinterpret_cast<ProxySlot*>(dev) + i * nSlots;
       rings[i].consumed = reinterpret_cast<uint64_t*>(dev + consumedAt + i * 64);
       rings[i].head = reinterpret_cast<uint64_t*>(ringTable_.data() + headsAt + i * 64);
       rings[i].consumedHint = reinterpret_cast<uint64_t*>(ringTable_.data() + hintsAt + i * 64);
@@ -722,8 +722,8 @@ class Comm {
     const size_t headsAt = ringHeadsAt();
     std::vector<ProxyEngine::Ring> rings(nCtx);
     for (size_t i = 0; i < nCtx; ++i) {
-      rings[i].slots = reinterpret_cast<ProxyDesc*>(host) + i * nSlots;
-      rings[i].consumed = reinterpret_cast<uint64_t*>(host + nCtx * nSlots * sizeof(ProxyDesc) + i * 64);
+      rings[i].slots = reinterpret_cast<ProxySlot*>(host) + i * nSlots;
+      rings[i].consumed = reinterpret_cast<uint64_t*>(host + nCtx * nSlots * sizeof(ProxySlot) + i * 64);
       rings[i].head = reinterpret_cast<const uint64_t*>(ringTable_.data() + headsAt + i * 64);
       rings[i].nSlots = uint32_t(nSlots);
     }

@@ -46,7 +46,7 @@ enum class ProxyWire : uint8_t { Auto = 0, Local = 1, Tcp = 2, Verbs = 3 };
 // give the core back within ~a millisecond of going idle, which matters when
 // CPU ranks and their engines outnumber the cores.
 struct ProxyConfig {
-  uint32_t ringSlots = 1024;  // descriptors per context ring; a power of two >= 2
+  uint32_t ringSlots = 1024;  // descriptors per context ring; a power of two in [2, 2^15]
   uint32_t spinPolls = 2048;  // idle passes spent spinning (pause instruction) ...
   uint32_t yieldPolls = 256;  // ... then yielding the core ...
   uint32_t sleepUs = 50;      // ... then sleeping this long between passes
@@ -329,7 +329,7 @@ class ProxyEngine {
  public:
   // A context ring as the host sees it (host addresses).
   struct Ring {
-    ProxyDesc* slots;
+    ProxySlot* slots;
     uint64_t* consumed;
     const uint64_t* head;
     uint32_t nSlots;
@@ -452,9 +452,9 @@ class ProxyEngine {
     uint64_t& next = next_[size_t(ctx)];
     size_t did = 0;
     while (did < cfg_.batch) {
-      ProxyDesc* s = r.slots + (next & (r.nSlots - 1));
-      if (atomicLoad(&s->seq, MemoryOrder::Acquire) != next + 1) break;
-      const ProxyDesc d = *s;  // the producer does not touch the slot until `consumed` passes it
+      // The producer does not touch the slot again until `consumed` passes it.
+      ProxyDesc d;
+      if (!proxyUnpack(r.slots + (next & (r.nSlots - 1)), next, &d)) break;
       execute(ctx, d);
       ++next;
       ++did;

@@ -27,6 +27,13 @@
 //    stored last with release order. It never overruns the CQ: a QP whose CQ
 //    is full (per the CQ doorbell record) waits.
 //
+// Device memory: a region added with device = true (GPU windows of GPU
+// ranks) is reached through the copy function given to setDeviceCopy (the
+// ibgda transport passes a synchronous cudaMemcpy on its own stream), so a
+// WRITE's payload has landed before its CQE and before any later WQE's
+// effect. Atomics need host memory (the Comm keeps GPU ranks' signal arrays
+// there); an atomic aimed at a device region fails with a remote access error.
+//
 // Sink mode only completes: every WQE gets a success CQE without being read
 // beyond its control segment, so a benchmark measures posting cost alone.
 #pragma once
@@ -35,6 +42,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -90,14 +98,19 @@ class SoftNic {
   // Memory regions. Local regions (lkey) are this NIC's own; a remote region
   // (peer, rkey) is a peer's registered memory: `addr` is the address the peer
   // advertised (what WQEs carry), `map` where those bytes are in this process.
-  void addLocalRegion(uint32_t lkey, uint64_t addr, uint64_t bytes, char* map) {
+  // device: `map` is device memory, reached through the device copy.
+  void addLocalRegion(uint32_t lkey, uint64_t addr, uint64_t bytes, char* map, bool device = false) {
     std::lock_guard<std::mutex> lk(mu_);
-    regions_[regionKey(-1, lkey)] = Region{addr, bytes, map};
+    regions_[regionKey(-1, lkey)] = Region{addr, bytes, map, device};
   }
-  void addRemoteRegion(int peer, uint32_t rkey, uint64_t addr, uint64_t bytes, char* map) {
+  void addRemoteRegion(int peer, uint32_t rkey, uint64_t addr, uint64_t bytes, char* map, bool device = false) {
     std::lock_guard<std::mutex> lk(mu_);
-    regions_[regionKey(peer, rkey)] = Region{addr, bytes, map};
+    regions_[regionKey(peer, rkey)] = Region{addr, bytes, map, device};
   }
+  // Before start(): how to copy when either side is device memory; returns
+  // once the bytes have landed.
+  using DeviceCopy = std::function<void(void* dst, const void* src, size_t n)>;
+  void setDeviceCopy(DeviceCopy copy) { deviceCopy_ = std::move(copy); }
   void removeLocalRegion(uint32_t lkey) {
     std::lock_guard<std::mutex> lk(mu_);
     regions_.erase(regionKey(-1, lkey));
@@ -154,6 +167,7 @@ class SoftNic {
   struct Region {
     uint64_t addr = 0, bytes = 0;
     char* map = nullptr;
+    bool device = false;
   };
   struct QpState {
     Qp qp;
@@ -173,18 +187,23 @@ class SoftNic {
   std::vector<QpState> qps_;
   std::mutex mu_;
   std::map<uint64_t, Region> regions_;
+  DeviceCopy deviceCopy_;
   std::atomic<bool> stop_{false}, paused_{false}, done_{false};
   std::atomic<uint64_t> executed_{0}, errors_{0}, parks_{0};
   std::thread thread_;
 
   static uint64_t regionKey(int peer, uint32_t key) { return (uint64_t(uint32_t(peer + 1)) << 32) | key; }
 
-  // [addr, addr+bytes) inside a region: its address in this process, or nullptr.
-  char* resolve(int peer, uint32_t key, uint64_t addr, uint64_t bytes) const {
+  // [addr, addr+bytes) inside a region: its address in this process, or
+  // nullptr (also for device memory when no device copy was given). *device:
+  // whether it is device memory.
+  char* resolve(int peer, uint32_t key, uint64_t addr, uint64_t bytes, bool* device = nullptr) const {
     auto it = regions_.find(regionKey(peer, key));
     if (it == regions_.end()) return nullptr;
     const Region& r = it->second;
     if (addr < r.addr || addr - r.addr > r.bytes || bytes > r.bytes - (addr - r.addr)) return nullptr;
+    if (r.device && !deviceCopy_) return nullptr;
+    if (device) *device = r.device;
     return r.map + (addr - r.addr);
   }
 
@@ -304,9 +323,14 @@ class SoftNic {
           const uint32_t n = mlx5::inlineBytes(h);
           if (n > mlx5::kMaxInlineInOneBB || ds != mlx5::dsInline(n))
             return complete(q, mlx5::kSynLocalQpOpErr, op, true);
-          char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n);
+          bool dstDevice = false;
+          char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n, &dstDevice);
           if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
-          if (n == 8 && (raddr & 7) == 0) {
+          if (dstDevice) {
+            uint8_t bytes[mlx5::kMaxInlineInOneBB];
+            std::memcpy(bytes, w + 36, n);
+            if (n) deviceCopy_(dst, bytes, n);
+          } else if (n == 8 && (raddr & 7) == 0) {
             // An aligned 8-byte write (SignalSet): one store, release, so a
             // waiter's acquire load sees earlier WQEs' payload.
             uint64_t v;
@@ -321,11 +345,15 @@ class SoftNic {
         mlx5::DataSeg d;
         std::memcpy(&d, w + 32, 16);
         const uint32_t n = mlx5::dataBytes(d);
-        const char* src = resolve(-1, mlx5::dataKey(d), mlx5::dataAddr(d), n);
+        bool srcDevice = false, dstDevice = false;
+        const char* src = resolve(-1, mlx5::dataKey(d), mlx5::dataAddr(d), n, &srcDevice);
         if (!src) return complete(q, mlx5::kSynLocalProtErr, op, true);
-        char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n);
+        char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n, &dstDevice);
         if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
-        if (n) std::memmove(dst, src, n);
+        if (n && (srcDevice || dstDevice))
+          deviceCopy_(dst, src, n);
+        else if (n)
+          std::memmove(dst, src, n);
         return complete(q, 0, op, false, wantCqe);
       }
       case mlx5::kOpAtomicFa:
@@ -338,12 +366,13 @@ class SoftNic {
         std::memcpy(&a, w + 32, 16);
         std::memcpy(&d, w + 48, 16);
         if (mlx5::dataBytes(d) != 8) return complete(q, mlx5::kSynLocalLengthErr, op, true);
-        char* ret = resolve(-1, mlx5::dataKey(d), mlx5::dataAddr(d), 8);
-        if (!ret) return complete(q, mlx5::kSynLocalProtErr, op, true);
+        bool retDevice = false, dstDevice = false;
+        char* ret = resolve(-1, mlx5::dataKey(d), mlx5::dataAddr(d), 8, &retDevice);
+        if (!ret || retDevice) return complete(q, mlx5::kSynLocalProtErr, op, true);
         const uint64_t raddr = mlx5::raddrAddr(r);
         if (raddr & 7) return complete(q, mlx5::kSynRemoteInvalReqErr, op, true);
-        char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, 8);
-        if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
+        char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, 8, &dstDevice);
+        if (!dst || dstDevice) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
         uint64_t* word = reinterpret_cast<uint64_t*>(dst);
         uint64_t old;
         // Release: earlier WQEs' payload is visible before the new value

@@ -28,35 +28,92 @@ enum class ProxyAction : uint8_t { None = 0, Add = 1, Set = 2 };
 
 inline constexpr uint32_t kProxyNoCounter = ~uint32_t(0);
 
-// One operation. 64 bytes: one cache line, four 16-byte stores on a GPU.
-// `seq` is written last with release order and equals ticket + 1 when the
-// descriptor in the slot is complete, so the consumer never reads a half
-// written one and a stale descriptor from the previous lap never matches.
-struct alignas(64) ProxyDesc {
-  uint8_t op;      // ProxyOp
-  uint8_t action;  // ProxyAction: remote action after the payload
-  uint8_t pad0[2];
+// One operation, as the engine reads it back from its slot.
+struct ProxyDesc {
+  uint8_t op;          // ProxyOp
+  uint8_t action;      // ProxyAction: remote action after the payload
   int32_t peer;        // world rank
   uint32_t dstWindow;  // WindowDev::id
   uint32_t srcWindow;  // WindowDev::id (Put)
   uint64_t dstOffset;
   uint64_t srcOffset;  // Put: offset in srcWindow; PutValue: the value's bytes
-  uint64_t bytes;      // Put: any; PutValue: 1..8; Signal: 0
+  uint64_t bytes;      // Put: < 2^48; PutValue: 1..8; Signal: 0
   uint64_t signalValue;
   uint32_t signalId;
   uint32_t counterId;  // kProxyNoCounter: none
-  uint64_t seq;        // ticket + 1, written last
 };
-static_assert(sizeof(ProxyDesc) == 64, "a proxy descriptor is one 64-byte line");
 static_assert(std::is_trivially_copyable_v<ProxyDesc>);
+
+inline constexpr uint64_t kProxyMaxBytes = (uint64_t(1) << 48) - 1;  // one descriptor's put
+inline constexpr uint32_t kProxyMaxSlots = 1u << 15;                 // the tags are 16 bits
+
+// A ring slot: one 64-byte line, written by a GPU as four 16-byte stores
+// (chunk k = words 2k, 2k+1). Every chunk carries the same 16-bit tag, the low
+// bits of ticket + 1, in the low bits of its first word, so the consumer
+// accepts the slot once all four chunks carry its ticket's tag: no chunk can
+// be half written (a 16-byte aligned store arrives as one PCIe write, applied
+// to the line at once; on CPU ranks the tag word is stored after its
+// partner with release) and a chunk left from an earlier lap carries a tag
+// nSlots (< 2^16) smaller. Rings start zeroed at ticket 0, so slot i is
+// first used by ticket i < 2^15, whose tag is not 0. The producer needs no fence between the stores
+// and the flag, which on a GPU would wait for the slot's PCIe writes.
+//   w0: tag | op << 16 | action << 24 | uint32(peer) << 32    w1: dstOffset
+//   w2: tag | dstWindow << 16                                  w3: srcOffset
+//   w4: tag | bytes << 16 (48 bits)                            w5: signalValue
+//   w6: tag | srcWindow << 16                                  w7: signalId | counterId << 32
+struct alignas(64) ProxySlot {
+  uint64_t w[8];
+};
+static_assert(sizeof(ProxySlot) == 64, "a proxy slot is one 64-byte line");
+
+GIN_HD inline uint16_t proxyTag(uint64_t ticket) { return uint16_t(ticket + 1); }
+
+GIN_HD inline void proxyPack(const ProxyDesc& d, uint16_t tag, uint64_t w[8]) {
+  w[0] = tag | uint64_t(d.op) << 16 | uint64_t(d.action) << 24 | uint64_t(uint32_t(d.peer)) << 32;
+  w[1] = d.dstOffset;
+  w[2] = tag | uint64_t(d.dstWindow) << 16;
+  w[3] = d.srcOffset;
+  w[4] = tag | (d.bytes & kProxyMaxBytes) << 16;
+  w[5] = d.signalValue;
+  w[6] = tag | uint64_t(d.srcWindow) << 16;
+  w[7] = uint64_t(d.signalId) | uint64_t(d.counterId) << 32;
+}
+
+// The consumer's read of slot `s` for ticket `ticket`: false while any chunk
+// lacks the ticket's tag. Each tag word is loaded with acquire before its
+// partner word.
+GIN_HD inline bool proxyUnpack(const ProxySlot* s, uint64_t ticket, ProxyDesc* d) {
+  const uint16_t tag = proxyTag(ticket);
+  uint64_t w[8];
+  // The last chunk first: a producer stores the chunks in order, so when it
+  // is here the others usually are, and a line still arriving is not re-read
+  // once per chunk.
+  for (int k : {3, 0, 1, 2}) {
+    w[2 * k] = atomicLoad<Scope::System>(&s->w[2 * k], MemoryOrder::Acquire);
+    if (uint16_t(w[2 * k]) != tag) return false;
+    w[2 * k + 1] = atomicLoad<Scope::System>(&s->w[2 * k + 1], MemoryOrder::Relaxed);
+  }
+  d->op = uint8_t(w[0] >> 16);
+  d->action = uint8_t(w[0] >> 24);
+  d->peer = int32_t(uint32_t(w[0] >> 32));
+  d->dstOffset = w[1];
+  d->dstWindow = uint32_t(w[2] >> 16);
+  d->srcOffset = w[3];
+  d->bytes = w[4] >> 16;
+  d->signalValue = w[5];
+  d->srcWindow = uint32_t(w[6] >> 16);
+  d->signalId = uint32_t(w[7]);
+  d->counterId = uint32_t(w[7] >> 32);
+  return true;
+}
 
 // A context's ring as the producers see it.
 struct ProxyRingDev {
-  ProxyDesc* slots;        // [nSlots] (mapped pinned host memory on GPUs)
+  ProxySlot* slots;        // [nSlots] (mapped pinned host memory on GPUs)
   uint64_t* head;          // next ticket; producers fetch-add it (device memory on GPUs)
   uint64_t* consumed;      // descriptors the host has finished; host writes with release
   uint64_t* consumedHint;  // [2]: a recent value of *consumed, and its refresher's lock (device memory on GPUs)
-  uint32_t nSlots;         // power of two
+  uint32_t nSlots;         // power of two, at most kProxyMaxSlots
   uint32_t pad;
 };
 static_assert(std::is_trivially_copyable_v<ProxyRingDev>);
@@ -97,43 +154,43 @@ GIN_HD bool waitForConsumer(const DevComm& c, const ProxyRingDev* ring, Ready re
 }
 
 // Push one descriptor into context `ctx`'s ring: claim a ticket, wait (bounded)
-// for its slot to be free, fill it, publish it. Any number of threads may push
-// at once. Returns false if the wait gave up (error record: Op::ProxyFull);
-// the claimed ticket is then never published, so the ring stays stuck behind
-// it — the communicator is already failed at that point.
-GIN_HD inline bool push(const DevComm& c, int ctx, const ProxyDesc& d) {
+// for its slot to be free, fill it. Any number of threads may push at once.
+// release: first make the calling thread's earlier writes (and, after a coop
+// sync, its coop's) visible at system scope, for a put's source or the data a
+// signal publishes; a caller that already released passes false. Returns false
+// if the wait gave up (error record: Op::ProxyFull); the claimed ticket is then
+// never filled, so the ring stays stuck behind it — the communicator is
+// already failed at that point.
+GIN_HD inline bool push(const DevComm& c, int ctx, const ProxyDesc& d, bool release) {
   const ProxyRingDev* ring = c.proxyRings + ctx;
-  ProxyDesc* slots = loadConst(&ring->slots);
+  ProxySlot* slots = loadConst(&ring->slots);
   uint64_t* head = loadConst(&ring->head);
   const uint64_t n = loadConst(&ring->nSlots);
   const uint64_t ticket = atomicFetchAdd<Scope::Device>(head, uint64_t(1), MemoryOrder::Relaxed);
   // The slot is free once fewer than nSlots descriptors are ahead of us. The
   // unsigned difference is exact across 2^64 wrap (consumed never passes an
-  // unpublished ticket, so it is at most `ticket`). While the ring has room
+  // unfilled ticket, so it is at most `ticket`). While the ring has room
   // the first look at the hint answers, with no PCIe read.
   if (!waitForConsumer(
           c, ring, [&](uint64_t v) { return ticket - v < n; },
           detail::WaitWhat{Op::ProxyFull, d.peer, ctx, ticket, ticket - n + 1}))
     return false;
-  ProxyDesc* s = slots + (ticket & (n - 1));
-  // Three 16-byte stores and one 8-byte store (the slot is 64-byte aligned),
-  // then the sequence word.
   uint64_t w[8];
-  static_assert(sizeof(w) == sizeof(ProxyDesc));
-  std::memcpy(w, &d, sizeof(w));
-  w[0] &= ~(uint64_t(0xffff) << 16);  // pad0
-  uint64_t* out = reinterpret_cast<uint64_t*>(s);
+  proxyPack(d, proxyTag(ticket), w);
+  uint64_t* out = slots[ticket & (n - 1)].w;
+  if (release) fence<Scope::System>();
 #if GIN_DEVICE_CODE
-  reinterpret_cast<ulonglong2*>(out)[0] = make_ulonglong2(w[0], w[1]);
-  reinterpret_cast<ulonglong2*>(out)[1] = make_ulonglong2(w[2], w[3]);
-  reinterpret_cast<ulonglong2*>(out)[2] = make_ulonglong2(w[4], w[5]);
-  out[6] = w[6];
+  // Four 16-byte system-scope stores (write-through to host memory), no fence
+  // after them: the tags say when the slot is complete.
+  for (int k = 0; k < 4; ++k)
+    asm volatile("st.relaxed.sys.global.v2.u64 [%0], {%1, %2};" ::"l"(out + 2 * k), "l"(w[2 * k]), "l"(w[2 * k + 1])
+                 : "memory");
 #else
-  for (int i = 0; i < 7; ++i) out[i] = w[i];
+  for (int k = 0; k < 4; ++k) {
+    atomicStore<Scope::System>(out + 2 * k + 1, w[2 * k + 1], MemoryOrder::Relaxed);
+    atomicStore<Scope::System>(out + 2 * k, w[2 * k], MemoryOrder::Release);
+  }
 #endif
-  // Release at system scope: the descriptor (and the caller's source data)
-  // is visible to the host before the sequence word says the slot is valid.
-  atomicStore<Scope::System>(&s->seq, ticket + 1, MemoryOrder::Release);
   return true;
 }
 
