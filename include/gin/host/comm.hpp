@@ -950,8 +950,7 @@ class Comm {
     }
     if (ibgda_)
       s += "; ibgda: " + std::to_string(cfg_.nContexts) + " QPs per peer x " +
-           std::to_string(ibgda_->config().qpDepth) + " WQEs, " +
-           (ibgda_->nic().mode() == SoftNic::Mode::Sink ? "soft NIC (sink)" : "soft NIC");
+           std::to_string(ibgda_->config().qpDepth) + " WQEs, " + ibgda_->nicName();
     std::fprintf(stderr, "%s\n", s.c_str());
   }
 

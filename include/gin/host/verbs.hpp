@@ -186,6 +186,10 @@ inline Port openPort(const std::string& specText, const std::string& hint, const
   bool named = false;
   for (int i = 0; i < n; ++i) named = named || (!spec.name.empty() && spec.name == ibv_get_device_name(list[i]));
   if (!spec.name.empty() && !named) throw Error("GIN_IB_DEVICE=" + specText + ": no such device (found: " + seen + ")");
+  bool namedCandidate = false;
+  for (int i : candidates) namedCandidate = namedCandidate || spec.name == ibv_get_device_name(list[i]);
+  if (!spec.name.empty() && !namedCandidate)
+    throw Error("GIN_IB_DEVICE=" + specText + " is not a " + kind + " device (found: " + seen + "); " + hint);
   if (candidates.empty()) throw Error("no " + kind + " device among the RDMA devices found (" + seen + "); " + hint);
   std::string tried;
   for (int i : candidates) {
@@ -214,8 +218,6 @@ inline Port openPort(const std::string& specText, const std::string& hint, const
     if (spec.port && spec.port > int(da.phys_port_cnt))
       throw Error("GIN_IB_DEVICE=" + specText + ": " + name + " has " + std::to_string(da.phys_port_cnt) + " port(s)");
   }
-  if (tried.empty())  // the spec names a device `order` left out
-    throw Error("GIN_IB_DEVICE=" + specText + " is not a " + kind + " device (found: " + seen + "); " + hint);
   throw Error("no active RDMA port on " + tried + " (ibv_devinfo shows port states); " + hint + ", or bring a port up");
 }
 
