@@ -7,11 +7,26 @@
 // to a destroyed QP fails with "retry exceeded" and moves the QP to error.
 // It says nothing about real hardware (PCIe ordering, MTU, timing).
 //
+// The mlx5dv entry points the ibgda transport's mlx5 NIC uses
+// (gin/host/ibgda_mlx5.hpp) are modelled too: mlx5dv_init_obj hands out host
+// buffers for a QP's send queue, doorbell record and UAR word and a CQ's
+// entries and doorbell record, and once the QP is RTS a gin::SoftNic (one per
+// QP) consumes that send queue as the "hardware": it reads WQEs, resolves
+// lkeys against this context's MRs and rkeys against the destination's, and
+// writes CQEs. The model checks the teardown order rdma-core enforces (a CQ
+// outlives its QPs, a PD its QPs and MRs, a device its PDs).
+//
 // Include in exactly ONE translation unit of a test executable that does NOT
-// link libibverbs: it defines the library's functions itself.
+// link libibverbs (or libmlx5): it defines the libraries' functions itself.
 #pragma once
 
+#include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
+
+#include <memory>
+#include <set>
+
+#include "gin/host/soft_nic.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -37,6 +52,14 @@ struct Control {
   std::atomic<uint64_t> opened{
       0};  // ibv_open_device calls  // SENDs wait forever and no error comes back (a stuck peer)
   std::string lastBadAttr;
+  // mlx5: whether the device is one (mlx5dv_is_supported), its atomic
+  // capability, and geometry faults to inject.
+  bool mlx5 = true;
+  ibv_atomic_cap atomicCap = IBV_ATOMIC_HCA;
+  uint32_t forceCqeSize = 0;             // nonzero: CQEs of this size whatever was asked
+  uint32_t extraSqFactor = 1;            // the send queue gets this many times the WQEBBs asked for
+  std::atomic<uint64_t> mlx5Qps{0};      // QPs that reached RTS with a soft NIC behind them
+  std::atomic<uint64_t> nicExecuted{0};  // WQEs those soft NICs executed (counted when their QP goes)
 };
 inline Control ctl;
 
@@ -46,9 +69,16 @@ struct Cqe {
   uint32_t retires;
 };
 struct Cq {
-  ibv_cq cq{};
+  union {
+    ibv_cq cq;
+    ibv_cq_ex cqx;  // mlx5dv_create_cq hands out the extended struct
+  };
   std::deque<Cqe> q;
   int capacity = 0;
+  // mlx5dv_init_obj view (mlx5dv_create_cq CQs)
+  uint32_t cqeCnt = 0, cqeSize = 64;
+  std::unique_ptr<uint64_t[]> buf, dbrec;
+  Cq() { std::memset(&cqx, 0, sizeof cqx); }
 };
 struct Qp {
   ibv_qp qp{};
@@ -59,6 +89,10 @@ struct Qp {
   std::deque<ibv_recv_wr> rq;
   std::deque<std::pair<ibv_send_wr, std::vector<char>>> blocked;  // waiting behind an RNR'd SEND
   std::deque<ibv_sge> rqSge;
+  // mlx5dv_init_obj view and the soft NIC behind it
+  uint32_t wqeCnt = 0;
+  std::unique_ptr<uint64_t[]> sq, dbrec, uar;
+  std::unique_ptr<gin::SoftNic> nic;
 };
 struct Mr {
   ibv_mr mr{};
@@ -68,6 +102,8 @@ struct Mr {
 inline std::recursive_mutex mu;
 inline std::map<uint32_t, Qp*> qps;  // by qp_num
 inline std::map<uint32_t, Mr*> mrs;  // by key
+inline std::set<ibv_pd*> pds;
+inline std::set<Cq*> cqs;
 inline uint32_t nextQpn = 100, nextKey = 7;
 
 inline void badAttr(const std::string& what) {
@@ -84,6 +120,43 @@ inline Mr* region(uint32_t key, uint64_t addr, uint64_t len) {
   const uint64_t b = uint64_t(uintptr_t(it->second->mr.addr));
   if (addr < b || len > it->second->mr.length || addr - b > it->second->mr.length - len) return nullptr;
   return it->second;
+}
+
+inline uint32_t roundUpPow2(uint32_t v) {
+  uint32_t r = 1;
+  while (r < v) r <<= 1;
+  return r;
+}
+// The regions the soft NIC of QP `q` resolves: MRs of its own context
+// (lkeys), and remote-writable MRs of its destination's context (rkeys,
+// peer 0 in the soft NIC's terms). Caller holds mu.
+inline void addRegions(Qp* q, Mr* m) {
+  if (!q->nic) return;
+  auto d = qps.find(q->dest);
+  char* a = static_cast<char*>(m->mr.addr);
+  if (m->mr.context == q->qp.context) q->nic->addLocalRegion(m->mr.lkey, uint64_t(uintptr_t(a)), m->mr.length, a);
+  if (d != qps.end() && m->mr.context == d->second->qp.context && (m->access & IBV_ACCESS_REMOTE_WRITE))
+    q->nic->addRemoteRegion(0, m->mr.rkey, uint64_t(uintptr_t(a)), m->mr.length, a);
+}
+// QP `q` reached RTS and has mlx5dv buffers: a soft NIC consumes its send queue.
+inline void startNic(Qp* q) {
+  Cq* c = q->scq;
+  if (!q->sq || !c->buf) return badAttr("an mlx5 QP at RTS without mlx5dv_init_obj of its CQ");
+  q->nic = std::make_unique<gin::SoftNic>();
+  gin::SoftNic::Qp v;
+  v.sq = reinterpret_cast<uint8_t*>(q->sq.get());
+  v.nWqe = q->wqeCnt;
+  v.dbrec = reinterpret_cast<const uint32_t*>(q->dbrec.get());
+  v.uar = q->uar.get();
+  v.cq = reinterpret_cast<gin::mlx5::Cqe64*>(c->buf.get());
+  v.nCqe = c->cqeCnt;
+  v.cqDbrec = reinterpret_cast<const uint32_t*>(c->dbrec.get());
+  v.qpn = q->qp.qp_num;
+  v.peer = 0;
+  q->nic->addQp(v);
+  for (auto& [k, m] : mrs) addRegions(q, m);
+  q->nic->start();
+  ctl.mlx5Qps++;
 }
 
 inline void completeSend(Qp* s, const ibv_send_wr& wr, ibv_wc_status st) {
@@ -232,6 +305,13 @@ ibv_context* ibv_open_device(ibv_device* dev) {
   return c;
 }
 int ibv_close_device(ibv_context* c) {
+  {
+    std::lock_guard<std::recursive_mutex> lk(mu);
+    for (ibv_pd* p : pds)
+      if (p->context == c) return badAttr("ibv_close_device with a PD still open"), EBUSY;
+    for (Cq* q : cqs)
+      if (q->cq.context == c) return badAttr("ibv_close_device with a CQ still open"), EBUSY;
+  }
   delete reinterpret_cast<verbs_context*>(reinterpret_cast<char*>(c) - offsetof(verbs_context, context));
   return 0;
 }
@@ -242,6 +322,7 @@ int ibv_query_device(ibv_context*, ibv_device_attr* a) {
   a->max_cqe = 1 << 16;
   a->max_qp_rd_atom = 16;
   a->max_qp_init_rd_atom = 16;
+  a->atomic_cap = ctl.atomicCap;
   return 0;
 }
 int(ibv_query_port)(ibv_context*, uint8_t port, _compat_ibv_port_attr* compat) {
@@ -276,19 +357,38 @@ int ibv_query_gid(ibv_context* c, uint8_t port, int index, ibv_gid* gid) {
   return 0;
 }
 ibv_pd* ibv_alloc_pd(ibv_context* c) {
+  std::lock_guard<std::recursive_mutex> lk(mu);
   auto* p = new ibv_pd{};
   p->context = c;
+  pds.insert(p);
   return p;
 }
-int ibv_dealloc_pd(ibv_pd* p) { return delete p, 0; }
+int ibv_dealloc_pd(ibv_pd* p) {
+  std::lock_guard<std::recursive_mutex> lk(mu);
+  for (auto& [n, q] : qps)
+    if (q->qp.pd == p) return badAttr("ibv_dealloc_pd with a QP still on it"), EBUSY;
+  for (auto& [k, m] : mrs)
+    if (m->mr.pd == p) return badAttr("ibv_dealloc_pd with an MR still on it"), EBUSY;
+  pds.erase(p);
+  return delete p, 0;
+}
 ibv_cq* ibv_create_cq(ibv_context* c, int cqe, void*, ibv_comp_channel*, int) {
+  std::lock_guard<std::recursive_mutex> lk(mu);
   auto* q = new Cq;
   q->cq.context = c;
   q->cq.cqe = cqe;
   q->capacity = cqe;
+  cqs.insert(q);
   return &q->cq;
 }
-int ibv_destroy_cq(ibv_cq* c) { return delete reinterpret_cast<Cq*>(c), 0; }
+int ibv_destroy_cq(ibv_cq* c) {
+  std::lock_guard<std::recursive_mutex> lk(mu);
+  Cq* q = reinterpret_cast<Cq*>(c);
+  for (auto& [n, p] : qps)
+    if (p->scq == q || p->rcq == q) return badAttr("ibv_destroy_cq while a QP still uses it"), EBUSY;
+  cqs.erase(q);
+  return delete q, 0;
+}
 ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* a) {
   std::lock_guard<std::recursive_mutex> lk(mu);
   if (a->qp_type != IBV_QPT_RC || a->cap.max_inline_data > 64) return errno = EINVAL, nullptr;
@@ -306,6 +406,13 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* a) {
   return &q->qp;
 }
 int ibv_destroy_qp(ibv_qp* qp) {
+  std::unique_ptr<gin::SoftNic> nic;
+  {
+    std::lock_guard<std::recursive_mutex> lk(mu);
+    nic = std::move(reinterpret_cast<Qp*>(qp)->nic);
+  }
+  if (nic) nic->stop(), ctl.nicExecuted += nic->executed();
+  nic.reset();  // drains what was rung, then stops (outside mu: its thread never takes mu, but be plain)
   std::lock_guard<std::recursive_mutex> lk(mu);
   qps.erase(qp->qp_num);
   delete reinterpret_cast<Qp*>(qp);
@@ -336,7 +443,14 @@ int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
   }
   if (a->qp_state == IBV_QPS_RTS && (a->timeout != 14 || a->retry_cnt != 7 || a->rnr_retry != 7))
     badAttr("timeout/retry/rnr_retry");
+  if (a->qp_state == IBV_QPS_INIT && q->sq &&
+      (a->qp_access_flags & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) !=
+          (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC))
+    badAttr("an mlx5 (ibgda) QP without remote write and remote atomic access");
+  if (a->qp_state == IBV_QPS_RTR && q->sq && a->max_dest_rd_atomic < 1)
+    badAttr("an mlx5 (ibgda) QP that takes no atomics (max_dest_rd_atomic 0)");
   q->qp.state = a->qp_state;
+  if (a->qp_state == IBV_QPS_RTS && q->sq) startNic(q);
   return 0;
 }
 ibv_mr*(ibv_reg_mr)(ibv_pd* pd, void* addr, size_t length, int access) {
@@ -349,6 +463,7 @@ ibv_mr*(ibv_reg_mr)(ibv_pd* pd, void* addr, size_t length, int access) {
   m->mr.lkey = m->mr.rkey = nextKey++;
   m->access = access;
   mrs[m->mr.lkey] = m;
+  for (auto& [n, q] : qps) addRegions(q, m);
   return &m->mr;
 }
 ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t, unsigned int access) {
@@ -357,6 +472,8 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t, unsign
 ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) { return errno = EOPNOTSUPP, nullptr; }
 int ibv_dereg_mr(ibv_mr* m) {
   std::lock_guard<std::recursive_mutex> lk(mu);
+  for (auto& [n, q] : qps)
+    if (q->nic) q->nic->removeLocalRegion(m->lkey), q->nic->removeRemoteRegion(0, m->rkey);
   mrs.erase(m->lkey);
   delete reinterpret_cast<Mr*>(m);
   return 0;
@@ -369,5 +486,56 @@ const char* ibv_wc_status_str(ibv_wc_status s) {
     case IBV_WC_REM_ACCESS_ERR: return "remote access error";
     default: return "other error";
   }
+}
+
+// --- mlx5dv (the parts gin/host/ibgda_mlx5.hpp uses)
+bool mlx5dv_is_supported(ibv_device*) { return ctl.mlx5; }
+ibv_cq_ex* mlx5dv_create_cq(ibv_context* c, ibv_cq_init_attr_ex* a, mlx5dv_cq_init_attr* m) {
+  std::lock_guard<std::recursive_mutex> lk(mu);
+  if (!a || a->cqe < 1) return errno = EINVAL, nullptr;
+  auto* q = new Cq;
+  q->cq.context = c;
+  q->cqeCnt = roundUpPow2(a->cqe + 1);  // what libmlx5 does: room for cqe + 1, a power of two
+  q->cq.cqe = int(q->cqeCnt - 1);
+  q->capacity = int(q->cqeCnt);
+  q->cqeSize = ctl.forceCqeSize                                          ? ctl.forceCqeSize
+               : m && (m->comp_mask & MLX5DV_CQ_INIT_ATTR_MASK_CQE_SIZE) ? m->cqe_size
+                                                                         : 64;
+  cqs.insert(q);
+  return &q->cqx;
+}
+int mlx5dv_init_obj(mlx5dv_obj* obj, uint64_t type) {
+  std::lock_guard<std::recursive_mutex> lk(mu);
+  if (type & MLX5DV_OBJ_QP) {
+    Qp* q = reinterpret_cast<Qp*>(obj->qp.in);
+    if (!q->sq) {
+      q->wqeCnt = roundUpPow2(q->maxSend) * ctl.extraSqFactor;
+      q->sq.reset(new uint64_t[size_t(q->wqeCnt) * 8]());
+      q->dbrec.reset(new uint64_t[8]());
+      q->uar.reset(new uint64_t[512]());  // a 4 KiB "UAR page"
+    }
+    mlx5dv_qp& o = *obj->qp.out;
+    o = mlx5dv_qp{};
+    o.dbrec = reinterpret_cast<__be32*>(q->dbrec.get());
+    o.sq.buf = q->sq.get();
+    o.sq.wqe_cnt = q->wqeCnt;
+    o.sq.stride = 64;
+    o.bf.reg = q->uar.get();
+    o.bf.size = 256;
+  }
+  if (type & MLX5DV_OBJ_CQ) {
+    Cq* c = reinterpret_cast<Cq*>(obj->cq.in);
+    if (!c->buf) {
+      c->buf.reset(new uint64_t[size_t(c->cqeCnt) * c->cqeSize / 8]());
+      c->dbrec.reset(new uint64_t[8]());
+    }
+    mlx5dv_cq& o = *obj->cq.out;
+    o = mlx5dv_cq{};
+    o.buf = c->buf.get();
+    o.dbrec = reinterpret_cast<__be32*>(c->dbrec.get());
+    o.cqe_cnt = c->cqeCnt;
+    o.cqe_size = c->cqeSize;
+  }
+  return 0;
 }
 }

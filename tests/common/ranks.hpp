@@ -55,6 +55,30 @@ inline void runRanks(int n, const std::function<void(gin::Comm&)>& body, gin::Co
       n, [&](int) { return cfg; }, body, bootstrapTimeoutNs);
 }
 
+// Every rank's exception text ("" when it returned) from building a Comm
+// with `cfg` on n rank threads and running body: for failures that must reach
+// every rank (none may hang, each must say why).
+inline std::vector<std::string> rankErrors(int n, const gin::CommConfig& cfg,
+                                           const std::function<void(gin::Comm&)>& body = {}) {
+  gin::BootstrapConfig bcfg;
+  bcfg.timeoutNs = 20'000'000'000ull;
+  gin::InProcessGroup group(n, bcfg);
+  std::vector<std::string> msgs(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        gin::Comm comm(group.rank(r), cfg);
+        if (body) body(comm);
+      } catch (const std::exception& e) {
+        msgs[size_t(r)] = e.what();
+        if (msgs[size_t(r)].empty()) msgs[size_t(r)] = "(empty message)";
+      }
+    });
+  for (auto& t : threads) t.join();
+  return msgs;
+}
+
 // Catch2 assertions are not thread-safe: rank bodies check with expect(),
 // which throws, and the test asserts on the main thread.
 struct Failure : std::runtime_error {

@@ -130,70 +130,8 @@ TEST_CASE("ibgda putValue and signals: inline writes, SignalInc/Add/Set, resets"
   REQUIRE_NOTHROW(runRanks(
       3,
       [](Comm& comm) {
-        const DevComm dc = comm.devComm();
-        const int n = comm.nRanks(), me = comm.rank();
-        const Team world = teamWorld(dc);
-        Window w = comm.allocWindow(64 * size_t(n));
-        auto* mem = static_cast<uint8_t*>(comm.localPointer(w));
-        std::memset(mem, kPoison, 64 * size_t(n));
-        comm.bootstrap().barrier();
-        Net net(dc, 1);
-        for (int p = 0; p < n; ++p) {
-          const size_t base = 64 * size_t(me);
-          net.putValue(world, p, w, base + 0, uint8_t(0x11 + me));
-          net.putValue(world, p, w, base + 2, uint16_t(0x2222 + me));
-          net.putValue(world, p, w, base + 4, uint32_t(0x33333333u + uint32_t(me)));
-          net.putValue(world, p, w, base + 9, uint64_t(0x4444444444444444ull + uint64_t(me)), SignalInc{0});
-          net.signal(world, p, SignalAdd{1, uint64_t(1000 + me)});
-          net.signal(world, p, SignalSet{2, uint64_t(0x7777000000000000ull)});
-          net.signal(world, p, None{});  // nothing posted
-        }
-        expect(net.flush(CoopThread{}), "flush gave up: " + checkMessage(comm));
-        expect(net.waitSignal(CoopThread{}, 0, uint64_t(n)), "SignalInc via putValue");
-        uint64_t sumAdd = 0;
-        for (int p = 0; p < n; ++p) sumAdd += uint64_t(1000 + p);
-        expect(net.waitSignal(CoopThread{}, 1, sumAdd), "SignalAdd");
-        expect(net.waitSignal(CoopThread{}, 2, 0x7777000000000000ull), "SignalSet");
-        expect(net.readSignal(2) == 0x7777000000000000ull, "SignalSet value is host-order");
-        expect(net.readSignal(1) == sumAdd, "SignalAdd value (atomics act on host-order words)");
-        for (int p = 0; p < n; ++p) {
-          const uint8_t* b = mem + 64 * size_t(p);
-          uint16_t v16;
-          uint32_t v32;
-          uint64_t v64;
-          std::memcpy(&v16, b + 2, 2);
-          std::memcpy(&v32, b + 4, 4);
-          std::memcpy(&v64, b + 9, 8);
-          expect(b[0] == uint8_t(0x11 + p) && b[1] == kPoison, "putValue uint8");
-          expect(v16 == uint16_t(0x2222 + p), "putValue uint16");
-          expect(v32 == 0x33333333u + uint32_t(p), "putValue uint32");
-          expect(v64 == 0x4444444444444444ull + uint64_t(p), "putValue uint64 (unaligned)");
-          for (size_t i = 17; i < 64; ++i) expect(b[i] == kPoison, "putValue wrote past its value");
-          expect(b[8] == kPoison, "putValue wrote into the gap");
-        }
-        comm.bootstrap().barrier();
-        net.resetSignal(0);
-        net.resetSignal(1);
-        expect(net.readSignal(0) == 0 && net.readSignal(1) == 0, "resetSignal");
-        comm.bootstrap().barrier();
-        // SignalSet after a SignalAdd on the same word, same QP (each rank to
-        // itself): the Set lands last (in order, behind the fence).
-        for (int k = 0; k < 50; ++k) {
-          net.signal(world, me, SignalAdd{3, 5});
-          net.signal(world, me, SignalSet{3, uint64_t(k) << 20});
-        }
-        expect(net.flush(CoopThread{}), "flush gave up");
-        expect(net.readSignal(3) == uint64_t(49) << 20, "SignalSet after SignalAdd on one QP was overtaken");
-        comm.bootstrap().barrier();
-        // Counters: a zero-byte put with only a counter still completes (a NOP carries it).
-        net.put(world, me, w, 0, w, 0, 0, None{}, CounterInc{7});
-        expect(net.waitCounter(CoopThread{}, 7, 1), "zero-byte put's counter");
-        net.resetCounter(7);
-        expect(net.readCounter(7) == 0, "resetCounter");
-        expectNicRan(comm, uint64_t(n) * 7);
-        comm.check();
-        comm.bootstrap().barrier();
-        comm.deregisterWindow(w);
+        gintest::putValueAndSignals(comm);
+        expectNicRan(comm, uint64_t(comm.nRanks()) * 7);
       },
       ibgdaConfig()));
 }
@@ -201,36 +139,7 @@ TEST_CASE("ibgda putValue and signals: inline writes, SignalInc/Add/Set, resets"
 TEST_CASE("ibgda signal after payload: a waiter that sees the signal sees every earlier put of the context",
           "[ibgda]") {
   REQUIRE_NOTHROW(runRanks(
-      2,
-      [](Comm& comm) {
-        const DevComm dc = comm.devComm();
-        const int me = comm.rank(), peer = 1 - me;
-        constexpr int kRounds = 300;
-        constexpr size_t kBytes = 3000;
-        Window src = comm.allocWindow(kBytes * kRounds);
-        Window dst = comm.allocWindow(kBytes * kRounds);
-        auto* s = static_cast<uint8_t*>(comm.localPointer(src));
-        auto* d = static_cast<uint8_t*>(comm.localPointer(dst));
-        for (size_t i = 0; i < kBytes * kRounds; ++i) s[i] = pattern(5, me, i);
-        comm.bootstrap().barrier();
-        Net net(dc, 2);
-        const Team world = teamWorld(dc);
-        for (int r = 0; r < kRounds; ++r) {
-          // Payload without signal, then a signal alone: the signal still trails it.
-          net.put(world, peer, dst, size_t(r) * kBytes, src, size_t(r) * kBytes, kBytes);
-          net.signal(world, peer, SignalInc{4});
-        }
-        for (int r = 0; r < kRounds; ++r) {
-          expect(net.waitSignal(CoopThread{}, 4, uint64_t(r + 1)), "waitSignal gave up");
-          for (size_t i = size_t(r) * kBytes; i < size_t(r + 1) * kBytes; i += 97)
-            if (d[i] != pattern(5, peer, i)) expect(false, "round " + std::to_string(r) + ": signal overtook payload");
-        }
-        expect(net.flush(CoopThread{}), "flush");
-        comm.bootstrap().barrier();
-        comm.deregisterWindow(dst);
-        comm.deregisterWindow(src);
-      },
-      ibgdaConfig(20'000'000'000ull, 16, 1024)));
+      2, [](Comm& comm) { gintest::signalAfterPayload(comm); }, ibgdaConfig(20'000'000'000ull, 16, 1024)));
 }
 
 TEST_CASE("ibgda: many threads share one QP; the queue wraps many times and stays in order", "[ibgda]") {

@@ -58,8 +58,8 @@ enum class DeviceKind { Auto, Cpu, Gpu };
 // the tcp wire). Lsa: lsa only (ranks on several hosts are refused). Proxy:
 // every peer through the proxy engine, lsa members included (testing,
 // debugging). Ibgda: the peers of this host through GPU-posted mlx5 work
-// requests, lsa members included (today on the soft NIC only:
-// CommConfig::ibgda). GIN_TRANSPORT=auto|lsa|proxy|ibgda overrides; which wire
+// requests, lsa members included (on the soft NIC, or on an mlx5 device
+// when built with GIN_IBGDA_MLX5=1: CommConfig::ibgda). GIN_TRANSPORT=auto|lsa|proxy|ibgda overrides; which wire
 // the proxy uses per peer: CommConfig::proxy.wire / GIN_PROXY_WIRE.
 enum class TransportChoice { Auto, Lsa, Proxy, Ibgda };
 
@@ -510,7 +510,7 @@ class Comm {
     if (nNodes > 1 && forceIbgda)
       throw Error("the ranks span " + std::to_string(nNodes) +
                   " hosts, and the transport is forced to ibgda, which reaches only this host's ranks today (the "
-                  "soft NIC; no ConnectX setup yet); use GIN_TRANSPORT=auto");
+                  "Comm does not route ibgda across hosts yet); use GIN_TRANSPORT=auto");
     if (nNodes > 1 && cfg_.transport == TransportChoice::Lsa)
       throw Error("the ranks span " + std::to_string(nNodes) +
                   " hosts, and the transport is forced to lsa (load/store), which cannot reach another host; "
@@ -950,8 +950,7 @@ class Comm {
     }
     if (ibgda_)
       s += "; ibgda: " + std::to_string(cfg_.nContexts) + " QPs per peer x " +
-           std::to_string(ibgda_->config().qpDepth) + " WQEs, " +
-           (ibgda_->nic().mode() == SoftNic::Mode::Sink ? "soft NIC (sink)" : "soft NIC");
+           std::to_string(ibgda_->config().qpDepth) + " WQEs, " + ibgda_->nicName();
     std::fprintf(stderr, "%s\n", s.c_str());
   }
 

@@ -2,11 +2,15 @@
 // queue, doorbell record, UAR word, completion queue), the key tables kernels
 // read (IbgdaDev), and the NIC that consumes the queues.
 //
-// Today the only NIC is the soft NIC (gin/host/soft_nic.hpp), selected with
+// Two NICs. The soft NIC (gin/host/soft_nic.hpp), selected with
 // IbgdaConfig::device = Soft or GIN_IBGDA_DEVICE=soft: queues in host memory,
 // CPU ranks, peers whose memory is mapped in this process (the lsa team).
-// Real ConnectX setup (mlx5dv/DEVX QPs and CQs on umem, UAR mapped into the
-// GPU, QP exchange and RTS) is not written yet: asking for it is a gin::Error.
+// A real mlx5 (ConnectX) device through rdma-core (gin/host/ibgda_mlx5.hpp),
+// selected with Device::Mlx5 or GIN_IBGDA_DEVICE=mlx5 (and by Auto): it links
+// -libverbs -lmlx5, so it is compiled in only where the program asks for it
+// with GIN_IBGDA_MLX5=1 (as GIN_COMM_VERBS does for the verbs wire); without
+// it, asking for mlx5 is a gin::Error that says so. NEVER RUN ON CONNECTX
+// HARDWARE: tested only against an in-process model of libibverbs/mlx5dv.
 #pragma once
 
 #include <cstdlib>
@@ -21,14 +25,28 @@
 #include "gin/host/soft_nic.hpp"
 #include "gin/host/window.hpp"
 
+// The mlx5 NIC links -libverbs -lmlx5: compiled in only on request.
+#ifndef GIN_IBGDA_MLX5
+#define GIN_IBGDA_MLX5 0
+#endif
+#if GIN_IBGDA_MLX5
+#include "gin/host/ibgda_mlx5.hpp"
+#endif
+
 namespace gin {
 
 struct IbgdaConfig {
-  // Auto: GIN_IBGDA_DEVICE from the environment (soft, soft-sink), else a real
-  // mlx5 device (not supported yet: an error). SoftSink: the soft NIC only
-  // completes WQEs (posting-cost benchmarks; nothing is written anywhere).
+  // Auto: GIN_IBGDA_DEVICE from the environment (soft, soft-sink, mlx5), else
+  // a real mlx5 device. SoftSink: the soft NIC only completes WQEs
+  // (posting-cost benchmarks; nothing is written anywhere).
   enum class Device { Auto, Soft, SoftSink, Mlx5 };
   Device device = Device::Auto;
+  // Where each QP's send queue, doorbell records and CQ live. Host: pinned
+  // host memory (mapped into the GPU on GPU ranks); the soft NIC needs it.
+  // Gpu: GPU memory through DEVX umem objects (not written yet: an error).
+  // Auto: GIN_IBGDA_QUEUES (host, gpu), else Host.
+  enum class Queues { Auto, Host, Gpu };
+  Queues queues = Queues::Auto;
   uint32_t qpDepth = 256;           // WQEs per QP (and CQEs per CQ): a power of two in [2, 2^15]
   uint32_t maxWqeBytes = 1u << 20;  // bytes one RDMA WRITE carries; larger puts are split
   uint32_t maxWindows = 64;         // windows registered at once
@@ -49,6 +67,13 @@ inline IbgdaConfig::Device ibgdaDevice(IbgdaConfig::Device d) {
   if (v == "mlx5") return IbgdaConfig::Device::Mlx5;
   throw Error("GIN_IBGDA_DEVICE=" + v + " is not one of soft, soft-sink, mlx5");
 }
+inline IbgdaConfig::Queues ibgdaQueues(IbgdaConfig::Queues q) {
+  if (q != IbgdaConfig::Queues::Auto) return q;
+  const char* e = std::getenv("GIN_IBGDA_QUEUES");
+  if (!e || !*e || std::string(e) == "host") return IbgdaConfig::Queues::Host;
+  if (std::string(e) == "gpu") return IbgdaConfig::Queues::Gpu;
+  throw Error("GIN_IBGDA_QUEUES=" + std::string(e) + " is not one of host, gpu");
+}
 }  // namespace detail
 
 class IbgdaTransport {
@@ -66,11 +91,23 @@ class IbgdaTransport {
           "(got " +
           std::to_string(cfg.qpDepth) + ", " + std::to_string(cfg.maxWqeBytes) + ", " + std::to_string(cfg.maxWindows) +
           ")");
-    if (device == IbgdaConfig::Device::Mlx5)
+    if (detail::ibgdaQueues(cfg.queues) == IbgdaConfig::Queues::Gpu)
       throw Error(
-          "the ibgda transport needs an mlx5 (ConnectX) device, and gin cannot drive real hardware yet (host setup "
-          "through mlx5dv/DEVX is not written); set GIN_IBGDA_DEVICE=soft (or CommConfig::ibgda.device = Soft) to "
-          "run it on the soft NIC, or use GIN_TRANSPORT=lsa|proxy");
+          "ibgda queues in GPU memory (IbgdaConfig::queues = Gpu, GIN_IBGDA_QUEUES=gpu: DEVX QP/CQ objects on GPU "
+          "umem) are not written yet; use host placement (the default)" +
+          std::string(device == IbgdaConfig::Device::Mlx5 ? "" : ", which the soft NIC needs anyway"));
+    if (device == IbgdaConfig::Device::Mlx5) {
+#if GIN_IBGDA_MLX5
+      startMlx5(dev, transports, nSignalWords, gpu);
+      return;
+#else
+      throw Error(
+          "the ibgda transport is set to an mlx5 (ConnectX) device (GIN_IBGDA_DEVICE=mlx5, or unset), but this "
+          "program was built without gin's mlx5 NIC: compile it with -DGIN_IBGDA_MLX5=1 and link -libverbs -lmlx5 "
+          "(rdma-core); or set GIN_IBGDA_DEVICE=soft (CommConfig::ibgda.device = Soft) for the soft NIC, or "
+          "GIN_TRANSPORT=proxy");
+#endif
+    }
     if (gpu)
       throw Error(
           "the ibgda transport's soft NIC runs with CPU ranks only so far (it reads windows with host "
@@ -163,12 +200,34 @@ class IbgdaTransport {
     nic_->start();
   }
 
-  ~IbgdaTransport() { nic_.reset(); }  // the NIC drains and stops before the queues go
+  ~IbgdaTransport() {
+    nic_.reset();  // the NIC drains and stops before the queues go
+#if GIN_IBGDA_MLX5
+    mlx5_.reset();
+#endif
+  }
   IbgdaTransport(const IbgdaTransport&) = delete;
   IbgdaTransport& operator=(const IbgdaTransport&) = delete;
 
   const IbgdaDev* dev() const { return dev_; }
-  SoftNic& nic() const { return *nic_; }
+  // The soft NIC (an error on an mlx5 device: see mlx5()).
+  SoftNic& nic() const {
+    if (!nic_) throw Error("IbgdaTransport::nic(): this transport runs on an mlx5 device, not the soft NIC");
+    return *nic_;
+  }
+#if GIN_IBGDA_MLX5
+  Mlx5Nic* mlx5() const { return mlx5_.get(); }
+#endif
+  // What carries the queues, for reports.
+  std::string nicName() const {
+#if GIN_IBGDA_MLX5
+    if (mlx5_)
+      return "mlx5 " + mlx5_->deviceName() + " port " + std::to_string(mlx5_->port()) +
+             (mlx5_->roce() ? " (RoCE, GID index " + std::to_string(mlx5_->gidIndex()) + ")" : " (InfiniBand)") +
+             ", queues in host memory";
+#endif
+    return nic_ && nic_->mode() == SoftNic::Mode::Sink ? "soft NIC (sink)" : "soft NIC";
+  }
   const IbgdaConfig& config() const { return cfg_; }
 
   // The key this rank's NIC gives window `id` (0: the signal array). Keys are
@@ -178,6 +237,9 @@ class IbgdaTransport {
   // A window was registered (collective): local key for our buffer, remote
   // keys of every peer's, the NIC's regions for both.
   void addWindow(uint32_t id, char* local, uint64_t bytes, const std::vector<char*>& lsaBases) {
+#if GIN_IBGDA_MLX5
+    if (mlx5_) return addWindowMlx5(id, local, bytes);
+#endif
     const uint32_t slot = id % cfg_.maxWindows;
     std::vector<Advert> ads = exchange(Advert{reinterpret_cast<uint64_t>(local), keyOf(id), bytes});
     if (live_.size() < cfg_.maxWindows) live_.assign(cfg_.maxWindows, 0);
@@ -207,12 +269,17 @@ class IbgdaTransport {
     live_[slot] = 0;
     const IbgdaWindowKey k{0, 0};
     table_.upload(tablePad_ + offWin_ + slot * sizeof(IbgdaWindowKey), &k, sizeof k);
+#if GIN_IBGDA_MLX5
+    if (mlx5_) return mlx5_->removeWindow(id);
+#endif
     nic_->removeLocalRegion(keyOf(id));
     for (int p = 0; p < nRanks_; ++p) nic_->removeRemoteRegion(p, keyOf(id));
   }
 
-  // Every WQE posted so far has been consumed by the NIC (bounded).
-  bool quiesce(uint64_t timeoutNs) const { return nic_->quiesce(timeoutNs); }
+  // Every WQE posted so far has been consumed by the NIC (bounded). On an
+  // mlx5 device the host cannot see that (completions are the ranks' threads'
+  // to poll): true; ranks flush before they deregister a window.
+  bool quiesce(uint64_t timeoutNs) const { return nic_ ? nic_->quiesce(timeoutNs) : true; }
 
  private:
   struct Advert {
@@ -235,6 +302,81 @@ class IbgdaTransport {
   const IbgdaDev* dev_ = nullptr;
   std::vector<uint32_t> live_;  // window id per slot, 0: free
   std::unique_ptr<SoftNic> nic_;
+#if GIN_IBGDA_MLX5
+  std::unique_ptr<Mlx5Nic> mlx5_;
+#endif
+
+#if GIN_IBGDA_MLX5
+  // The mlx5 device's QPs, then the same key tables the soft NIC path fills
+  // (the device code cannot tell the two apart). Every ibgda peer, lsa
+  // member or not, gets a QP.
+  void startMlx5(const DevComm& dev, const std::vector<uint8_t>& transports, uint32_t nSignalWords, bool gpu) {
+    std::vector<bool> wanted(transports.size());
+    for (size_t p = 0; p < transports.size(); ++p) wanted[p] = transports[p] == uint8_t(Transport::Ibgda);
+    Mlx5Nic::Config mc;
+    mc.qpDepth = cfg_.qpDepth;
+    mc.gpu = gpu;
+    mlx5_ = std::make_unique<Mlx5Nic>(bs_, dev.nContexts, wanted, reinterpret_cast<char*>(dev.signals),
+                                      uint64_t(nSignalWords) * 8, mc);
+    const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg_.qpDepth;
+    const size_t offState = 0, offCounterOf = offState + nQp * sizeof(IbgdaQpState),
+                 offQps = offCounterOf + nQp * depth * 4, offDev = (offQps + nQp * sizeof(IbgdaQpDev) + 63) / 64 * 64,
+                 offWin = offDev + 64, offWinRemote = offWin + cfg_.maxWindows * sizeof(IbgdaWindowKey),
+                 offSigRemote = offWinRemote + size_t(cfg_.maxWindows) * nR * sizeof(IbgdaRemoteKey),
+                 total = offSigRemote + nR * sizeof(IbgdaRemoteKey);
+    table_ = DeviceTable(gpu, total + 64);
+    base_ = align64(table_.data());
+    tablePad_ = size_t(base_ - table_.data());
+    std::vector<IbgdaQpDev> qps(nQp);
+    std::vector<uint32_t> noCounter(depth, kIbgdaNoCounter);
+    for (size_t ctx = 0; ctx < nCtx; ++ctx)
+      for (size_t p = 0; p < nR; ++p) {
+        const size_t i = ctx * nR + p;
+        IbgdaQpDev& d = qps[i];
+        d.state = reinterpret_cast<IbgdaQpState*>(base_ + offState) + i;
+        d.counterOf = reinterpret_cast<uint32_t*>(base_ + offCounterOf) + i * depth;
+        d.nWqe = d.nCqe = uint32_t(depth);
+        table_.upload(tablePad_ + offCounterOf + i * depth * 4, noCounter.data(), depth * 4);
+        const Mlx5Nic::Queues* q = mlx5_->queues(int(ctx), int(p));
+        if (!q) continue;
+        d.sq = q->sq, d.dbrec = q->dbrec, d.uar = q->uar, d.cq = q->cq, d.cqDbrec = q->cqDbrec;
+        d.qpn = q->qpn, d.nWqe = q->nWqe, d.nCqe = q->nCqe;
+        d.scratchAddr = mlx5_->scratchAddr(int(ctx), int(p));
+        d.scratchLkey = mlx5_->scratchLkey();
+      }
+    table_.upload(tablePad_ + offQps, qps.data(), nQp * sizeof(IbgdaQpDev));
+    IbgdaDev id{};
+    id.qps = reinterpret_cast<IbgdaQpDev*>(base_ + offQps);
+    id.windows = reinterpret_cast<IbgdaWindowKey*>(base_ + offWin);
+    id.windowRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offWinRemote);
+    id.signalRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offSigRemote);
+    id.maxWindows = cfg_.maxWindows;
+    id.maxWqeBytes = cfg_.maxWqeBytes;
+    id.deferDoorbell = cfg_.deferDoorbell ? 1 : 0;
+    table_.upload(tablePad_ + offDev, &id, sizeof id);
+    dev_ = reinterpret_cast<const IbgdaDev*>(base_ + offDev);
+    offWin_ = offWin;
+    offWinRemote_ = offWinRemote;
+    table_.upload(tablePad_ + offSigRemote, mlx5_->signalRemotes().data(), nR * sizeof(IbgdaRemoteKey));
+  }
+
+  void addWindowMlx5(uint32_t id, char* local, uint64_t bytes) {
+    const uint32_t slot = id % cfg_.maxWindows;
+    if (live_.size() < cfg_.maxWindows) live_.assign(cfg_.maxWindows, 0);
+    // The same verdict on every rank (same ids, same slots), before the collective.
+    if (live_[slot] != 0)
+      throw Error("the ibgda transport holds at most CommConfig::ibgda.maxWindows = " +
+                  std::to_string(cfg_.maxWindows) + " windows at once (window " + std::to_string(live_[slot]) +
+                  " still holds slot " + std::to_string(slot) + "); raise it or deregister windows");
+    std::vector<IbgdaRemoteKey> rem;
+    const uint32_t lkey = mlx5_->addWindow(id, local, bytes, &rem);
+    live_[slot] = id;
+    table_.upload(tablePad_ + offWinRemote_ + size_t(slot) * size_t(nRanks_) * sizeof(IbgdaRemoteKey), rem.data(),
+                  rem.size() * sizeof(IbgdaRemoteKey));
+    const IbgdaWindowKey k{id, lkey};
+    table_.upload(tablePad_ + offWin_ + slot * sizeof(IbgdaWindowKey), &k, sizeof k);
+  }
+#endif
 
   static char* align64(char* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64; }
   uint32_t qpnOf(size_t i) const { return uint32_t(0x100 + i) & 0xffffffu; }

@@ -45,14 +45,7 @@
 #include "gin/core/error.hpp"
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/proxy.hpp"
-
-#ifndef GIN_WITH_VERBS
-#if __has_include(<infiniband/verbs.h>)
-#define GIN_WITH_VERBS 1
-#else
-#define GIN_WITH_VERBS 0
-#endif
-#endif
+#include "gin/host/verbs.hpp"  // GIN_WITH_VERBS, device/GID choice, registration, QP transitions, the vote
 
 #if GIN_WITH_VERBS
 #include <arpa/inet.h>
@@ -64,48 +57,6 @@ namespace gin {
 namespace verbs {
 
 // --- Pure helpers (no rdma-core needed) -------------------------------------
-
-// GIN_IB_DEVICE: "name" or "name:port". port 0 means "the first active port".
-struct DeviceSpec {
-  std::string name;
-  int port = 0;
-};
-inline DeviceSpec parseDeviceSpec(const std::string& s) {
-  DeviceSpec d;
-  const size_t colon = s.find(':');
-  d.name = s.substr(0, colon);
-  if (colon != std::string::npos) {
-    const std::string p = s.substr(colon + 1);
-    char* end = nullptr;
-    const long v = p.empty() ? 0 : std::strtol(p.c_str(), &end, 10);
-    if (p.empty() || *end != '\0' || v < 1 || v > 255)
-      throw Error("GIN_IB_DEVICE=" + s + ": the port after ':' must be a number in 1..255");
-    d.port = int(v);
-  }
-  if (d.name.empty() && !s.empty()) throw Error("GIN_IB_DEVICE=" + s + ": the device name is empty");
-  return d;
-}
-
-// One entry of a RoCE port's GID table.
-struct GidCandidate {
-  uint32_t index = 0;
-  uint8_t raw[16] = {};
-  bool rocev2 = false;
-};
-inline bool ipv4Mapped(const uint8_t gid[16]) {  // ::ffff:a.b.c.d
-  for (int i = 0; i < 10; ++i)
-    if (gid[i]) return false;
-  return gid[10] == 0xff && gid[11] == 0xff;
-}
-// The GID index a RoCE QP uses: `forced` (GIN_IB_GID_INDEX) when >= 0, else
-// the first RoCE v2 entry with an IPv4-mapped address (routable over UDP/IP,
-// what NCCL and UCX pick by default), else 0.
-inline uint32_t chooseGidIndex(const std::vector<GidCandidate>& table, int forced) {
-  if (forced >= 0) return uint32_t(forced);
-  for (const GidCandidate& c : table)
-    if (c.rocev2 && ipv4Mapped(c.raw)) return c.index;
-  return 0;
-}
 
 // Calls f(offset, len) for consecutive pieces of [0, bytes), each 1..maxChunk
 // bytes; nothing for bytes == 0. One RDMA WRITE per piece.
@@ -149,29 +100,6 @@ inline bool decodeSignal(const unsigned char in[kSignalRecordBytes], SignalRecor
 inline uint32_t signalImmediate(uint64_t seq) { return uint32_t(seq); }
 inline bool immediateMatches(uint32_t imm, uint64_t expectedSeq) { return imm == uint32_t(expectedSeq); }
 
-// A collective failure vote: every rank passes its own error ("" if none) and
-// either all return or all throw, so a rank that failed locally never leaves
-// the others waiting in a later collective. A rank's own error comes first in
-// its message; the others name the first rank that failed.
-inline void agreeOrThrow(Bootstrap& bs, const std::string& localError, const std::string& phase) {
-  constexpr size_t kSlot = 384;
-  const int n = bs.nRanks(), me = bs.rank();
-  std::vector<char> all(kSlot * size_t(n), 0);
-  std::memcpy(all.data() + kSlot * size_t(me), localError.data(), std::min(localError.size(), kSlot - 1));
-  if (!localError.empty() && all[kSlot * size_t(me)] == 0) all[kSlot * size_t(me)] = '?';
-  bs.allGather(all.data(), kSlot);
-  int first = -1, failed = 0;
-  for (int r = 0; r < n; ++r)
-    if (all[kSlot * size_t(r)]) failed++, first = first < 0 ? r : first;
-  if (!failed) return;
-  const int who = localError.empty() ? first : me;
-  std::string msg = "verbs wire: " + phase + " failed on rank " + std::to_string(who) + ": " +
-                    std::string(all.data() + kSlot * size_t(who), strnlen(all.data() + kSlot * size_t(who), kSlot));
-  if (failed > 1) msg += " (" + std::to_string(failed) + " ranks failed)";
-  if (localError.empty()) msg += "; this rank stops too so that no rank waits in a later collective";
-  throw Error(msg);
-}
-
 }  // namespace verbs
 
 #if GIN_WITH_VERBS
@@ -197,13 +125,13 @@ struct VerbsWireConfig {
 // Comm (they may overlap engine calls: a mutex guards the window table); one
 // receiver thread of the wire's own polls the receive CQ and applies signals.
 //
-// Why signals are messages, not RDMA atomics: mlx5 executes RDMA atomics in
-// big-endian on little-endian hosts (libfabric PR 10935, Open MPI issue
-// 1148), and a NIC atomic is atomic only against other atomics of that NIC
-// (IBV_ATOMIC_HCA), not against the CPU atomics the local wire and the
-// kernels use on the same words. So a signal is a SEND
-// WITH IMMEDIATE of a 16-byte record (inline) into a mailbox slot of the
-// receiver, and the receiver's thread applies it with a CPU atomic.
+// Why signals are messages, not RDMA atomics: mlx5 HCAs without the
+// host-endianness requester mode return an atomic's fetched value big-endian
+// on little-endian hosts (libfabric PR 10935, Open MPI PR 1147; see
+// ibgda_mlx5.hpp for what that mode does and does not change), and a NIC atomic is atomic only against other atomics of
+// that NIC (IBV_ATOMIC_HCA), not against the CPU atomics the local wire and the kernels use on the same words. So a
+// signal is a SEND WITH IMMEDIATE of a 16-byte record (inline) into a mailbox slot of the receiver, and the receiver's
+// thread applies it with a CPU atomic.
 //   SEND rather than RDMA WRITE WITH IMMEDIATE: both consume a pre-posted
 // receive and both give the ordering below, but with SEND the receiver chose
 // the slot when it posted the receive, so a slot can never be overwritten
@@ -357,22 +285,14 @@ class VerbsWire final : public Wire {
   }
 
   // What the wire runs on (reports, GIN_DEBUG).
-  std::string deviceName() const { return devName_; }
-  int port() const { return port_; }
-  bool roce() const { return roce_; }
-  uint32_t gidIndex() const { return gidIndex_; }
+  std::string deviceName() const { return dev_.name; }
+  int port() const { return dev_.port; }
+  bool roce() const { return dev_.roce; }
+  uint32_t gidIndex() const { return dev_.gidIndex; }
 
  private:
-  // --- RAII over rdma-core objects.
-  struct Del {
-    void operator()(ibv_context* p) const { ibv_close_device(p); }
-    void operator()(ibv_pd* p) const { ibv_dealloc_pd(p); }
-    void operator()(ibv_cq* p) const { ibv_destroy_cq(p); }
-    void operator()(ibv_qp* p) const { ibv_destroy_qp(p); }
-    void operator()(ibv_mr* p) const { ibv_dereg_mr(p); }
-  };
   template <class T>
-  using Own = std::unique_ptr<T, Del>;
+  using Own = verbs::Own<T>;
 
   // The work-request id of every send WR: QP index, what it was (an error
   // completion carries no opcode) and how many WRs its completion retires.
@@ -429,15 +349,8 @@ class VerbsWire final : public Wire {
   uint32_t nSignalWords_;
   VerbsWireConfig cfg_;
   std::vector<int> peers_;  // cfg_.peers resolved
-  std::string devName_;
-  int port_ = 0;
-  bool roce_ = false;
-  uint32_t gidIndex_ = 0;
-  ibv_gid gid_{};
-  ibv_port_attr portAttr_{};
-  ibv_device_attr devAttr_{};
+  verbs::Port dev_;         // device, port, address (verbs.hpp)
   uint64_t maxChunk_ = 1ull << 30;
-  Own<ibv_context> ctx_;
   Own<ibv_pd> pd_;
   Own<ibv_cq> sendCq_, recvCq_;
   std::vector<unsigned char> mailbox_;  // [qp][recvDepth] signal records
@@ -461,104 +374,24 @@ class VerbsWire final : public Wire {
   }
   // A setup failure's text for the vote, which names the rank itself.
   std::string ownText(const std::exception& e) const {
-    std::string s = e.what();
-    for (const std::string& head : {std::string("gin: "), "verbs wire: rank " + std::to_string(me_) + ": "})
-      if (s.compare(0, head.size(), head) == 0) s.erase(0, head.size());
-    return s;
+    return verbs::ownText(e, "verbs wire: rank " + std::to_string(me_) + ": ");
   }
-  static std::string errnoText(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
-  static std::string envOr(const std::string& v, const char* name) {
-    if (!v.empty()) return v;
-    const char* e = std::getenv(name);
-    return e ? e : "";
-  }
+  static std::string errnoText(int e) { return verbs::errnoText(e); }
 
   // --- Setup.
 
   void openDevice() {
-    const std::string specText = envOr(cfg_.device, "GIN_IB_DEVICE");
-    const verbs::DeviceSpec spec = verbs::parseDeviceSpec(specText);
-    errno = 0;
-    int n = 0;
-    ibv_device** list = ibv_get_device_list(&n);
-    const int listErr = errno;
-    std::unique_ptr<ibv_device*, void (*)(ibv_device**)> guard(list, [](ibv_device** l) {
-      if (l) ibv_free_device_list(l);
-    });
-    if (!list || n == 0)
-      fail("no RDMA device found: ibv_get_device_list returned none" +
-           (list ? std::string() : " (" + errnoText(listErr) + ")") +
-           "; use GIN_PROXY_WIRE=tcp for the TCP wire, or check the RDMA driver (ibv_devices lists devices)");
-    std::string seen;
-    for (int i = 0; i < n; ++i) {
-      const std::string name = ibv_get_device_name(list[i]);
-      seen += (seen.empty() ? "" : ", ") + name;
-      if (!spec.name.empty() && name != spec.name) continue;
-      Own<ibv_context> ctx(ibv_open_device(list[i]));
-      if (!ctx) {
-        if (!spec.name.empty()) fail("cannot open " + name + ": " + errnoText(errno));
-        continue;
-      }
-      ibv_device_attr da{};
-      if (ibv_query_device(ctx.get(), &da)) fail("ibv_query_device(" + name + ") failed: " + errnoText(errno));
-      for (int p = 1; p <= int(da.phys_port_cnt); ++p) {
-        if (spec.port && p != spec.port) continue;
-        ibv_port_attr pa{};
-        if (ibv_query_port(ctx.get(), uint8_t(p), &pa)) continue;
-        if (pa.state != IBV_PORT_ACTIVE) {
-          if (spec.port) fail("GIN_IB_DEVICE=" + specText + ": port " + std::to_string(p) + " is not active");
-          continue;
-        }
-        devName_ = name, port_ = p, portAttr_ = pa, devAttr_ = da, ctx_ = std::move(ctx);
-        return;
-      }
-      if (spec.port && spec.port > int(da.phys_port_cnt))
-        fail("GIN_IB_DEVICE=" + specText + ": " + name + " has " + std::to_string(da.phys_port_cnt) + " port(s)");
-    }
-    if (!spec.name.empty() && seen.find(spec.name) == std::string::npos)
-      fail("GIN_IB_DEVICE=" + specText + ": no such device (found: " + seen + ")");
-    fail("no active RDMA port on " + (spec.name.empty() ? seen : spec.name) +
-         " (ibv_devinfo shows port states); use GIN_PROXY_WIRE=tcp, or bring a port up");
+    dev_ = verbs::openPort(verbs::envOr(cfg_.device, "GIN_IB_DEVICE"), "use GIN_PROXY_WIRE=tcp for the TCP wire");
   }
 
   void chooseAddress() {
-    roce_ = portAttr_.link_layer == IBV_LINK_LAYER_ETHERNET;
-    maxChunk_ = std::min<uint64_t>(portAttr_.max_msg_sz ? portAttr_.max_msg_sz : (1ull << 30), 1ull << 30);
-    if (!roce_) {  // IB: the LID routes; no GRH inside a subnet
-      if (portAttr_.lid == 0)
-        fail(devName_ + " port " + std::to_string(port_) + " has no LID: is a subnet manager running?");
-      return;
-    }
-    int forced = cfg_.gidIndex;
-    if (forced < 0) {
-      const std::string e = envOr("", "GIN_IB_GID_INDEX");
-      if (!e.empty()) {
-        char* end = nullptr;
-        forced = int(std::strtol(e.c_str(), &end, 10));
-        if (*end || forced < 0 || forced >= portAttr_.gid_tbl_len)
-          fail("GIN_IB_GID_INDEX=" + e + " is not an index of the GID table (0.." +
-               std::to_string(portAttr_.gid_tbl_len - 1) + ")");
-      }
-    }
-    std::vector<verbs::GidCandidate> table;
-    for (int i = 0; forced < 0 && i < portAttr_.gid_tbl_len; ++i) {
-      ibv_gid_entry e{};
-      if (ibv_query_gid_ex(ctx_.get(), uint32_t(port_), uint32_t(i), &e, 0)) continue;  // unused entry
-      verbs::GidCandidate c;
-      c.index = uint32_t(i);
-      std::memcpy(c.raw, e.gid.raw, 16);
-      c.rocev2 = e.gid_type == IBV_GID_TYPE_ROCE_V2;
-      table.push_back(c);
-    }
-    gidIndex_ = verbs::chooseGidIndex(table, forced);
-    if (ibv_query_gid(ctx_.get(), uint8_t(port_), int(gidIndex_), &gid_))
-      fail("ibv_query_gid(" + devName_ + ", port " + std::to_string(port_) + ", index " + std::to_string(gidIndex_) +
-           ") failed: " + errnoText(errno) + "; set GIN_IB_GID_INDEX (show_gids lists the table)");
+    verbs::chooseAddress(dev_, cfg_.gidIndex);
+    maxChunk_ = std::min<uint64_t>(dev_.portAttr.max_msg_sz ? dev_.portAttr.max_msg_sz : (1ull << 30), 1ull << 30);
   }
 
   void createQueues() {
     chooseAddress();
-    pd_.reset(ibv_alloc_pd(ctx_.get()));
+    pd_.reset(ibv_alloc_pd(dev_.ctx.get()));
     if (!pd_) fail("ibv_alloc_pd failed: " + errnoText(errno));
     for (int p : peers_) {
       if (p < 0 || p >= nRanks_ || qpOf_[size_t(p)] >= 0)
@@ -569,14 +402,14 @@ class VerbsWire final : public Wire {
       qps_.back()->index = qps_.size() - 1;
     }
     const uint32_t nQp = uint32_t(std::max<size_t>(qps_.size(), 1));
-    const uint32_t maxCqe = uint32_t(std::max(devAttr_.max_cqe, 1));
-    cfg_.sendDepth = std::min({cfg_.sendDepth, uint32_t(devAttr_.max_qp_wr), maxCqe / nQp, 1u << 20});
-    cfg_.recvDepth = std::min({cfg_.recvDepth, uint32_t(devAttr_.max_qp_wr), maxCqe / nQp});
+    const uint32_t maxCqe = uint32_t(std::max(dev_.devAttr.max_cqe, 1));
+    cfg_.sendDepth = std::min({cfg_.sendDepth, uint32_t(dev_.devAttr.max_qp_wr), maxCqe / nQp, 1u << 20});
+    cfg_.recvDepth = std::min({cfg_.recvDepth, uint32_t(dev_.devAttr.max_qp_wr), maxCqe / nQp});
     if (cfg_.sendDepth < 4 || cfg_.recvDepth < 1)
       fail("the device's queues are too small for " + std::to_string(nQp) + " QPs (max_qp_wr " +
-           std::to_string(devAttr_.max_qp_wr) + ", max_cqe " + std::to_string(devAttr_.max_cqe) + ")");
-    sendCq_.reset(ibv_create_cq(ctx_.get(), int(nQp * cfg_.sendDepth), nullptr, nullptr, 0));
-    recvCq_.reset(ibv_create_cq(ctx_.get(), int(nQp * cfg_.recvDepth), nullptr, nullptr, 0));
+           std::to_string(dev_.devAttr.max_qp_wr) + ", max_cqe " + std::to_string(dev_.devAttr.max_cqe) + ")");
+    sendCq_.reset(ibv_create_cq(dev_.ctx.get(), int(nQp * cfg_.sendDepth), nullptr, nullptr, 0));
+    recvCq_.reset(ibv_create_cq(dev_.ctx.get(), int(nQp * cfg_.recvDepth), nullptr, nullptr, 0));
     if (!sendCq_ || !recvCq_) fail("ibv_create_cq failed: " + errnoText(errno));
     mailbox_.assign(size_t(nQp) * cfg_.recvDepth * verbs::kSignalRecordBytes, 0);
     mailboxMr_.reset(
@@ -597,13 +430,8 @@ class VerbsWire final : public Wire {
       if (a.cap.max_inline_data < verbs::kSignalRecordBytes)
         fail("the device gives " + std::to_string(a.cap.max_inline_data) + " inline bytes per WR; the wire needs 16");
       q->psn = rng() & 0xffffff;
-      ibv_qp_attr s{};
-      s.qp_state = IBV_QPS_INIT;
-      s.pkey_index = 0;
-      s.port_num = uint8_t(port_);
-      s.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-      if (ibv_modify_qp(q->qp.get(), &s, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        fail("ibv_modify_qp(INIT) for peer " + std::to_string(q->peer) + " failed: " + errnoText(errno));
+      verbs::toInit(q->qp.get(), dev_, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+                    "peer " + std::to_string(q->peer));
       // Receives go up before the QP can receive, so the first signal never meets an empty queue.
       for (uint32_t slot = 0; slot < cfg_.recvDepth; ++slot) postRecv(*q, slot);
     }
@@ -616,9 +444,9 @@ class VerbsWire final : public Wire {
     std::vector<ConnInfo> all(size_t(nRanks_) * size_t(nRanks_));
     for (auto& q : qps_) {
       ConnInfo& c = all[size_t(me_) * size_t(nRanks_) + size_t(q->peer)];
-      c.qpn = q->qp->qp_num, c.psn = q->psn, c.lid = portAttr_.lid, c.port = uint8_t(port_);
-      c.mtu = uint8_t(portAttr_.active_mtu), c.linkLayer = portAttr_.link_layer;
-      std::memcpy(c.gid, gid_.raw, 16);
+      c.qpn = q->qp->qp_num, c.psn = q->psn, c.lid = dev_.portAttr.lid, c.port = uint8_t(dev_.port);
+      c.mtu = uint8_t(dev_.portAttr.active_mtu), c.linkLayer = dev_.portAttr.link_layer;
+      std::memcpy(c.gid, dev_.gid.raw, 16);
       c.fenceAddr = uint64_t(uintptr_t(mailbox_.data())), c.fenceRkey = mailboxMr_->rkey;
       c.nSignalWords = nSignalWords_;
     }
@@ -631,8 +459,6 @@ class VerbsWire final : public Wire {
           fail("rank " + std::to_string(q->peer) +
                " has no verbs QP for this rank (VerbsWireConfig::peers must be "
                "symmetric)");
-        if (r.linkLayer != portAttr_.link_layer)
-          fail("peer " + std::to_string(q->peer) + " is on a different link layer (InfiniBand vs Ethernet)");
         q->remoteSignalWords = r.nSignalWords, q->fenceAddr = r.fenceAddr, q->fenceRkey = r.fenceRkey;
         toRts(*q, r);
       }
@@ -643,100 +469,17 @@ class VerbsWire final : public Wire {
   }
 
   void toRts(Qp& q, const ConnInfo& r) {
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = ibv_mtu(std::min<int>(portAttr_.active_mtu, r.mtu));
-    a.dest_qp_num = r.qpn;
-    a.rq_psn = r.psn;
-    a.max_dest_rd_atomic = uint8_t(std::clamp(devAttr_.max_qp_rd_atom, 1, 16));
-    a.min_rnr_timer = 12;  // 0.64 ms before a sender retries a signal that found no receive posted
-    a.ah_attr.port_num = uint8_t(port_);
-    a.ah_attr.dlid = r.lid;
-    if (roce_) {
-      a.ah_attr.is_global = 1;
-      std::memcpy(a.ah_attr.grh.dgid.raw, r.gid, 16);
-      a.ah_attr.grh.sgid_index = uint8_t(gidIndex_);
-      a.ah_attr.grh.hop_limit = 64;
-    }
-    if (ibv_modify_qp(q.qp.get(), &a,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-      fail("ibv_modify_qp(RTR) for peer " + std::to_string(q.peer) + " failed: " + errnoText(errno) +
-           (roce_ ? "; on RoCE check GIN_IB_GID_INDEX (show_gids)" : ""));
-    ibv_qp_attr b{};
-    b.qp_state = IBV_QPS_RTS;
-    b.timeout = 14;   // 4.096 us * 2^14 = 67 ms per transport retry ...
-    b.retry_cnt = 7;  // ... 7 retries: a dead peer is an error completion after ~0.5 s
-    b.rnr_retry = 7;  // RNR: retry indefinitely (a busy receiver); complete()'s timeout bounds it
-    b.sq_psn = q.psn;
-    b.max_rd_atomic = uint8_t(std::clamp(devAttr_.max_qp_init_rd_atom, 1, 16));
-    if (ibv_modify_qp(q.qp.get(), &b,
-                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                          IBV_QP_MAX_QP_RD_ATOMIC))
-      fail("ibv_modify_qp(RTS) for peer " + std::to_string(q.peer) + " failed: " + errnoText(errno));
+    verbs::RcAddress a;
+    a.qpn = r.qpn, a.psn = r.psn, a.lid = r.lid, a.mtu = r.mtu, a.linkLayer = r.linkLayer;
+    std::memcpy(a.gid, r.gid, 16);
+    verbs::toRts(q.qp.get(), dev_, a, q.psn, "peer " + std::to_string(q.peer));
   }
 
   Own<ibv_mr> registerMemory(char* base, uint64_t bytes, bool gpu) {
-    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-    if (!gpu) {
-      Own<ibv_mr> mr(ibv_reg_mr(pd_.get(), base, bytes, access));
-      if (!mr) fail("ibv_reg_mr(" + std::to_string(bytes) + " bytes of host memory) failed: " + errnoText(errno));
-      return mr;
-    }
-#if GIN_WITH_CUDA
-    std::string dmabufWhy;
-    uint64_t offset = 0;
-    const int fd = dmabufFd(base, &offset, &dmabufWhy);
-    if (fd >= 0) {
-      Own<ibv_mr> mr(ibv_reg_dmabuf_mr(pd_.get(), offset, bytes, uint64_t(uintptr_t(base)), fd, access));
-      const int e = errno;
-      ::close(fd);  // the MR holds its own reference to the dma-buf
-      if (mr) return mr;
-      dmabufWhy = "ibv_reg_dmabuf_mr: " + errnoText(e);
-    }
-    // Fallback: the nvidia-peermem kernel module lets ibv_reg_mr pin GPU memory.
-    Own<ibv_mr> mr(ibv_reg_mr(pd_.get(), base, bytes, access));
-    if (!mr)
-      fail("cannot register " + std::to_string(bytes) + " bytes of GPU memory: dma-buf failed (" + dmabufWhy +
-           ") and ibv_reg_mr failed (" + errnoText(errno) + "; is nvidia-peermem loaded?)");
-    return mr;
-#else
-    fail("a GPU window, but gin was built without the CUDA runtime");
-#endif
+    return verbs::registerMemory(pd_.get(), base, bytes, gpu,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                                 cfg_.cudaDevice);
   }
-
-#if GIN_WITH_CUDA
-  // A dma-buf fd for the whole cudaMalloc allocation that holds `base` (the
-  // driver wants page-aligned ranges) and base's offset in it; -1 and *why on
-  // failure. The driver function comes through the runtime's entry-point
-  // lookup, as in memory.hpp, so programs need not link libcuda.
-  int dmabufFd(const char* base, uint64_t* offset, std::string* why) const {
-    try {
-      if (cfg_.cudaDevice >= 0) GIN_CUDA_CHECK(cudaSetDevice(cfg_.cudaDevice));
-      const auto [allocBase, allocBytes] = cudaAllocationRange(base);
-      using Fn = CUresult (*)(void*, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
-      void* fn = nullptr;
-      cudaDriverEntryPointQueryResult q{};
-      if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &fn, 11070, cudaEnableDefault, &q) !=
-              cudaSuccess ||
-          !fn || q != cudaDriverEntryPointSuccess)
-        return (void)cudaGetLastError(), *why = "the CUDA driver has no cuMemGetHandleForAddressRange", -1;
-      const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-      const uintptr_t b = uintptr_t(allocBase) & ~(page - 1);
-      const uintptr_t e = (uintptr_t(allocBase) + allocBytes + page - 1) & ~(page - 1);
-      int fd = -1;
-      const CUresult r =
-          reinterpret_cast<Fn>(fn)(&fd, CUdeviceptr(b), size_t(e - b), CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-      if (r != CUDA_SUCCESS || fd < 0)
-        return *why = "cuMemGetHandleForAddressRange returned " + std::to_string(int(r)), -1;
-      *offset = uint64_t(uintptr_t(base) - b);
-      return fd;
-    } catch (const std::exception& e) {
-      *why = e.what();
-      return -1;
-    }
-  }
-#endif
 
   // --- Posting and completions (engine thread).
 

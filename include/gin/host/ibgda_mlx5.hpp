@@ -1,0 +1,464 @@
+// gin/host/ibgda_mlx5.hpp — the ibgda transport on a real mlx5 (ConnectX)
+// NIC: the host side that creates what the device code in
+// gin/device/transport/ibgda.hpp drives by itself.
+//
+// NEVER RUN ON CONNECTX HARDWARE: none was available. It is written to
+// rdma-core 44 (libibverbs + libmlx5's mlx5dv) and the mlx5 PRM, compiles, and
+// its whole setup runs end to end only against an in-process model of
+// libibverbs/mlx5dv whose "hardware" is gin's soft NIC
+// (tests/common/fake_verbs.hpp, tests/host/ibgda_mlx5_fake.cpp).
+//
+// What Mlx5Nic does, collectively over the Bootstrap:
+//  - opens GIN_IB_DEVICE ("name[:port]"), else the mlx5 device (mlx5dv_is_supported)
+//    nearest the GPU in the PCI tree (sysfs paths), else (CPU ranks) the first
+//    mlx5 device with an active port; the GID from GIN_IB_GID_INDEX or the
+//    chooser in gin/host/verbs.hpp;
+//  - refuses a device that does not report IBV_ATOMIC_HCA (see "Atomics");
+//  - one protection domain; per (context, peer) one CQ (mlx5dv_create_cq with
+//    64-byte CQEs) and one RC QP (ibv_create_qp, one 64-byte WQEBB per WQE),
+//    then mlx5dv_init_obj for the send queue, doorbell records, CQ buffer and
+//    the UAR (BlueFlame) register. The geometry the device code assumes is
+//    checked, not hoped for: SQ stride 64, exactly qpDepth WQEBBs, CQE size
+//    64, a power-of-two CQ of at least qpDepth entries;
+//  - queue placement "host": the queues stay where libmlx5 put them (host
+//    memory). GPU ranks map them into the GPU with cudaHostRegister (Mapped |
+//    Portable; the UAR page with IoMemory) and cudaHostGetDevicePointer, one
+//    registration per distinct page run (libmlx5 packs several doorbell
+//    records, and several QPs' UARs, into one page). Placement "gpu" (queues
+//    in GPU memory through DEVX umem objects) is not written: a clear error;
+//  - registers the signal array (remote write + remote atomic) and every
+//    window (remote write + read) with the verbs.hpp registration (dma-buf for
+//    GPU memory, nvidia-peermem as the fallback), and a scratch word per QP
+//    where fetch-adds return the old value;
+//  - exchanges QP numbers, LID/GID and the signal array's key through the
+//    bootstrap, and moves every QP INIT -> RTR -> RTS (remote write, read and
+//    atomic access; up to 16 outstanding atomics);
+//  - every failure goes through a vote (verbs::agreeOrThrow), so every rank
+//    throws the same gin::Error and none waits in a later collective;
+//  - teardown: unmap from the GPU, then QPs, CQs, MRs, PD, device.
+//
+// Atomics (why the signal words stay little-endian): the device code posts
+// SignalAdd as an 8-byte RDMA fetch-add with its operand big-endian in the
+// WQE (the PRM format), and readers (waitSignal on a GPU or CPU) read the
+// target word as a host-order (little-endian) uint64. The reports that
+// "mlx5 atomics are big-endian" (libfabric PR 10935, Open MPI issue 1077 /
+// PR 1147) are about the value an atomic *returns* to the requester: with the
+// requester in big-endian mode the fetched value lands big-endian in local
+// memory; the target word itself is updated as a host-order integer (the
+// libfabric investigation found the target side correct once its own bugs were
+// fixed). mlx5_core (kernel commit f91e6d89, v4.5) switches the HCA's
+// requester to host endianness when the HCA supports it, and mlx5_ib (commit
+// da7525d2) reports IBV_ATOMIC_HCA only in that mode, IBV_ATOMIC_NONE
+// otherwise. gin never reads the fetched value (it lands in a scratch word),
+// so either mode would leave signals correct; Mlx5Nic still requires
+// IBV_ATOMIC_HCA, because IBV_ATOMIC_NONE is the driver saying atomics are not
+// usable as the IB spec defines them. A NIC atomic is atomic only against
+// other atomics of that NIC: with ibgda every update of a rank's signal words
+// comes through its NIC (resetSignal must not race updates, as everywhere).
+// To be confirmed on the first ConnectX run: tests/device/ibgda.cpp's
+// "SignalAdd value (atomics act on host-order words)" check, over Mlx5Nic.
+#pragma once
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gin/device/mlx5/prm.hpp"
+#include "gin/device/transport/ibgda.hpp"
+#include "gin/host/bootstrap.hpp"
+#include "gin/host/memory.hpp"
+#include "gin/host/verbs.hpp"
+
+#ifndef GIN_WITH_MLX5
+#if GIN_WITH_VERBS && __has_include(<infiniband/mlx5dv.h>)
+#define GIN_WITH_MLX5 1
+#else
+#define GIN_WITH_MLX5 0
+#endif
+#endif
+
+#if GIN_WITH_MLX5
+#include <infiniband/mlx5dv.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <unistd.h>
+#endif
+
+namespace gin {
+namespace mlx5nic {
+
+// How far apart two devices are in the PCI tree, from their sysfs paths
+// (/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0): the components of each
+// below their deepest common ancestor, summed. INT_MAX when either is unknown.
+inline int pciDistance(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return INT_MAX;
+  auto split = [](const std::string& s) {
+    std::vector<std::string> parts;
+    size_t i = 0;
+    while (i < s.size()) {
+      const size_t j = s.find('/', i);
+      const size_t e = j == std::string::npos ? s.size() : j;
+      if (e > i) parts.push_back(s.substr(i, e - i));
+      i = e + 1;
+    }
+    return parts;
+  };
+  const std::vector<std::string> x = split(a), y = split(b);
+  size_t c = 0;
+  while (c < x.size() && c < y.size() && x[c] == y[c]) ++c;
+  return int(x.size() - c + y.size() - c);
+}
+
+}  // namespace mlx5nic
+
+#if GIN_WITH_MLX5
+
+class Mlx5Nic {
+ public:
+  struct Config {
+    uint32_t qpDepth = 256;
+    std::string device;  // "name[:port]"; empty: GIN_IB_DEVICE, else the mlx5 device nearest the GPU
+    int gidIndex = -1;   // RoCE GID index; -1: GIN_IB_GID_INDEX, else automatic
+    bool gpu = false;    // GPU rank: map the queues into the GPU, windows are GPU memory
+    int cudaDevice = -1;
+  };
+  // One QP's NIC-facing memory as the ranks' threads reach it (device
+  // pointers on GPU ranks, host pointers on CPU ranks), and its host view.
+  struct Queues {
+    uint8_t* sq = nullptr;
+    uint32_t* dbrec = nullptr;
+    uint64_t* uar = nullptr;
+    mlx5::Cqe64* cq = nullptr;
+    uint32_t* cqDbrec = nullptr;
+    uint32_t qpn = 0, nWqe = 0, nCqe = 0;
+  };
+
+  // Collective. qp per (ctx, peer) for every peer with wanted[peer]; the
+  // signal array [signals, signals + signalBytes) is registered for remote
+  // atomics. Throws the same gin::Error on every rank when any rank fails.
+  Mlx5Nic(Bootstrap& bs, int nContexts, const std::vector<bool>& wanted, char* signals, uint64_t signalBytes,
+          Config cfg)
+      : bs_(bs), me_(bs.rank()), nRanks_(bs.nRanks()), nCtx_(nContexts), cfg_(std::move(cfg)) {
+    qps_.resize(size_t(nCtx_) * size_t(nRanks_));
+    std::string err;
+    try {
+      open();
+      createQueues(wanted);
+      const int sigAccess =
+          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+      signalMr_ = verbs::registerMemory(pd_.get(), signals, signalBytes, cfg_.gpu, sigAccess, cfg_.cudaDevice);
+    } catch (const std::exception& e) {
+      err = verbs::ownText(e);
+    }
+    verbs::agreeOrThrow(bs_, err, "setting up the mlx5 NIC", kWho);
+    // Signal arrays: (address, rkey, bytes) of every rank.
+    signalRemotes_.assign(size_t(nRanks_), IbgdaRemoteKey{});
+    signalRemotes_[size_t(me_)] = IbgdaRemoteKey{uint64_t(uintptr_t(signals)), signalMr_->rkey, 0};
+    bs_.allGather(signalRemotes_.data(), sizeof(IbgdaRemoteKey));
+    connect();
+  }
+
+  ~Mlx5Nic() {
+    // The GPU no longer touches the queues (the Comm is done with kernels):
+    // unmap them while libmlx5 still holds the memory, then tear down in
+    // dependency order.
+    unmapAll();
+    for (Qp& q : qps_) q.qp.reset();
+    for (Qp& q : qps_) q.cq.reset();
+    windows_.clear();
+    signalMr_.reset();
+    scratchMr_.reset();
+    scratch_ = HostMappedBuffer();
+    pd_.reset();
+    dev_.ctx.reset();
+  }
+  Mlx5Nic(const Mlx5Nic&) = delete;
+  Mlx5Nic& operator=(const Mlx5Nic&) = delete;
+
+  // The queues of (ctx, peer), or nullptr when that peer has no QP.
+  const Queues* queues(int ctx, int peer) const {
+    const Qp& q = qps_.at(size_t(ctx) * size_t(nRanks_) + size_t(peer));
+    return q.qp ? &q.view : nullptr;
+  }
+  // Where fetch-adds of QP (ctx, peer) leave the old value (nobody reads it).
+  uint64_t scratchAddr(int ctx, int peer) const {
+    return uint64_t(uintptr_t(scratch_.host())) + (size_t(ctx) * size_t(nRanks_) + size_t(peer)) * 8;
+  }
+  uint32_t scratchLkey() const { return scratchMr_ ? scratchMr_->lkey : 0; }
+  const std::vector<IbgdaRemoteKey>& signalRemotes() const { return signalRemotes_; }
+
+  // Collective: register this rank's window memory and learn every rank's
+  // (address, rkey). Returns the local key and the remote keys [nRanks].
+  uint32_t addWindow(uint32_t id, char* base, uint64_t bytes, std::vector<IbgdaRemoteKey>* remotes) {
+    verbs::Own<ibv_mr> mr;
+    std::string err;
+    try {
+      mr = verbs::registerMemory(pd_.get(), base, bytes, cfg_.gpu,
+                                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                                 cfg_.cudaDevice);
+    } catch (const std::exception& e) {
+      err = verbs::ownText(e);
+    }
+    verbs::agreeOrThrow(bs_, err, "registering window " + std::to_string(id), kWho);
+    remotes->assign(size_t(nRanks_), IbgdaRemoteKey{});
+    (*remotes)[size_t(me_)] = IbgdaRemoteKey{uint64_t(uintptr_t(base)), mr->rkey, 0};
+    bs_.allGather(remotes->data(), sizeof(IbgdaRemoteKey));
+    const uint32_t lkey = mr->lkey;
+    windows_[id] = std::move(mr);
+    return lkey;
+  }
+  // Local: after every peer stopped writing into window `id`.
+  void removeWindow(uint32_t id) { windows_.erase(id); }
+
+  const std::string& deviceName() const { return dev_.name; }
+  int port() const { return dev_.port; }
+  bool roce() const { return dev_.roce; }
+  uint32_t gidIndex() const { return dev_.gidIndex; }
+
+ private:
+  static constexpr const char* kWho = "ibgda (mlx5)";
+  struct Qp {
+    verbs::Own<ibv_cq> cq;
+    verbs::Own<ibv_qp> qp;
+    uint32_t psn = 0;
+    Queues view;
+  };
+
+  Bootstrap& bs_;
+  int me_, nRanks_, nCtx_;
+  Config cfg_;
+  verbs::Port dev_;
+  verbs::Own<ibv_pd> pd_;
+  std::vector<Qp> qps_;  // [ctx * nRanks + peer]
+  HostMappedBuffer scratch_;
+  verbs::Own<ibv_mr> scratchMr_, signalMr_;
+  std::map<uint32_t, verbs::Own<ibv_mr>> windows_;
+  std::vector<IbgdaRemoteKey> signalRemotes_;
+  // GPU ranks: registered page runs, host base -> (bytes, device base).
+  struct Run {
+    size_t bytes;
+    char* device;
+  };
+  std::map<uintptr_t, Run> runs_;
+
+  [[noreturn]] static void fail(const std::string& what) { throw Error(what); }
+
+  // The sysfs path of the GPU's PCI function ("" when unknown or a CPU rank).
+  std::string gpuSysfsPath() const {
+#if GIN_WITH_CUDA
+    if (!cfg_.gpu) return "";
+    int d = cfg_.cudaDevice;
+    if (d < 0 && cudaGetDevice(&d) != cudaSuccess) return (void)cudaGetLastError(), "";
+    char bus[32] = {};
+    if (cudaDeviceGetPCIBusId(bus, sizeof bus, d) != cudaSuccess) return (void)cudaGetLastError(), "";
+    std::string b = bus;
+    for (char& ch : b) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+    return realPath("/sys/bus/pci/devices/" + b);
+#else
+    return "";
+#endif
+  }
+  static std::string realPath(const std::string& p) {
+    char buf[PATH_MAX];
+    return ::realpath(p.c_str(), buf) ? std::string(buf) : std::string();
+  }
+
+  void open() {
+    const std::string gpuPath = gpuSysfsPath();
+    verbs::DeviceOrder order = [&](ibv_device** list, int n) {
+      std::vector<std::pair<int, int>> c;  // (distance, index)
+      for (int i = 0; i < n; ++i)
+        if (mlx5dv_is_supported(list[i]))
+          c.emplace_back(mlx5nic::pciDistance(gpuPath, realPath(std::string(list[i]->ibdev_path) + "/device")), i);
+      std::stable_sort(c.begin(), c.end(), [](auto& x, auto& y) { return x.first < y.first; });
+      std::vector<int> idx;
+      for (auto& [d, i] : c) idx.push_back(i);
+      return idx;
+    };
+    dev_ = verbs::openPort(verbs::envOr(cfg_.device, "GIN_IB_DEVICE"),
+                           "use GIN_TRANSPORT=proxy, or GIN_IBGDA_DEVICE=soft for the soft NIC", "mlx5", order);
+    verbs::chooseAddress(dev_, cfg_.gidIndex);
+    if (dev_.devAttr.atomic_cap == IBV_ATOMIC_NONE)
+      fail(dev_.name +
+           " reports no RDMA atomics (IBV_ATOMIC_NONE: mlx5_ib says so when the HCA is not in the "
+           "host-endianness atomic mode); gin's SignalInc/SignalAdd over ibgda are RDMA fetch-adds. Use "
+           "GIN_TRANSPORT=proxy");
+  }
+
+  void createQueues(const std::vector<bool>& wanted) {
+    pd_.reset(ibv_alloc_pd(dev_.ctx.get()));
+    if (!pd_) fail("ibv_alloc_pd(" + dev_.name + ") failed: " + verbs::errnoText(errno));
+    const uint32_t depth = cfg_.qpDepth;
+    if (depth > uint32_t(dev_.devAttr.max_qp_wr) || depth > uint32_t(dev_.devAttr.max_cqe))
+      fail("CommConfig::ibgda.qpDepth " + std::to_string(depth) + " is more than " + dev_.name + " allows (max_qp_wr " +
+           std::to_string(dev_.devAttr.max_qp_wr) + ", max_cqe " + std::to_string(dev_.devAttr.max_cqe) + ")");
+    const size_t nQp = qps_.size();
+    scratch_ = HostMappedBuffer(cfg_.gpu, nQp * 8 + 8);
+    scratchMr_ = verbs::registerMemory(pd_.get(), static_cast<char*>(scratch_.host()), nQp * 8 + 8, false,
+                                       IBV_ACCESS_LOCAL_WRITE, cfg_.cudaDevice);
+    std::mt19937 rng(std::random_device{}());
+    for (int ctx = 0; ctx < nCtx_; ++ctx)
+      for (int p = 0; p < nRanks_; ++p) {
+        if (!wanted[size_t(p)]) continue;
+        Qp& q = qps_[size_t(ctx) * size_t(nRanks_) + size_t(p)];
+        const std::string what = "context " + std::to_string(ctx) + ", peer " + std::to_string(p);
+        // The CQ: 64-byte CQEs whatever MLX5_CQE_SIZE says (the device code parses 64).
+        ibv_cq_init_attr_ex ca{};
+        ca.cqe = depth;
+        mlx5dv_cq_init_attr ma{};
+        ma.comp_mask = MLX5DV_CQ_INIT_ATTR_MASK_CQE_SIZE;
+        ma.cqe_size = 64;
+        ibv_cq_ex* cqx = mlx5dv_create_cq(dev_.ctx.get(), &ca, &ma);
+        if (!cqx)
+          fail("mlx5dv_create_cq(" + std::to_string(depth) + " CQEs) for " + what +
+               " failed: " + verbs::errnoText(errno));
+        q.cq.reset(ibv_cq_ex_to_cq(cqx));
+        // The QP: every WQE gin posts is one 64-byte basic block (at most
+        // ctrl + raddr + atomic + data, or 8 bytes inline), so the send
+        // queue is exactly qpDepth WQEBBs. No receive queue: gin posts no
+        // SEND and no WRITE_IMM.
+        ibv_qp_init_attr qa{};
+        qa.send_cq = q.cq.get();
+        qa.recv_cq = q.cq.get();
+        qa.qp_type = IBV_QPT_RC;
+        qa.sq_sig_all = 0;
+        qa.cap.max_send_wr = depth;
+        qa.cap.max_recv_wr = 0;
+        qa.cap.max_send_sge = 1;
+        qa.cap.max_recv_sge = 0;
+        qa.cap.max_inline_data = 8;
+        q.qp.reset(ibv_create_qp(pd_.get(), &qa));
+        if (!q.qp)
+          fail("ibv_create_qp(RC, " + std::to_string(depth) + " WQEs) for " + what +
+               " failed: " + verbs::errnoText(errno));
+        mlx5dv_qp dq{};
+        mlx5dv_cq dc{};
+        mlx5dv_obj obj{};
+        obj.qp.in = q.qp.get();
+        obj.qp.out = &dq;
+        obj.cq.in = q.cq.get();
+        obj.cq.out = &dc;
+        if (const int e = mlx5dv_init_obj(&obj, MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ))
+          fail("mlx5dv_init_obj(QP, CQ) for " + what + " failed: " + verbs::errnoText(e));
+        checkGeometry(dq, dc, what);
+        q.psn = rng() & 0xffffff;
+        Queues& v = q.view;
+        v.qpn = q.qp->qp_num;
+        v.nWqe = dq.sq.wqe_cnt;
+        v.nCqe = dc.cqe_cnt;
+        v.sq = reinterpret_cast<uint8_t*>(map(dq.sq.buf, size_t(dq.sq.wqe_cnt) * dq.sq.stride, false));
+        v.dbrec = reinterpret_cast<uint32_t*>(map(dq.dbrec, 8, false));
+        v.uar = reinterpret_cast<uint64_t*>(map(dq.bf.reg, 8, true));
+        v.cq = reinterpret_cast<mlx5::Cqe64*>(map(dc.buf, size_t(dc.cqe_cnt) * dc.cqe_size, false));
+        v.cqDbrec = reinterpret_cast<uint32_t*>(map(dc.dbrec, 8, false));
+        verbs::toInit(
+            q.qp.get(), dev_,
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC, what);
+      }
+  }
+
+  // What the device code assumes of the queues (gin/device/transport/ibgda.hpp).
+  void checkGeometry(const mlx5dv_qp& dq, const mlx5dv_cq& dc, const std::string& what) const {
+    std::string bad;
+    if (dq.sq.stride != mlx5::kSendWqeBB) bad += "send queue stride " + std::to_string(dq.sq.stride) + " (need 64); ";
+    if (dq.sq.wqe_cnt != cfg_.qpDepth)
+      bad += "send queue of " + std::to_string(dq.sq.wqe_cnt) +
+             " WQEBBs (need exactly qpDepth = " + std::to_string(cfg_.qpDepth) + "); ";
+    if (dc.cqe_size != sizeof(mlx5::Cqe64)) bad += "CQE size " + std::to_string(dc.cqe_size) + " (need 64); ";
+    if (dc.cqe_cnt < cfg_.qpDepth || (dc.cqe_cnt & (dc.cqe_cnt - 1)))
+      bad += "CQ of " + std::to_string(dc.cqe_cnt) + " entries (need a power of two >= qpDepth); ";
+    if (!dq.sq.buf || !dq.dbrec || !dq.bf.reg || !dc.buf || !dc.dbrec) bad += "a null queue address; ";
+    if (!bad.empty())
+      fail("the queues libmlx5 made for " + what + " on " + dev_.name +
+           " do not fit gin's device code: " + bad.substr(0, bad.size() - 2));
+  }
+
+  // The address a rank's threads use for [p, p+bytes): p itself on CPU
+  // ranks; on GPU ranks the mapping of the page run that holds it, registered
+  // once (libmlx5 packs doorbell records, and UARs, several to a page).
+  void* map(void* p, size_t bytes, bool io) {
+    if (!cfg_.gpu) return p;
+#if GIN_WITH_CUDA
+    const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+    const uintptr_t a = uintptr_t(p) & ~(page - 1), b = (uintptr_t(p) + bytes + page - 1) & ~(page - 1);
+    auto holder = [&](uintptr_t x) -> std::map<uintptr_t, Run>::iterator {
+      auto it = runs_.upper_bound(x);
+      if (it == runs_.begin()) return runs_.end();
+      --it;
+      return x < it->first + it->second.bytes ? it : runs_.end();
+    };
+    for (uintptr_t x = a; x < b;) {  // register every page run not yet registered
+      if (holder(x) != runs_.end()) {
+        x += page;
+        continue;
+      }
+      uintptr_t e = x + page;
+      while (e < b && holder(e) == runs_.end()) e += page;
+      unsigned flags = cudaHostRegisterMapped | cudaHostRegisterPortable | (io ? cudaHostRegisterIoMemory : 0u);
+      if (const cudaError_t r = cudaHostRegister(reinterpret_cast<void*>(x), e - x, flags); r != cudaSuccess) {
+        (void)cudaGetLastError();
+        fail(std::string("cudaHostRegister(") + (io ? "the UAR page, IoMemory" : "a queue buffer") + ", " +
+             std::to_string(e - x) + " bytes) failed: " + cudaGetErrorString(r) +
+             (io ? " (the GPU must be able to reach the NIC's BAR: same PCIe root or peer-to-peer allowed)" : ""));
+      }
+      void* d = nullptr;
+      GIN_CUDA_CHECK(cudaHostGetDevicePointer(&d, reinterpret_cast<void*>(x), 0));
+      runs_[x] = Run{e - x, static_cast<char*>(d)};
+      x = e;
+    }
+    auto it = holder(uintptr_t(p));
+    return it->second.device + (uintptr_t(p) - it->first);
+#else
+    (void)bytes, (void)io;
+    fail("a GPU rank, but gin was built without the CUDA runtime");
+#endif
+  }
+  void unmapAll() {
+#if GIN_WITH_CUDA
+    for (auto& [host, run] : runs_) (void)cudaHostUnregister(reinterpret_cast<void*>(host));
+    (void)cudaGetLastError();
+#endif
+    runs_.clear();
+  }
+
+  // Exchange every QP's address and bring it to RTS; the vote at the end is
+  // also the barrier after which any rank may post.
+  void connect() {
+    const size_t row = size_t(nCtx_) * size_t(nRanks_);  // per rank: [ctx][peer]
+    std::vector<verbs::RcAddress> all(row * size_t(nRanks_));
+    for (int ctx = 0; ctx < nCtx_; ++ctx)
+      for (int p = 0; p < nRanks_; ++p) {
+        const Qp& q = qps_[size_t(ctx) * size_t(nRanks_) + size_t(p)];
+        if (q.qp)
+          all[size_t(me_) * row + size_t(ctx) * size_t(nRanks_) + size_t(p)] =
+              verbs::localAddress(dev_, q.qp->qp_num, q.psn);
+      }
+    bs_.allGather(all.data(), sizeof(verbs::RcAddress) * row);
+    std::string err;
+    try {
+      for (int ctx = 0; ctx < nCtx_; ++ctx)
+        for (int p = 0; p < nRanks_; ++p) {
+          Qp& q = qps_[size_t(ctx) * size_t(nRanks_) + size_t(p)];
+          if (!q.qp) continue;
+          const verbs::RcAddress& r = all[size_t(p) * row + size_t(ctx) * size_t(nRanks_) + size_t(me_)];
+          const std::string what = "context " + std::to_string(ctx) + ", peer " + std::to_string(p);
+          if (!r.qpn) fail("rank " + std::to_string(p) + " has no ibgda QP towards this rank (" + what + ")");
+          verbs::toRts(q.qp.get(), dev_, r, q.psn, what);
+        }
+    } catch (const std::exception& e) {
+      err = verbs::ownText(e);
+    }
+    verbs::agreeOrThrow(bs_, err, "connecting queue pairs", kWho);
+  }
+};
+
+#endif  // GIN_WITH_MLX5
+
+}  // namespace gin
