@@ -181,6 +181,16 @@ GIN_HD inline bool msgBurst(const gin::DevComm& dc, int ctx, int peer, int count
   return net.flush(gin::CoopThread{});
 }
 
+// msg-rate over ibgda: one producer thread posts `count` SignalAdd WQEs
+// (fetch-add; nothing to publish) to `peer` on context `ctx`, then flushes:
+// it returns once the NIC completed them.
+GIN_HD inline bool postBurst(const gin::DevComm& dc, int ctx, int peer, int count) {
+  gin::Net<gin::kBackendIbgda> net(dc, ctx);
+  for (int i = 0; i < count; ++i)
+    net.signal(gin::teamWorld(dc), peer, gin::SignalAdd{kSigMsg, 1}, gin::CoopThread{}, gin::Scope::System);
+  return net.flush(gin::CoopThread{});
+}
+
 // msg-rate latency: one descriptor at a time, from the push to the moment the
 // producer sees the engine's consumer index pass it (flush). Sum of ns.
 // *pushNs: the part of it spent in the push itself (until signal() returns).
@@ -272,6 +282,12 @@ __global__ void msgBurstKernel(gin::DevComm dc, int peer, int count, unsigned lo
   if (threadIdx.x % 32 != 0) return;
   const int w = int(blockIdx.x) * int(blockDim.x / 32) + int(threadIdx.x / 32);
   if (!msgBurst(dc, w % dc.nContexts, peer, count)) atomicAdd(failed, 1ull);
+}
+
+// Every thread of the launch is a producer, on context (global thread index) % nContexts.
+__global__ void postBurstKernel(gin::DevComm dc, int peer, int count, unsigned long long* failed) {
+  const int t = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (!postBurst(dc, t % dc.nContexts, peer, count)) atomicAdd(failed, 1ull);
 }
 
 __global__ void msgLatencyKernel(gin::DevComm dc, int peer, int iters, unsigned long long* out) {
@@ -553,6 +569,7 @@ struct Options {
   Op op = Op::PutBw;
   std::string opName;
   std::string transport = "lsa";
+  bool transportGiven = false;
   int ranks = 0;  // 0: default
   bool emulate = false;
   bool sizesGiven = false;
@@ -563,11 +580,13 @@ struct Options {
 };
 
 const char* kUsage =
-    "usage: gin-bench OP [--transport lsa|proxy] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
+    "usage: gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
     "                    [--json FILE] [--no-nccl]\n"
     "  OP            put-bw | signal-lat | barrier | msg-rate (descriptors/s into the proxy)\n"
     "  --transport   lsa (default) or proxy (every peer through the proxy engine; msg-rate\n"
-    "                always uses it). With proxy, ranks may share a GPU (--ranks > GPUs)\n"
+    "                uses it unless told ibgda). With proxy, ranks may share a GPU (--ranks > GPUs)\n"
+    "                ibgda: msg-rate only, the WQE post rate into the soft NIC in sink mode\n"
+    "                (GIN_IBGDA_DEVICE picks another NIC)\n"
     "  --ranks N     GPUs: default all visible (one host thread + gin::Comm per GPU);\n"
     "                --emulate: CPU ranks as threads, default 2\n"
     "  --emulate     run CPU ranks (threads) through the same gin device API; also the\n"
@@ -646,8 +665,9 @@ Options parseArgs(int argc, char** argv) {
       std::exit(0);
     } else if (a == "--transport") {
       o.transport = value();
-      if (o.transport != "lsa" && o.transport != "proxy")
-        usageError("--transport " + o.transport + ": expected lsa or proxy (ibgda is not in gin-bench yet)");
+      if (o.transport != "lsa" && o.transport != "proxy" && o.transport != "ibgda")
+        usageError("--transport " + o.transport + ": expected lsa, proxy or ibgda");
+      o.transportGiven = true;
     } else if (a == "--ranks") {
       long n = 0;
       const std::string v = value();
@@ -693,7 +713,11 @@ Options parseArgs(int argc, char** argv) {
     }
   }
   if (!haveOp) usageError("no OP given");
-  if (o.op == Op::MsgRate) o.transport = "proxy";
+  if (o.op == Op::MsgRate && o.transport != "ibgda") o.transport = "proxy";
+  if (o.transport == "ibgda" && o.op != Op::MsgRate)
+    usageError(
+        "--transport ibgda measures msg-rate only (the post rate into a sink NIC): no ConnectX device was "
+        "available to measure put-bw, signal-lat or barrier over a real NIC");
   if (o.sizesGiven && o.op != Op::PutBw) usageError("--sizes applies to put-bw only");
   if (o.op == Op::SignalLat && o.iters == 1) usageError("signal-lat needs --iters of at least 2");
   return o;
@@ -741,6 +765,9 @@ class Engine {
   virtual double msgLatencyNs(int peer, int iters, double* pushNs) = 0;
   // Mean ns of one rawEcho round trip through words where the rings live.
   virtual double rawEchoNs(int iters) = 0;
+  // msg-rate over ibgda: seconds for `ctas` x `threads` producer threads to
+  // post `count` WQEs each and see them completed; throws if a flush gave up.
+  virtual double postRate(int ctas, int threads, int peer, int count) = 0;
 
  protected:
   gin::Comm& comm_;
@@ -854,6 +881,18 @@ class CpuEngine final : public Engine {
     const double s = seconds(t0);
     comm_.check();
     if (!ok) throw gin::Error("msg-rate: a flush gave up without a device error record");
+    return s;
+  }
+  // A CPU rank has one producer thread: the launch's threads run in turn.
+  double postRate(int ctas, int threads, int peer, int count) override {
+    const gin::DevComm& dc = comm_.devComm();
+    const int producers = ctas * threads;
+    bool ok = true;
+    const auto t0 = Clock::now();
+    for (int t = 0; t < producers; ++t) ok = postBurst(dc, t % dc.nContexts, peer, count) && ok;
+    const double s = seconds(t0);
+    comm_.check();
+    if (!ok) throw gin::Error("msg-rate: an ibgda flush gave up without a device error record");
     return s;
   }
   double msgLatencyNs(int peer, int iters, double* pushNs) override {
@@ -1032,6 +1071,13 @@ class GpuEngine final : public Engine {
     const double s =
         timed([&] { msgBurstKernel<<<ctas, threads, 0, stream_>>>(comm_.devComm(), peer, count, scratch_); });
     if (fetch(0)) throw gin::Error("msg-rate: a flush gave up without a device error record");
+    return s;
+  }
+  double postRate(int ctas, int threads, int peer, int count) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    const double s =
+        timed([&] { postBurstKernel<<<ctas, threads, 0, stream_>>>(comm_.devComm(), peer, count, scratch_); });
+    if (fetch(0)) throw gin::Error("msg-rate: an ibgda flush gave up without a device error record");
     return s;
   }
   double msgLatencyNs(int peer, int iters, double* pushNs) override {
@@ -1745,8 +1791,12 @@ void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
 
 // ---- msg-rate ----
 
+void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
+                 const std::vector<std::string>& where);
+
 void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
                 const std::vector<std::string>& where) {
+  if (o.transport == "ibgda") return runPostRate(comm, e, o, s, rep, where);
   const int me = comm.rank(), n = comm.nRanks(), peer = 1 % n;
   const bool gpu = e.gpu();
   if (!comm.proxyEngine()) throw gin::Error("msg-rate measures the proxy transport, which this communicator lacks");
@@ -1864,6 +1914,94 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
   rep->json.set("raw_echo_us_median", median(echo));
 }
 
+// ---- msg-rate over ibgda: the WQE post rate ----
+
+void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
+                 const std::vector<std::string>& where) {
+  const int me = comm.rank(), n = comm.nRanks(), peer = 1 % n;
+  const bool gpu = e.gpu();
+  gin::IbgdaTransport* ib = comm.ibgda();
+  if (!ib) throw gin::Error("msg-rate --transport ibgda: this communicator has no ibgda transport");
+  const int sms = bcast(comm, e.maxCtas(), 0);
+  struct ShapeRow {
+    std::string name;
+    int ctas, threads;
+  };
+  std::vector<ShapeRow> shapes = {{"1 thread", 1, 1}, {"1 warp (32 threads)", 1, 32}};
+  if (gpu) {
+    shapes.push_back({"1 SM (1 CTA x 256 threads)", 1, 256});
+    shapes.push_back({fmt("the whole GPU (%d CTAs x 256 threads)", sms), sms, 256});
+  }
+  // The sink consumes a few million WQEs/s: 256 Ki per run keeps the op under a minute.
+  const uint64_t perShape = o.iters ? uint64_t(o.iters) : (gpu ? (256ull << 10) : (64ull << 10));
+  struct Res {
+    std::string name;
+    int producers;
+    uint64_t each;
+    std::vector<double> rates;
+  };
+  std::vector<Res> res;
+  for (const ShapeRow& sh : shapes) {
+    const int producers = sh.ctas * sh.threads;
+    const int each = int(std::max<uint64_t>(8, perShape / uint64_t(producers)));
+    Res r{sh.name, producers, uint64_t(each), {}};
+    for (int run = -1; run < kLatRuns; ++run) {
+      comm.bootstrap().barrier();
+      if (me == 0) {
+        const int count = run < 0 ? std::min(each, 16) : each;
+        const uint64_t before = ib->nicExecuted();
+        const double t = e.postRate(sh.ctas, sh.threads, peer, count);
+        const uint64_t done = ib->nicExecuted() - before, want = uint64_t(producers) * uint64_t(count);
+        // Every flush returned, so the NIC completed every WQE: exactly that many.
+        if (ib->softNic() && done != want)
+          throw Failure(fmt("msg-rate verification failed (%s): the NIC completed %" PRIu64 " WQEs, %" PRIu64
+                            " were posted",
+                            sh.name.c_str(), done, want));
+        if (run >= 0) r.rates.push_back(double(want) / t / 1e6);
+      }
+    }
+    if (me == 0) std::fprintf(stderr, "gin-bench msg-rate (ibgda): %s done\n", sh.name.c_str());
+    res.push_back(std::move(r));
+  }
+  comm.bootstrap().barrier();
+  if (me != 0) return;
+  rep->head = headLines(o, s, where);
+  const gin::IbgdaConfig& ic = ib->config();
+  rep->method = {
+      fmt("producers: every thread of the launch posts EACH SignalAdd(+1) WQEs (mlx5 atomic fetch-add, "
+          "alreadyReleased) to rank %d on context (thread index %% %d), then flush()es (polls its CQ up to its "
+          "last WQE)",
+          peer, comm.devComm().nContexts),
+      fmt("queues: %d contexts x %d peers QPs of %u WQEs in %s; doorbell %s; NIC: %s", comm.devComm().nContexts, n,
+          ic.qpDepth, gpu ? "mapped pinned host memory" : "host memory",
+          ic.deferDoorbell ? "deferred to flush" : "rung per post", ib->nicName().c_str()),
+      "the sink NIC only completes: it reads each WQE's control segment and writes a CQE, nothing else, so the "
+      "rate is gin's own posting cost (slot reservation, WQE build, in-order publication, doorbell record and "
+      "UAR write, CQ polling) plus the sink's consumption",
+      fmt("rate = WQEs / (%s around the launch); warm-up launch of up to 16 WQEs per producer; %d timed runs: "
+          "median, min, max",
+          timerName(gpu).c_str(), kLatRuns),
+      ib->softNic() ? "verified: after each launch the NIC completed exactly the WQEs posted (none lost, none run "
+                      "twice)"
+                    : "verified: every flush returned (a real NIC does not report a count to check)",
+  };
+  rep->table.header = {"producers", "WQEs each", "median M WQE/s", "min", "max"};
+  J rows = J::arr();
+  for (auto& r : res) {
+    const double m = median(r.rates);
+    rep->table.rows.push_back({r.name, fmt("%" PRIu64, r.each), fmt("%.2f", m),
+                               fmt("%.2f", *std::min_element(r.rates.begin(), r.rates.end())),
+                               fmt("%.2f", *std::max_element(r.rates.begin(), r.rates.end()))});
+    rows.push(J::obj()
+                  .set("producers", r.name)
+                  .set("count", double(r.producers))
+                  .set("each", double(r.each))
+                  .set("mwqe_per_s_median", m));
+  }
+  commonJson(*rep, o, s, where);
+  rep->json.set("rates", std::move(rows));
+}
+
 // ---------------------------------------------------------------------------
 // Driver.
 
@@ -1875,11 +2013,23 @@ int visibleGpus() {
 #endif
 }
 
+// --transport into the Comm's config. ibgda: the soft NIC as a sink unless
+// GIN_IBGDA_DEVICE names another NIC.
+void setTransport(const Options& o, gin::CommConfig* cfg) {
+  if (o.transport == "ibgda") {
+    cfg->transport = gin::TransportChoice::Ibgda;
+    const char* dev = std::getenv("GIN_IBGDA_DEVICE");
+    cfg->ibgda.device = dev && *dev ? gin::IbgdaConfig::Device::Auto : gin::IbgdaConfig::Device::SoftSink;
+  } else {
+    cfg->transport = o.transport == "proxy" ? gin::TransportChoice::Proxy : gin::TransportChoice::Lsa;
+  }
+}
+
 Setup decide(const Options& o) {
   Setup s;
   const bool needsTwo = o.op == Op::PutBw || o.op == Op::SignalLat;
   // Over the proxy the GPUs never address each other, so ranks may share one.
-  const bool mayShare = o.transport == "proxy" && o.op != Op::PutBw;
+  const bool mayShare = o.transport != "lsa" && o.op != Op::PutBw;
   const int gpus = o.emulate ? 0 : visibleGpus();
   if (!o.emulate && gpus == 0) {
 #if defined(__CUDACC__)
@@ -1952,7 +2102,7 @@ int run(const Options& o, const Setup& s, Report& rep) {
         gin::CommConfig cfg;
         cfg.device = s.gpu ? gin::DeviceKind::Gpu : gin::DeviceKind::Cpu;
         if (s.gpu) cfg.cudaDevice = r % s.gpus;
-        cfg.transport = o.transport == "proxy" ? gin::TransportChoice::Proxy : gin::TransportChoice::Lsa;
+        setTransport(o, &cfg);
         gin::Comm comm(group.rank(r), cfg);
         comm.makeCurrent();
         std::unique_ptr<Engine> e = makeEngine(comm, s);
@@ -1998,7 +2148,7 @@ int runProcess(const Options& o, Setup s, Report& rep) {
   }
   gin::CommConfig cfg;
   cfg.device = s.gpu ? gin::DeviceKind::Gpu : gin::DeviceKind::Cpu;
-  cfg.transport = o.transport == "proxy" ? gin::TransportChoice::Proxy : gin::TransportChoice::Lsa;
+  setTransport(o, &cfg);
   const int r = bs->rank();
   try {
     gin::Comm comm(*bs, cfg);  // GPU: LOCAL_RANK (modulo the visible GPUs)

@@ -252,6 +252,92 @@ TEST_CASE("GPU ibgda: putValue with SignalAdd and SignalSet from every warp", "[
   GPU_CHECK(cudaFree(ok));
 }
 
+namespace {
+// Through the Comm: GPU ranks sharing the GPU, the soft NIC copying into
+// device-memory windows and applying signals in mapped host memory.
+__global__ void putEveryWarpTo(DevComm dc, int peer, Window dst, Window src, size_t chunk) {
+  const int warp = threadIdx.x / 32;
+  const size_t id = size_t(blockIdx.x) * kWarps + warp;
+  const int ctx = int(id % kContexts);
+  NetI net(dc, ctx);
+  net.put(teamWorld(dc), peer, dst, id * chunk, src, id * chunk, chunk, SignalInc{uint32_t(ctx)},
+          CounterInc{uint32_t(ctx)}, CoopWarp{});
+  net.putValue(teamWorld(dc), peer, dst, size_t(kCtas) * kWarps * chunk + id * 8, uint64_t(id + 1),
+               SignalAdd{uint32_t(8 + ctx), 3}, CoopWarp{});
+}
+
+// Thread c: signal base + c reads exactly `value`; counts the matches.
+__global__ void exactSignals(DevComm dc, uint32_t base, uint64_t value, int* matches) {
+  if (threadIdx.x == 0) *matches = 0;
+  __syncthreads();
+  if (Net(dc, 0).readSignal(base + threadIdx.x) == value) atomicAdd(matches, 1);
+}
+
+CommConfig softNicConfig() {
+  CommConfig c = gputest::gpuConfig();
+  c.transport = TransportChoice::Ibgda;
+  c.ibgda.device = IbgdaConfig::Device::Soft;
+  c.nContexts = kContexts;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("GPU ibgda through the Comm: GPU ranks sharing a GPU put to the next rank through the soft NIC",
+          "[gpu][ibgda][comm]") {
+  constexpr size_t kChunk = 1000;
+  const size_t puts = size_t(kCtas) * kWarps, total = puts * kChunk + puts * 8;
+  // 1 and 2 ranks passed on an H100 (2026-11-23). 3 ranks on the one GPU
+  // stopped once with ibgdaQueueFull two WQEs short of the end (an error,
+  // not a hang): not understood yet, so not claimed; see docs/performance.md.
+  for (int n : {1, 2}) {
+    CAPTURE(n);
+    REQUIRE_NOTHROW(gputest::runRanksOnStreams(
+        n,
+        [&](Comm& comm, cudaStream_t st) {
+          const int me = comm.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+          expect(comm.transportTo(next) == Transport::Ibgda, "transport is not ibgda");
+          Window src = comm.allocWindow(total), dst = comm.allocWindow(total);
+          std::vector<uint8_t> h(total);
+          for (size_t i = 0; i < total; ++i) h[i] = gputest::pattern(7, me, i);
+          GPU_CHECK(cudaMemcpy(comm.localPointer(src), h.data(), total, cudaMemcpyHostToDevice));
+          GPU_CHECK(cudaMemset(comm.localPointer(dst), kPoison, total));
+          GPU_CHECK(cudaDeviceSynchronize());
+          comm.bootstrap().barrier();
+          int* ok = nullptr;
+          GPU_CHECK(cudaMalloc(&ok, kContexts * sizeof(int)));
+          putEveryWarpTo<<<kCtas, 32 * kWarps, 0, st>>>(comm.devComm(), next, dst, src, kChunk);
+          const uint64_t perCtx = puts / kContexts;
+          waitAndFlush<<<kContexts, 128, 0, st>>>(comm.devComm(), perCtx, perCtx, ok);
+          comm.synchronize();
+          GPU_CHECK(cudaStreamSynchronize(st));
+          int okh[kContexts];
+          GPU_CHECK(cudaMemcpy(okh, ok, sizeof okh, cudaMemcpyDeviceToHost));
+          cudaFree(ok);
+          for (int c = 0; c < kContexts; ++c) expect(okh[c] == 1, "flush/wait on context " + std::to_string(c));
+          comm.bootstrap().barrier();  // every rank's puts have landed (the signals said so)
+          GPU_CHECK(cudaMemcpy(h.data(), comm.localPointer(dst), total, cudaMemcpyDeviceToHost));
+          for (size_t i = 0; i < puts * kChunk; ++i)
+            if (h[i] != gputest::pattern(7, prev, i))
+              expect(false, "byte " + std::to_string(i) + " from rank " + std::to_string(prev) + " is wrong");
+          for (size_t i = 0; i < puts; ++i) {
+            uint64_t v;
+            std::memcpy(&v, h.data() + puts * kChunk + 8 * i, 8);
+            if (v != i + 1) expect(false, "value " + std::to_string(i) + " is " + std::to_string(v));
+          }
+          GPU_CHECK(cudaMalloc(&ok, sizeof(int)));
+          exactSignals<<<1, kContexts, 0, st>>>(comm.devComm(), 8, 3 * perCtx, ok);
+          GPU_CHECK(cudaStreamSynchronize(st));
+          GPU_CHECK(cudaMemcpy(okh, ok, sizeof(int), cudaMemcpyDeviceToHost));
+          cudaFree(ok);
+          expect(okh[0] == kContexts, "SignalAdd totals");
+          comm.bootstrap().barrier();
+          comm.deregisterWindow(src);
+          comm.deregisterWindow(dst);
+        },
+        softNicConfig()));
+  }
+}
+
 int main(int argc, char** argv) {
   if (gputest::gpuCount() == 0) return gputest::skipNoGpu("GPU ibgda suite");
   return Catch::Session().run(argc, argv);

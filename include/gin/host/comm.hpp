@@ -624,12 +624,18 @@ class Comm {
         std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Proxy)) != transports_.end();
     uint64_t* signals = reinterpret_cast<uint64_t*>(shared_.data());
     uint64_t* counters = reinterpret_cast<uint64_t*>(local_.data() + offCounter);
+    // The soft NIC applies ibgda signals with CPU atomics: on GPU ranks it
+    // needs them in host memory too (a real NIC's atomics reach GPU memory).
+    const bool softNicSignals =
+        gpu_ && dev_.ibgdaAll != 0 && detail::ibgdaDevice(cfg_.ibgda.device) != IbgdaConfig::Device::Mlx5;
     if (proxy) buildRings();
-    if (proxy && gpu_) {
-      // Only the proxy touches signals then (every peer goes through it: GPU
-      // ranks have no mixed lsa/proxy mode), so the device-memory signal
-      // words in `shared_` stay unused and the peers' pointers are left null.
-      placeProxyWordsInHostMemory(sigWords * 8, nC * 8, &signals, &counters);
+    if ((proxy || softNicSignals) && gpu_) {
+      // Only the proxy (or the soft NIC) touches signals then (every peer
+      // goes through it: GPU ranks have no mixed mode), so the device-memory
+      // signal words in `shared_` stay unused and the peers' pointers are
+      // left null. Counters move to host memory only for the proxy, whose
+      // engine updates them; ibgda kernels count completions themselves.
+      placeProxyWordsInHostMemory(sigWords * 8, nC * 8, &signals, proxy ? &counters : nullptr);
       std::fill(sigPtrs.begin(), sigPtrs.end(), nullptr);
       local_.upload(offSigPtrs, sigPtrs.data(), L * 8);
     }
@@ -707,8 +713,10 @@ class Comm {
         exchange(proxySignals_.share(proxySignals_.data()), proxySignals_.data(), proxySignalPeers_);
     proxySignals_.unlinkName();
     for (size_t i = 0; i < hostBases.size(); ++i) lsaSignalPtrs_[i] = reinterpret_cast<uint64_t*>(hostBases[i]);
-    proxyCounters_ = HostMappedBuffer(true, counterBytes ? counterBytes : 8);
-    *counters = static_cast<uint64_t*>(proxyCounters_.device());
+    if (counters) {
+      proxyCounters_ = HostMappedBuffer(true, counterBytes ? counterBytes : 8);
+      *counters = static_cast<uint64_t*>(proxyCounters_.device());
+    }
     hostReader_ = std::make_unique<GpuCopier>(cudaDev_);
 #else
     (void)sigBytes, (void)counterBytes, (void)signals, (void)counters;

@@ -108,13 +108,14 @@ class IbgdaTransport {
           "GIN_TRANSPORT=proxy");
 #endif
     }
-    if (gpu)
-      throw Error(
-          "the ibgda transport's soft NIC runs with CPU ranks only so far (it reads windows with host "
-          "loads); use DeviceKind::Cpu or GIN_DEVICE=cpu on rank " +
-          std::to_string(rank_));
+    gpu_ = gpu;
     nic_ = std::make_unique<SoftNic>(device == IbgdaConfig::Device::SoftSink ? SoftNic::Mode::Sink
                                                                              : SoftNic::Mode::Execute);
+    // GPU ranks: windows are device memory, which the soft NIC reaches by
+    // copies on a stream of its own (synchronous: the payload lands before
+    // the CQE and before any later WQE of the QP). The Comm keeps the signal
+    // arrays in mapped host memory for it, so atomics stay CPU atomics.
+    if (gpu) startDeviceCopies();
     const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg.qpDepth;
 
     // NIC-facing memory: per QP the SQ, the CQ, a line with the doorbell
@@ -124,6 +125,10 @@ class IbgdaTransport {
     nicMem_ = HostMappedBuffer(gpu, qpBytes_ * nQp + nQp * 8 + 64);
     char* nic = align64(static_cast<char*>(nicMem_.host()));
     char* scratch = nic + qpBytes_ * nQp;
+    // The address a kernel uses for host address h of nicMem_.
+    const auto onDevice = [&](char* h) {
+      return static_cast<char*>(nicMem_.device()) + (h - static_cast<char*>(nicMem_.host()));
+    };
 
     // Producer state, counter side tables, QP table, IbgdaDev, window keys.
     const size_t offState = 0, offCounterOf = offState + nQp * sizeof(IbgdaQpState),
@@ -137,20 +142,21 @@ class IbgdaTransport {
 
     std::vector<IbgdaQpDev> qps(nQp);
     std::vector<uint32_t> noCounter(depth, kIbgdaNoCounter);
-    nic_->addLocalRegion(kScratchKey, reinterpret_cast<uint64_t>(scratch), nQp * 8, scratch);
+    nic_->addLocalRegion(kScratchKey, reinterpret_cast<uint64_t>(onDevice(scratch)), nQp * 8, scratch);
     for (size_t ctx = 0; ctx < nCtx; ++ctx)
       for (size_t p = 0; p < nR; ++p) {
         const size_t i = ctx * nR + p;
         char* q = nic + i * qpBytes_;
+        char* qd = onDevice(q);
         IbgdaQpDev& d = qps[i];
-        d.sq = reinterpret_cast<uint8_t*>(q);
-        d.cq = reinterpret_cast<mlx5::Cqe64*>(q + depth * 64);
-        d.dbrec = reinterpret_cast<uint32_t*>(q + depth * 128);
-        d.cqDbrec = reinterpret_cast<uint32_t*>(q + depth * 128 + 8);
-        d.uar = reinterpret_cast<uint64_t*>(q + depth * 128 + 64);
+        d.sq = reinterpret_cast<uint8_t*>(qd);
+        d.cq = reinterpret_cast<mlx5::Cqe64*>(qd + depth * 64);
+        d.dbrec = reinterpret_cast<uint32_t*>(qd + depth * 128);
+        d.cqDbrec = reinterpret_cast<uint32_t*>(qd + depth * 128 + 8);
+        d.uar = reinterpret_cast<uint64_t*>(qd + depth * 128 + 64);
         d.state = reinterpret_cast<IbgdaQpState*>(base_ + offState) + i;
         d.counterOf = reinterpret_cast<uint32_t*>(base_ + offCounterOf) + i * depth;
-        d.scratchAddr = reinterpret_cast<uint64_t>(scratch + i * 8);
+        d.scratchAddr = reinterpret_cast<uint64_t>(onDevice(scratch + i * 8));
         d.scratchLkey = kScratchKey;
         d.qpn = qpnOf(i);
         d.nWqe = d.nCqe = uint32_t(depth);
@@ -160,13 +166,13 @@ class IbgdaTransport {
           throw Error("the soft NIC reaches only peers whose memory is mapped here (the lsa team); rank " +
                       std::to_string(p) + " is not one");
         SoftNic::Qp sq;
-        sq.sq = d.sq;
+        sq.sq = reinterpret_cast<uint8_t*>(q);
         sq.nWqe = d.nWqe;
-        sq.dbrec = d.dbrec;
-        sq.uar = d.uar;
-        sq.cq = d.cq;
+        sq.dbrec = reinterpret_cast<uint32_t*>(q + depth * 128);
+        sq.uar = reinterpret_cast<uint64_t*>(q + depth * 128 + 64);
+        sq.cq = reinterpret_cast<mlx5::Cqe64*>(q + depth * 64);
         sq.nCqe = d.nCqe;
-        sq.cqDbrec = d.cqDbrec;
+        sq.cqDbrec = reinterpret_cast<uint32_t*>(q + depth * 128 + 8);
         sq.qpn = d.qpn;
         sq.peer = int(p);
         nic_->addQp(sq);
@@ -202,6 +208,9 @@ class IbgdaTransport {
 
   ~IbgdaTransport() {
     nic_.reset();  // the NIC drains and stops before the queues go
+#if GIN_WITH_CUDA
+    if (copyStream_) (void)cudaStreamDestroy(copyStream_);
+#endif
 #if GIN_IBGDA_MLX5
     mlx5_.reset();
 #endif
@@ -229,6 +238,10 @@ class IbgdaTransport {
     return nic_ && nic_->mode() == SoftNic::Mode::Sink ? "soft NIC (sink)" : "soft NIC";
   }
   const IbgdaConfig& config() const { return cfg_; }
+  // Whether the soft NIC carries the queues, and the WQEs it has completed
+  // without error so far (0 on an mlx5 device, which does not count them).
+  bool softNic() const { return nic_ != nullptr; }
+  uint64_t nicExecuted() const { return nic_ ? nic_->executed() : 0; }
 
   // The key this rank's NIC gives window `id` (0: the signal array). Keys are
   // per rank in a real NIC; the soft NIC's are deterministic but still checked.
@@ -248,13 +261,14 @@ class IbgdaTransport {
                   std::to_string(cfg_.maxWindows) + " windows at once (window " + std::to_string(live_[slot]) +
                   " still holds slot " + std::to_string(slot) + "); raise it or deregister windows");
     live_[slot] = id;
-    nic_->addLocalRegion(keyOf(id), reinterpret_cast<uint64_t>(local), bytes, local);
+    nic_->addLocalRegion(keyOf(id), reinterpret_cast<uint64_t>(local), bytes, local, gpu_);
     std::vector<IbgdaRemoteKey> rem(static_cast<size_t>(nRanks_));
     for (int p = 0; p < nRanks_; ++p) {
       rem[size_t(p)] = IbgdaRemoteKey{ads[size_t(p)].addr, ads[size_t(p)].key, 0};
       const int li = p - lsaBase_;
       if (li >= 0 && li < int(lsaBases.size()))
-        nic_->addRemoteRegion(p, ads[size_t(p)].key, ads[size_t(p)].addr, ads[size_t(p)].bytes, lsaBases[size_t(li)]);
+        nic_->addRemoteRegion(p, ads[size_t(p)].key, ads[size_t(p)].addr, ads[size_t(p)].bytes, lsaBases[size_t(li)],
+                              gpu_);
     }
     table_.upload(tablePad_ + offWinRemote_ + size_t(slot) * size_t(nRanks_) * sizeof(IbgdaRemoteKey), rem.data(),
                   rem.size() * sizeof(IbgdaRemoteKey));
@@ -302,6 +316,48 @@ class IbgdaTransport {
   const IbgdaDev* dev_ = nullptr;
   std::vector<uint32_t> live_;  // window id per slot, 0: free
   std::unique_ptr<SoftNic> nic_;
+  bool gpu_ = false;
+#if GIN_WITH_CUDA
+  cudaStream_t copyStream_ = nullptr;
+  int cudaDevice_ = 0;
+  static constexpr size_t kBounceBytes = 1u << 20;
+  HostMappedBuffer bounce_;  // pinned staging of device-to-device copies
+#endif
+
+  // The soft NIC's copies for GPU ranks: cudaMemcpyAsync on a non-blocking
+  // stream (never behind the rank's kernels), then wait for it.
+  void startDeviceCopies() {
+#if GIN_WITH_CUDA
+    GIN_CUDA_CHECK(cudaGetDevice(&cudaDevice_));
+    GIN_CUDA_CHECK(cudaStreamCreateWithFlags(&copyStream_, cudaStreamNonBlocking));
+    bounce_ = HostMappedBuffer(true, kBounceBytes);
+    // Only copy-engine copies: host <-> device. A device-to-device copy may
+    // run as a kernel, which waits for SM room that the spinning kernels
+    // posting these WQEs may never give back; so device-to-device goes
+    // through a pinned bounce buffer, in pieces.
+    nic_->setDeviceCopy([this](void* dst, const void* src, size_t n) {
+      GIN_CUDA_CHECK(cudaSetDevice(cudaDevice_));
+      cudaPointerAttributes a{}, b{};
+      GIN_CUDA_CHECK(cudaPointerGetAttributes(&a, src));
+      GIN_CUDA_CHECK(cudaPointerGetAttributes(&b, dst));
+      if (a.type == cudaMemoryTypeDevice && b.type == cudaMemoryTypeDevice) {
+        char* stage = static_cast<char*>(bounce_.host());
+        for (size_t off = 0; off < n; off += kBounceBytes) {
+          const size_t k = n - off < kBounceBytes ? n - off : kBounceBytes;
+          GIN_CUDA_CHECK(
+              cudaMemcpyAsync(stage, static_cast<const char*>(src) + off, k, cudaMemcpyDeviceToHost, copyStream_));
+          GIN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, stage, k, cudaMemcpyHostToDevice, copyStream_));
+          GIN_CUDA_CHECK(cudaStreamSynchronize(copyStream_));
+        }
+        return;
+      }
+      GIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, copyStream_));
+      GIN_CUDA_CHECK(cudaStreamSynchronize(copyStream_));
+    });
+#else
+    throw Error("GPU ranks need the CUDA runtime");
+#endif
+  }
 #if GIN_IBGDA_MLX5
   std::unique_ptr<Mlx5Nic> mlx5_;
 #endif
