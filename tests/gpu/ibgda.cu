@@ -4,9 +4,10 @@
 // doorbell records, UAR words and CQs are in pinned mapped host memory; a
 // SoftNic thread on the host consumes them. One GPU, one rank, loopback QPs
 // (the soft NIC reads and writes the windows and signals, also pinned mapped
-// host memory). No gin::Comm: the Comm refuses GPU ranks over ibgda until the
-// soft NIC can reach device memory, so the test builds the DevComm by hand.
-// Skips (exit 77) where no GPU is visible.
+// host memory); the DevComm is built by hand. The last case goes through the
+// Comm: GPU ranks sharing the GPU, windows in device memory (the soft NIC
+// copies), signals in mapped host memory. Skips (exit 77) where no GPU is
+// visible.
 #include <catch2/catch_session.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>

@@ -4,7 +4,8 @@
 //
 // Two NICs. The soft NIC (gin/host/soft_nic.hpp), selected with
 // IbgdaConfig::device = Soft or GIN_IBGDA_DEVICE=soft: queues in host memory,
-// CPU ranks, peers whose memory is mapped in this process (the lsa team).
+// peers whose memory is mapped in this process (the lsa team); on GPU ranks
+// it reaches device-memory windows by copy-engine copies.
 // A real mlx5 (ConnectX) device through rdma-core (gin/host/ibgda_mlx5.hpp),
 // selected with Device::Mlx5 or GIN_IBGDA_DEVICE=mlx5 (and by Auto): it links
 // -libverbs -lmlx5, so it is compiled in only where the program asks for it
