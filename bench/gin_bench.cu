@@ -1791,6 +1791,29 @@ void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
 
 // ---- msg-rate ----
 
+// One shape's rates (msg-rate over the proxy and over ibgda).
+struct RateRes {
+  std::string name;
+  int producers;
+  uint64_t each;
+  std::vector<double> rates;
+};
+
+// A table row per shape (median, min, max in millions per second) and the
+// JSON rows, the median under `key`.
+J rateRows(Report* rep, const std::vector<RateRes>& res, const char* key) {
+  J rows = J::arr();
+  for (const RateRes& r : res) {
+    const double m = median(r.rates);
+    rep->table.rows.push_back({r.name, fmt("%" PRIu64, r.each), fmt("%.2f", m),
+                               fmt("%.2f", *std::min_element(r.rates.begin(), r.rates.end())),
+                               fmt("%.2f", *std::max_element(r.rates.begin(), r.rates.end()))});
+    rows.push(
+        J::obj().set("producers", r.name).set("count", double(r.producers)).set("each", double(r.each)).set(key, m));
+  }
+  return rows;
+}
+
 void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
                  const std::vector<std::string>& where);
 
@@ -1814,13 +1837,7 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
   const uint64_t perShape = o.iters ? uint64_t(o.iters) : (gpu ? (4ull << 20) : (200ull << 10));
   const int latIters = gpu ? 10000 : 2000;
   uint64_t pushed = 0;  // descriptors rank 0 pushed so far = the peer's signal
-  struct Res {
-    std::string name;
-    int producers;
-    uint64_t each;
-    std::vector<double> rates;
-  };
-  std::vector<Res> res;
+  std::vector<RateRes> res;
   const auto verify = [&](const char* what) {
     comm.bootstrap().barrier();
     const uint64_t got = me == peer ? e.readSignal(kSigMsg) : 0;
@@ -1832,7 +1849,7 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
   for (const ShapeRow& sh : shapes) {
     const int producers = sh.ctas * (sh.threads / 32);
     const int each = int(std::max<uint64_t>(16, perShape / uint64_t(producers)));
-    Res r{sh.name, producers, uint64_t(each), {}};
+    RateRes r{sh.name, producers, uint64_t(each), {}};
     for (int run = -1; run < kLatRuns; ++run) {
       comm.bootstrap().barrier();
       if (me == 0) {
@@ -1887,18 +1904,7 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
           gpu ? "in mapped pinned host memory" : "in host memory", latIters),
   };
   rep->table.header = {"producers", "descriptors each", "median M desc/s", "min", "max"};
-  J rows = J::arr();
-  for (auto& r : res) {
-    const double m = median(r.rates);
-    rep->table.rows.push_back({r.name, fmt("%" PRIu64, r.each), fmt("%.2f", m),
-                               fmt("%.2f", *std::min_element(r.rates.begin(), r.rates.end())),
-                               fmt("%.2f", *std::max_element(r.rates.begin(), r.rates.end()))});
-    rows.push(J::obj()
-                  .set("producers", r.name)
-                  .set("count", double(r.producers))
-                  .set("each", double(r.each))
-                  .set("mdesc_per_s_median", m));
-  }
+  J rows = rateRows(rep, res, "mdesc_per_s_median");
   const auto latRow = [&](const std::string& name, const std::vector<double>& v) {
     rep->table.rows.push_back({name, "1", fmt("%.3f", median(v)), fmt("%.3f", *std::min_element(v.begin(), v.end())),
                                fmt("%.3f", *std::max_element(v.begin(), v.end()))});
@@ -1934,17 +1940,11 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   }
   // The sink consumes a few million WQEs/s: 256 Ki per run keeps the op under a minute.
   const uint64_t perShape = o.iters ? uint64_t(o.iters) : (gpu ? (256ull << 10) : (64ull << 10));
-  struct Res {
-    std::string name;
-    int producers;
-    uint64_t each;
-    std::vector<double> rates;
-  };
-  std::vector<Res> res;
+  std::vector<RateRes> res;
   for (const ShapeRow& sh : shapes) {
     const int producers = sh.ctas * sh.threads;
     const int each = int(std::max<uint64_t>(8, perShape / uint64_t(producers)));
-    Res r{sh.name, producers, uint64_t(each), {}};
+    RateRes r{sh.name, producers, uint64_t(each), {}};
     for (int run = -1; run < kLatRuns; ++run) {
       comm.bootstrap().barrier();
       if (me == 0) {
@@ -1986,18 +1986,7 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
                     : "verified: every flush returned (a real NIC does not report a count to check)",
   };
   rep->table.header = {"producers", "WQEs each", "median M WQE/s", "min", "max"};
-  J rows = J::arr();
-  for (auto& r : res) {
-    const double m = median(r.rates);
-    rep->table.rows.push_back({r.name, fmt("%" PRIu64, r.each), fmt("%.2f", m),
-                               fmt("%.2f", *std::min_element(r.rates.begin(), r.rates.end())),
-                               fmt("%.2f", *std::max_element(r.rates.begin(), r.rates.end()))});
-    rows.push(J::obj()
-                  .set("producers", r.name)
-                  .set("count", double(r.producers))
-                  .set("each", double(r.each))
-                  .set("mwqe_per_s_median", m));
-  }
+  J rows = rateRows(rep, res, "mwqe_per_s_median");
   commonJson(*rep, o, s, where);
   rep->json.set("rates", std::move(rows));
 }

@@ -131,18 +131,7 @@ class IbgdaTransport {
       return static_cast<char*>(nicMem_.device()) + (h - static_cast<char*>(nicMem_.host()));
     };
 
-    // Producer state, counter side tables, QP table, IbgdaDev, window keys.
-    const size_t offState = 0, offCounterOf = offState + nQp * sizeof(IbgdaQpState),
-                 offQps = offCounterOf + nQp * depth * 4, offDev = (offQps + nQp * sizeof(IbgdaQpDev) + 63) / 64 * 64,
-                 offWin = offDev + 64, offWinRemote = offWin + cfg.maxWindows * sizeof(IbgdaWindowKey),
-                 offSigRemote = offWinRemote + size_t(cfg.maxWindows) * nR * sizeof(IbgdaRemoteKey),
-                 total = offSigRemote + nR * sizeof(IbgdaRemoteKey);
-    table_ = DeviceTable(gpu, total + 64);
-    base_ = align64(table_.data());
-    tablePad_ = size_t(base_ - table_.data());
-
-    std::vector<IbgdaQpDev> qps(nQp);
-    std::vector<uint32_t> noCounter(depth, kIbgdaNoCounter);
+    std::vector<IbgdaQpDev> qps = allocTables(nCtx, gpu);
     nic_->addLocalRegion(kScratchKey, reinterpret_cast<uint64_t>(onDevice(scratch)), nQp * 8, scratch);
     for (size_t ctx = 0; ctx < nCtx; ++ctx)
       for (size_t p = 0; p < nR; ++p) {
@@ -155,13 +144,9 @@ class IbgdaTransport {
         d.dbrec = reinterpret_cast<uint32_t*>(qd + depth * 128);
         d.cqDbrec = reinterpret_cast<uint32_t*>(qd + depth * 128 + 8);
         d.uar = reinterpret_cast<uint64_t*>(qd + depth * 128 + 64);
-        d.state = reinterpret_cast<IbgdaQpState*>(base_ + offState) + i;
-        d.counterOf = reinterpret_cast<uint32_t*>(base_ + offCounterOf) + i * depth;
         d.scratchAddr = reinterpret_cast<uint64_t>(onDevice(scratch + i * 8));
         d.scratchLkey = kScratchKey;
         d.qpn = qpnOf(i);
-        d.nWqe = d.nCqe = uint32_t(depth);
-        table_.upload(tablePad_ + offCounterOf + i * depth * 4, noCounter.data(), depth * 4);
         if (transports[p] != uint8_t(Transport::Ibgda)) continue;
         if (int(p) < lsaBase_ || int(p) >= lsaBase_ + int(lsaSignals.size()))
           throw Error("the soft NIC reaches only peers whose memory is mapped here (the lsa team); rank " +
@@ -178,20 +163,7 @@ class IbgdaTransport {
         sq.peer = int(p);
         nic_->addQp(sq);
       }
-    table_.upload(tablePad_ + offQps, qps.data(), nQp * sizeof(IbgdaQpDev));
-
-    IbgdaDev id{};
-    id.qps = reinterpret_cast<IbgdaQpDev*>(base_ + offQps);
-    id.windows = reinterpret_cast<IbgdaWindowKey*>(base_ + offWin);
-    id.windowRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offWinRemote);
-    id.signalRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offSigRemote);
-    id.maxWindows = cfg.maxWindows;
-    id.maxWqeBytes = cfg.maxWqeBytes;
-    id.deferDoorbell = cfg.deferDoorbell ? 1 : 0;
-    table_.upload(tablePad_ + offDev, &id, sizeof id);
-    dev_ = reinterpret_cast<const IbgdaDev*>(base_ + offDev);
-    offWin_ = offWin;
-    offWinRemote_ = offWinRemote;
+    publishTables(qps);
 
     // Signal arrays: every rank advertises (address, key, size) of its own;
     // the NIC maps each lsa member's through the mapping the Comm made.
@@ -203,7 +175,7 @@ class IbgdaTransport {
       if (li >= 0 && li < int(lsaSignals.size()))
         nic_->addRemoteRegion(int(p), ads[p].key, ads[p].addr, ads[p].bytes, reinterpret_cast<char*>(lsaSignals[li]));
     }
-    table_.upload(tablePad_ + offSigRemote, sig.data(), nR * sizeof(IbgdaRemoteKey));
+    table_.upload(tablePad_ + offSigRemote_, sig.data(), nR * sizeof(IbgdaRemoteKey));
     nic_->start();
   }
 
@@ -310,7 +282,7 @@ class IbgdaTransport {
   Bootstrap& bs_;
   int rank_, nRanks_, lsaBase_;
   IbgdaConfig cfg_;
-  size_t qpBytes_ = 0, tablePad_ = 0, offWin_ = 0, offWinRemote_ = 0;
+  size_t qpBytes_ = 0, tablePad_ = 0, offWin_ = 0, offWinRemote_ = 0, offQps_ = 0, offDev_ = 0, offSigRemote_ = 0;
   HostMappedBuffer nicMem_;
   DeviceTable table_;
   char* base_ = nullptr;
@@ -375,25 +347,11 @@ class IbgdaTransport {
     mc.gpu = gpu;
     mlx5_ = std::make_unique<Mlx5Nic>(bs_, dev.nContexts, wanted, reinterpret_cast<char*>(dev.signals),
                                       uint64_t(nSignalWords) * 8, mc);
-    const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg_.qpDepth;
-    const size_t offState = 0, offCounterOf = offState + nQp * sizeof(IbgdaQpState),
-                 offQps = offCounterOf + nQp * depth * 4, offDev = (offQps + nQp * sizeof(IbgdaQpDev) + 63) / 64 * 64,
-                 offWin = offDev + 64, offWinRemote = offWin + cfg_.maxWindows * sizeof(IbgdaWindowKey),
-                 offSigRemote = offWinRemote + size_t(cfg_.maxWindows) * nR * sizeof(IbgdaRemoteKey),
-                 total = offSigRemote + nR * sizeof(IbgdaRemoteKey);
-    table_ = DeviceTable(gpu, total + 64);
-    base_ = align64(table_.data());
-    tablePad_ = size_t(base_ - table_.data());
-    std::vector<IbgdaQpDev> qps(nQp);
-    std::vector<uint32_t> noCounter(depth, kIbgdaNoCounter);
+    const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_);
+    std::vector<IbgdaQpDev> qps = allocTables(nCtx, gpu);
     for (size_t ctx = 0; ctx < nCtx; ++ctx)
       for (size_t p = 0; p < nR; ++p) {
-        const size_t i = ctx * nR + p;
-        IbgdaQpDev& d = qps[i];
-        d.state = reinterpret_cast<IbgdaQpState*>(base_ + offState) + i;
-        d.counterOf = reinterpret_cast<uint32_t*>(base_ + offCounterOf) + i * depth;
-        d.nWqe = d.nCqe = uint32_t(depth);
-        table_.upload(tablePad_ + offCounterOf + i * depth * 4, noCounter.data(), depth * 4);
+        IbgdaQpDev& d = qps[ctx * nR + p];
         const Mlx5Nic::Queues* q = mlx5_->queues(int(ctx), int(p));
         if (!q) continue;
         d.sq = q->sq, d.dbrec = q->dbrec, d.uar = q->uar, d.cq = q->cq, d.cqDbrec = q->cqDbrec;
@@ -401,20 +359,8 @@ class IbgdaTransport {
         d.scratchAddr = mlx5_->scratchAddr(int(ctx), int(p));
         d.scratchLkey = mlx5_->scratchLkey();
       }
-    table_.upload(tablePad_ + offQps, qps.data(), nQp * sizeof(IbgdaQpDev));
-    IbgdaDev id{};
-    id.qps = reinterpret_cast<IbgdaQpDev*>(base_ + offQps);
-    id.windows = reinterpret_cast<IbgdaWindowKey*>(base_ + offWin);
-    id.windowRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offWinRemote);
-    id.signalRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offSigRemote);
-    id.maxWindows = cfg_.maxWindows;
-    id.maxWqeBytes = cfg_.maxWqeBytes;
-    id.deferDoorbell = cfg_.deferDoorbell ? 1 : 0;
-    table_.upload(tablePad_ + offDev, &id, sizeof id);
-    dev_ = reinterpret_cast<const IbgdaDev*>(base_ + offDev);
-    offWin_ = offWin;
-    offWinRemote_ = offWinRemote;
-    table_.upload(tablePad_ + offSigRemote, mlx5_->signalRemotes().data(), nR * sizeof(IbgdaRemoteKey));
+    publishTables(qps);
+    table_.upload(tablePad_ + offSigRemote_, mlx5_->signalRemotes().data(), nR * sizeof(IbgdaRemoteKey));
   }
 
   void addWindowMlx5(uint32_t id, char* local, uint64_t bytes) {
@@ -434,6 +380,47 @@ class IbgdaTransport {
     table_.upload(tablePad_ + offWin_ + slot * sizeof(IbgdaWindowKey), &k, sizeof k);
   }
 #endif
+
+  // The tables kernels read (producer state, counter side tables, QP table,
+  // IbgdaDev, window keys), in one device (or, on CPU ranks, host) block:
+  // allocate it and return the QP table with every entry's producer state,
+  // counter side table and depth filled in (queues: the caller's).
+  std::vector<IbgdaQpDev> allocTables(size_t nCtx, bool gpu) {
+    const size_t nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg_.qpDepth;
+    const size_t offState = 0, offCounterOf = offState + nQp * sizeof(IbgdaQpState);
+    offQps_ = offCounterOf + nQp * depth * 4;
+    offDev_ = (offQps_ + nQp * sizeof(IbgdaQpDev) + 63) / 64 * 64;
+    offWin_ = offDev_ + 64;
+    offWinRemote_ = offWin_ + cfg_.maxWindows * sizeof(IbgdaWindowKey);
+    offSigRemote_ = offWinRemote_ + size_t(cfg_.maxWindows) * nR * sizeof(IbgdaRemoteKey);
+    table_ = DeviceTable(gpu, offSigRemote_ + nR * sizeof(IbgdaRemoteKey) + 64);
+    base_ = align64(table_.data());
+    tablePad_ = size_t(base_ - table_.data());
+    std::vector<IbgdaQpDev> qps(nQp);
+    const std::vector<uint32_t> noCounter(depth, kIbgdaNoCounter);
+    for (size_t i = 0; i < nQp; ++i) {
+      IbgdaQpDev& d = qps[i];
+      d.state = reinterpret_cast<IbgdaQpState*>(base_ + offState) + i;
+      d.counterOf = reinterpret_cast<uint32_t*>(base_ + offCounterOf) + i * depth;
+      d.nWqe = d.nCqe = uint32_t(depth);
+      table_.upload(tablePad_ + offCounterOf + i * depth * 4, noCounter.data(), depth * 4);
+    }
+    return qps;
+  }
+  // Upload the QP table and the IbgdaDev that points at the tables.
+  void publishTables(const std::vector<IbgdaQpDev>& qps) {
+    table_.upload(tablePad_ + offQps_, qps.data(), qps.size() * sizeof(IbgdaQpDev));
+    IbgdaDev id{};
+    id.qps = reinterpret_cast<IbgdaQpDev*>(base_ + offQps_);
+    id.windows = reinterpret_cast<IbgdaWindowKey*>(base_ + offWin_);
+    id.windowRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offWinRemote_);
+    id.signalRemotes = reinterpret_cast<IbgdaRemoteKey*>(base_ + offSigRemote_);
+    id.maxWindows = cfg_.maxWindows;
+    id.maxWqeBytes = cfg_.maxWqeBytes;
+    id.deferDoorbell = cfg_.deferDoorbell ? 1 : 0;
+    table_.upload(tablePad_ + offDev_, &id, sizeof id);
+    dev_ = reinterpret_cast<const IbgdaDev*>(base_ + offDev_);
+  }
 
   static char* align64(char* p) { return p + (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64; }
   uint32_t qpnOf(size_t i) const { return uint32_t(0x100 + i) & 0xffffffu; }
