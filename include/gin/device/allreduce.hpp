@@ -409,12 +409,15 @@ class RingBlock {
             }
             T* dst = nextTmp + size_t((sent_ - sent0_) % p_.slots) * size_t(p_.chunkBytes / sizeof(T));
             detail::reduce(coop, dst, (T*)nullptr, (T*)nullptr, slot, in + pc.begin, pc.n, op);
-            net_.signal(world, next_, SignalAdd{rsDataSignal(ws_, block_), 1}, coop);
+            // One fence publishes the sum in next's slot and ends our reads of
+            // ours; both signals then go relaxed.
+            releaseAll(coop);
+            net_.signal(world, next_, SignalAdd{rsDataSignal(ws_, block_), 1}, coop, Scope::System);
             ++sent_;
-            credit(coop, world);
+            credit(coop, world, Scope::System);
           } else {
             detail::reduce(coop, out + pc.begin, (T*)nullptr, (T*)nullptr, slot, in + pc.begin, pc.n, op);
-            credit(coop, world);  // syncs the coop: the slot is read, the staged sum complete
+            credit(coop, world, Scope::Thread);  // syncs and releases: the slot is read, the staged sum complete
             ok = sendSlot(coop, recvWin, recvOffset + pc.begin * sizeof(T), pc.n * sizeof(T), world);
           }
         } else {
@@ -422,9 +425,14 @@ class RingBlock {
           T* d1 = nextOut != nullptr ? nextOut + pc.begin : nullptr;
           T* d2 = (nR > 0 && prevOut != nullptr) ? prevOut + pc.begin : nullptr;
           detail::reduce(coop, out + pc.begin, d1, d2, slot, in + pc.begin, pc.n, op);
-          credit(coop, world);
-          agSend(coop, world, next_, agFwdSignal(ws_, block_), recvWin, recvOffset, pc, d1 != nullptr);
-          if (nR > 0) agSend(coop, world, prev_, agRevSignal(ws_, block_), recvWin, recvOffset, pc, d2 != nullptr);
+          // Stored into a neighbour's output: one fence publishes those
+          // stores and ends our reads of the slot; the signals go relaxed.
+          const bool stored = d1 != nullptr || d2 != nullptr;
+          if (stored) releaseAll(coop);
+          credit(coop, world, stored ? Scope::System : Scope::Thread);
+          agSend(coop, world, next_, agFwdSignal(ws_, block_), recvWin, recvOffset, pc, d1 != nullptr, Scope::System);
+          if (nR > 0)
+            agSend(coop, world, prev_, agRevSignal(ws_, block_), recvWin, recvOffset, pc, d2 != nullptr, Scope::System);
         }
       }
       // ---- AllGather: shard me - h arrives from prev, me + h from next ----
@@ -546,20 +554,29 @@ class RingBlock {
     return true;
   }
 
+  // Every thread's earlier loads and stores ordered before what rank 0 does
+  // next (Net's `alreadyReleased = Scope::System` promise).
+  template <class Coop>
+  GIN_HD void releaseAll(Coop coop) {
+    coop.sync();
+    if (coop.rank() == 0) fence<Scope::System>();
+  }
+
   // Hand the slot just consumed back to prev (syncs the coop and releases first).
   template <class Coop>
-  GIN_HD void credit(Coop coop, Team world) {
-    net_.signal(world, prev_, SignalAdd{rsCreditSignal(ws_, block_), 1}, coop);
+  GIN_HD void credit(Coop coop, Team world, Scope alreadyReleased) {
+    net_.signal(world, prev_, SignalAdd{rsCreditSignal(ws_, block_), 1}, coop, alreadyReleased);
   }
 
   // An AllGather chunk to `peer`'s output at the same place: already stored
-  // there by the caller (`stored`: signal only), else a put from our output.
+  // there by the caller (`stored`: signal only, released as `alreadyReleased`
+  // says), else a put from our output.
   template <class Coop>
   GIN_HD void agSend(Coop coop, Team world, int peer, uint32_t sig, Window recvWin, size_t recvOffset, Piece pc,
-                     bool stored) {
+                     bool stored, Scope alreadyReleased = Scope::Thread) {
     const size_t off = recvOffset + pc.begin * p_.eltBytes, bytes = pc.n * p_.eltBytes;
     if (stored || bytes == 0)
-      net_.signal(world, peer, SignalAdd{sig, 1}, coop);
+      net_.signal(world, peer, SignalAdd{sig, 1}, coop, stored ? alreadyReleased : Scope::Thread);
     else
       net_.put(world, peer, recvWin, off, recvWin, off, bytes, SignalAdd{sig, 1}, None{}, coop);
   }

@@ -31,6 +31,8 @@
 //                                      > 0: for messages up to that many bytes (default 4M)
 //   GIN_ALLREDUCE_RING_MAX_BLOCKS      at most this many blocks, 1 .. 1024 (and the workspace's maxBlocks)
 //   GIN_ALLREDUCE_RING_BLOCK_SIZE      threads per block, a multiple of 32 from 32 to 1024
+//   GIN_ALLREDUCE_RING_NUM_BLOCKS      (gin's own, for tuning experiments) exactly this many blocks, 1 .. 1024,
+//                                      still capped by the workspace's maxBlocks and the number of units
 #pragma once
 
 #include <algorithm>
@@ -52,7 +54,7 @@ struct RingTuning {
   int64_t bidirAgMaxBytes = 4ll << 20;  // 0: off, -1: always, > 0: messages up to this size
   uint32_t maxBlocks = 0;               // 0: no cap beyond the auto choice
   uint32_t blockSize = 0;               // 0: auto
-  uint32_t blocks = 0;                  // exact block count (tests, tools); 0: auto. Not from the environment.
+  uint32_t blocks = 0;                  // exact block count; 0: auto (GIN_ALLREDUCE_RING_NUM_BLOCKS)
 };
 
 namespace detail {
@@ -119,6 +121,8 @@ inline RingTuning ringTuningFromEnv(RingTuning base = {}) {
     base.bidirAgMaxBytes = v;
   if (detail::envBytes("GIN_ALLREDUCE_RING_MAX_BLOCKS", 1, 1024, "a whole number of blocks from 1 to 1024", &v))
     base.maxBlocks = uint32_t(v);
+  if (detail::envBytes("GIN_ALLREDUCE_RING_NUM_BLOCKS", 1, 1024, "a whole number of blocks from 1 to 1024", &v))
+    base.blocks = uint32_t(v);
   if (const char* e = std::getenv("GIN_ALLREDUCE_RING_BLOCK_SIZE")) {
     int64_t b = 0;
     if (!detail::parseBytes(e, &b) || b < 32 || b > 1024 || b % 32 != 0)
