@@ -5,7 +5,7 @@
 //
 //   gin-bench OP [--transport lsa|proxy] [--ranks N] [--emulate] [--sizes MIN:MAX]
 //                [--iters K] [--json FILE] [--no-nccl]
-//   OP: put-bw | signal-lat | barrier | msg-rate
+//   OP: put-bw | signal-lat | barrier | msg-rate | allreduce
 //
 // Every op first checks that what it times did the right thing (bytes,
 // signal values, barrier ordering) and exits 1 if not, so a fast wrong number
@@ -76,8 +76,11 @@ constexpr int kBarrierThreads = 256;
 constexpr int kBarrierCtas[] = {1, 32, 132};
 constexpr double kSlowPutS = 0.25;  // a coop whose single put takes longer stops at that size
 constexpr int kPutRuns = 3, kLatRuns = 5, kBarRuns = 5;
+constexpr int kArRuns = 5;              // allreduce: timed runs per size (median)
+constexpr uint32_t kArSignalBase = 64;  // allreduce: the ring's signal ids (4 per block)
+constexpr uint32_t kArMaxBlocks = 16;
 
-enum class Op { PutBw, SignalLat, Barrier, MsgRate };
+enum class Op { PutBw, SignalLat, Barrier, MsgRate, AllReduce };
 enum class CoopKind { Thread = 0, Warp = 1, Block = 2 };
 constexpr const char* kCoopNames[] = {"thread", "warp", "block"};
 
@@ -268,6 +271,17 @@ GIN_HD inline uint64_t barrierRead(const gin::DevComm& dc, Window w, uint32_t b,
   return bad;
 }
 
+// allreduce: rank `rank`'s float i, small integers so the sum is exact in
+// any order; the expected result sums them over the ranks.
+GIN_HD inline float arInput(uint64_t seed, int rank, size_t i) {
+  return float(int((uint64_t(rank) * 7 + i * 13 + (i >> 5) + seed) % 41) - 20);
+}
+GIN_HD inline float arExpected(uint64_t seed, int nRanks, size_t i) {
+  float v = 0;
+  for (int r = 0; r < nRanks; ++r) v += arInput(seed, r, i);
+  return v;
+}
+
 // ---------------------------------------------------------------------------
 // Kernels.
 
@@ -350,6 +364,23 @@ __global__ void ginBarrierCheckKernel(gin::DevComm dc, Window w, int iters, uint
     n += bar.sync(gin::CoopBlock{}) ? 0 : 1;
     n += barrierRead(dc, w, blockIdx.x, gridDim.x, v, gin::CoopBlock{});
   }
+  if (n) atomicAdd(bad, n);
+}
+
+__global__ void arFillKernel(float* p, size_t count, int rank, uint64_t seed) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = arInput(seed, rank, i);
+}
+
+// Wrong floats in [0, count) and non-poison bytes in the `guard` bytes after.
+__global__ void arCheckKernel(const float* p, size_t count, int nRanks, uint64_t seed, size_t guard,
+                              unsigned long long* bad) {
+  unsigned long long n = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    n += p[i] != arExpected(seed, nRanks, i);
+  const uint8_t* g = reinterpret_cast<const uint8_t*>(p + count);
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < guard; i += size_t(gridDim.x) * blockDim.x)
+    n += g[i] != kPoison;
   if (n) atomicAdd(bad, n);
 }
 
@@ -582,7 +613,8 @@ struct Options {
 const char* kUsage =
     "usage: gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
     "                    [--json FILE] [--no-nccl]\n"
-    "  OP            put-bw | signal-lat | barrier | msg-rate (descriptors/s into the proxy)\n"
+    "  OP            put-bw | signal-lat | barrier | msg-rate (descriptors/s into the proxy) |\n"
+    "                allreduce (ring AllReduce, float sum, next to ncclAllReduce on GPUs)\n"
     "  --transport   lsa (default) or proxy (every peer through the proxy engine; msg-rate\n"
     "                uses it unless told ibgda). With proxy, ranks may share a GPU (--ranks > GPUs)\n"
     "                ibgda: msg-rate only, the WQE post rate into the soft NIC in sink mode\n"
@@ -591,13 +623,14 @@ const char* kUsage =
     "                --emulate: CPU ranks as threads, default 2\n"
     "  --emulate     run CPU ranks (threads) through the same gin device API; also the\n"
     "                fallback when no GPU is visible. Numbers are CPU numbers.\n"
-    "  --sizes A:B   put-bw: powers of two from A to B bytes (suffixes K, M, G = KiB, MiB, GiB);\n"
-    "                default 8:1G on GPUs, 8:16M emulated\n"
-    "  --iters K     put-bw: at most K puts per timed kernel (default 1000); signal-lat: round trips\n"
+    "  --sizes A:B   put-bw, allreduce: powers of two from A to B bytes (suffixes K, M, G = KiB, MiB,\n"
+    "                GiB); put-bw default 8:1G on GPUs, 8:16M emulated; allreduce 4K:1G, 4K:1M emulated\n"
+    "  --iters K     put-bw: at most K puts per timed kernel (default 1000); allreduce: AllReduces\n"
+    "                per timed run (default by size); signal-lat: round trips\n"
     "                per run (default 10000, emulated 2000); barrier: syncs per run (default\n"
     "                10000, emulated 1000)\n"
     "  --json FILE   also write the results as JSON\n"
-    "  --no-nccl     do not set up NCCL for the barrier comparison\n";
+    "  --no-nccl     do not set up NCCL for the barrier and allreduce comparisons\n";
 
 [[noreturn]] void usageError(const std::string& msg) {
   std::fprintf(stderr, "gin-bench: %s\n%s", msg.c_str(), kUsage);
@@ -708,8 +741,10 @@ Options parseArgs(int argc, char** argv) {
         o.op = Op::Barrier;
       else if (a == "msg-rate")
         o.op = Op::MsgRate;
+      else if (a == "allreduce")
+        o.op = Op::AllReduce;
       else
-        usageError("unknown OP " + a + " (expected put-bw, signal-lat, barrier or msg-rate)");
+        usageError("unknown OP " + a + " (expected put-bw, signal-lat, barrier, msg-rate or allreduce)");
     }
   }
   if (!haveOp) usageError("no OP given");
@@ -717,8 +752,10 @@ Options parseArgs(int argc, char** argv) {
   if (o.transport == "ibgda" && o.op != Op::MsgRate)
     usageError(
         "--transport ibgda measures msg-rate only (the post rate into a sink NIC): no ConnectX device was "
-        "available to measure put-bw, signal-lat or barrier over a real NIC");
-  if (o.sizesGiven && o.op != Op::PutBw) usageError("--sizes applies to put-bw only");
+        "available to measure put-bw, signal-lat, barrier or allreduce over a real NIC");
+  if (o.sizesGiven && o.op != Op::PutBw && o.op != Op::AllReduce) usageError("--sizes applies to put-bw and allreduce");
+  if (o.op == Op::AllReduce && o.sizesGiven && o.minSize < 4)
+    usageError("allreduce sizes are bytes of floats: MIN must be at least 4");
   if (o.op == Op::SignalLat && o.iters == 1) usageError("signal-lat needs --iters of at least 2");
   return o;
 }
@@ -768,6 +805,13 @@ class Engine {
   // msg-rate over ibgda: seconds for `ctas` x `threads` producer threads to
   // post `count` WQEs each and see them completed; throws if a flush gave up.
   virtual double postRate(int ctas, int threads, int peer, int count) = 0;
+  // allreduce: fill `count` floats of rank `rank` at p (this rank's memory);
+  // count the wrong floats at p and the disturbed guard bytes after them;
+  // seconds for `iters` AllReduces of plan.count floats from send to recv.
+  virtual void arFill(void* p, size_t count, int rank, uint64_t seed) = 0;
+  virtual uint64_t arCheck(const void* p, size_t count, int nRanks, uint64_t seed, size_t guard) = 0;
+  virtual double arRun(const gin::coll::RingWorkspace& ws, const gin::coll::RingPlan& plan, Window send, Window recv,
+                       int iters) = 0;
 
  protected:
   gin::Comm& comm_;
@@ -911,6 +955,25 @@ class CpuEngine final : public Engine {
     echo.join();
     return double(ns) / iters;
   }
+  void arFill(void* p, size_t count, int rank, uint64_t seed) override {
+    float* f = static_cast<float*>(p);
+    for (size_t i = 0; i < count; ++i) f[i] = arInput(seed, rank, i);
+  }
+  uint64_t arCheck(const void* p, size_t count, int nRanks, uint64_t seed, size_t guard) override {
+    const float* f = static_cast<const float*>(p);
+    uint64_t bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += f[i] != arExpected(seed, nRanks, i);
+    const uint8_t* g = reinterpret_cast<const uint8_t*>(f + count);
+    for (size_t i = 0; i < guard; ++i) bad += g[i] != kPoison;
+    return bad;
+  }
+  double arRun(const gin::coll::RingWorkspace& ws, const gin::coll::RingPlan& plan, Window send, Window recv,
+               int iters) override {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters; ++i)
+      gin::coll::runRingAllReduce<float, gin::coll::Sum>(comm_, ws, plan, send, 0, recv, 0);
+    return seconds(t0);
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -968,6 +1031,16 @@ class GpuEngine final : public Engine {
     BENCH_CUDA(cudaFuncGetAttributes(&a, pingKernel<gin::kBackendLsa>));
     BENCH_CUDA(cudaFuncGetAttributes(&a, ginBarrierKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, ginBarrierCheckKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, arFillKernel));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, arCheckKernel));
+    BENCH_CUDA(
+        cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, true, gin::kBackendLsa>));
+    BENCH_CUDA(
+        cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, false, gin::kBackendLsa>));
+    BENCH_CUDA(
+        cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, true, gin::kBackendAll>));
+    BENCH_CUDA(
+        cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, false, gin::kBackendAll>));
 #if GIN_BENCH_NCCL
     BENCH_CUDA(cudaFuncGetAttributes(&a, ncclBarrierKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, ncclBarrierCheckKernel));
@@ -1073,6 +1146,43 @@ class GpuEngine final : public Engine {
     if (fetch(0)) throw gin::Error("msg-rate: a flush gave up without a device error record");
     return s;
   }
+  void arFill(void* p, size_t count, int rank, uint64_t seed) override {
+    arFillKernel<<<sms_ * 4, 256, 0, stream_>>>(static_cast<float*>(p), count, rank, seed);
+    launched();
+    sync();
+  }
+  uint64_t arCheck(const void* p, size_t count, int nRanks, uint64_t seed, size_t guard) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    arCheckKernel<<<sms_ * 4, 256, 0, stream_>>>(static_cast<const float*>(p), count, nRanks, seed, guard, scratch_);
+    launched();
+    return fetch(0);
+  }
+  double arRun(const gin::coll::RingWorkspace& ws, const gin::coll::RingPlan& plan, Window send, Window recv,
+               int iters) override {
+    return timed([&] {
+      for (int i = 0; i < iters; ++i)
+        gin::coll::launchRingAllReduce<float, gin::coll::Sum>(comm_, ws, plan, send, 0, recv, 0, stream_);
+    });
+  }
+  void poisonBytes(void* p, size_t bytes) {
+    BENCH_CUDA(cudaMemsetAsync(p, kPoison, bytes, stream_));
+    sync();
+  }
+  void copyLocal(void* dst, const void* src, size_t bytes) {
+    BENCH_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    sync();
+  }
+#if GIN_BENCH_NCCL
+  double ncclAllReduceTime(ncclComm_t nc, const void* send, void* recv, size_t count, int iters) {
+    ncclResult_t r = ncclSuccess;
+    const double t = timed([&] {
+      for (int i = 0; i < iters && r == ncclSuccess; ++i)
+        r = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, nc, stream_);
+    });
+    if (r != ncclSuccess) throw gin::Error(std::string("ncclAllReduce failed: ") + ncclGetErrorString(r));
+    return t;
+  }
+#endif
   double postRate(int ctas, int threads, int peer, int count) override {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
     const double s =
@@ -1571,6 +1681,7 @@ struct NcclSide {
   std::string reason;
   ncclComm_t comm = nullptr;
   ncclDevComm dev{};
+  bool haveDev = false;
 
   // Any rank's first failure, agreed by every rank.
   static std::string agree(gin::Comm& c, const std::string& mine) {
@@ -1584,6 +1695,7 @@ struct NcclSide {
     return "";
   }
 
+  // barriers == 0: the host communicator only (ncclAllReduce), no device communicator.
   void open(gin::Comm& g, int barriers) {
     std::string reason;
     ncclUniqueId id{};
@@ -1594,6 +1706,10 @@ struct NcclSide {
     BENCH_NCCL_TRY(ncclCommInitRank(&comm, g.nRanks(), id, g.rank()), "ncclCommInitRank");
     reason = agree(g, reason);
     if (!reason.empty()) return fail(reason);
+    if (barriers == 0) {
+      ok = true;
+      return;
+    }
     ncclDevCommRequirements reqs;
     std::memset(&reqs, 0, sizeof reqs);
     reqs.lsaBarrierCount = barriers;
@@ -1602,6 +1718,7 @@ struct NcclSide {
                    "NCCL_CUMEM_ENABLE)");
     reason = agree(g, reason);
     if (!reason.empty()) return fail(reason);
+    haveDev = true;
     reason = agree(g, dev.lsaSize == g.nRanks() ? std::string()
                                                 : fmt("NCCL's lsa team has %d ranks, not %d (are all GPUs "
                                                       "peer-accessible?)",
@@ -1618,7 +1735,7 @@ struct NcclSide {
   // ncclCommAbort.
   void close() {
     if (ok) {
-      (void)ncclDevCommDestroy(comm, &dev);
+      if (haveDev) (void)ncclDevCommDestroy(comm, &dev);
       (void)ncclCommFinalize(comm);
       (void)ncclCommDestroy(comm);
     } else if (comm) {
@@ -1626,6 +1743,7 @@ struct NcclSide {
     }
     comm = nullptr;
     ok = false;
+    haveDev = false;
   }
 };
 #endif
@@ -1991,6 +2109,207 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   rep->json.set("rates", std::move(rows));
 }
 
+// ---- allreduce ----
+
+// Sizes: powers of two from MIN to MAX bytes of floats.
+std::vector<uint64_t> arSizes(const Options& o, bool gpu) {
+  const uint64_t lo = o.sizesGiven ? o.minSize : 4096;
+  const uint64_t hi = o.sizesGiven ? o.maxSize : (gpu ? (1ull << 30) : (1ull << 20));
+  std::vector<uint64_t> v;
+  for (uint64_t b = lo; b <= hi; b *= 2) v.push_back(b / 4 * 4);
+  return v;
+}
+
+// AllReduces per timed run: enough to amortize launches for small sizes.
+int arIters(const Options& o, uint64_t bytes, bool gpu) {
+  if (o.iters) return int(o.iters);
+  if (!gpu) return bytes <= (64u << 10) ? 20 : 4;
+  return bytes <= (1u << 20) ? 200 : bytes <= (64u << 20) ? 50 : 10;
+}
+
+// NCCL's bus bandwidth of an AllReduce: bytes x 2 (n - 1) / n / time.
+double busBw(uint64_t bytes, int n, double seconds) {
+  return seconds > 0 ? double(bytes) * 2.0 * (n - 1) / n / seconds / 1e9 : 0.0;
+}
+
+std::string shortPlan(const gin::coll::RingPlan& p) {
+  return fmt("d%u c%s %ux%u s%u %s", p.depth, sizeName(p.chunkBytes).c_str(), p.nBlocks, p.blockSize, p.slots,
+             p.bidir ? "bi" : "uni");
+}
+
+void runAllReduce(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
+                  const std::vector<std::string>& where) {
+  const int me = comm.rank(), n = comm.nRanks();
+  const bool gpu = e.gpu();
+  const std::vector<uint64_t> sizes = arSizes(o, gpu);
+  const uint64_t maxBytes = sizes.back();
+  gin::coll::RingWorkspaceConfig wc;
+  wc.tmpBytes = gpu ? (32ull << 20) : (1ull << 20);
+  wc.maxBlocks = kArMaxBlocks;
+  wc.signalBase = kArSignalBase;
+  const gin::coll::RingWorkspace ws = gin::coll::createRingWorkspace(comm, wc);
+  Window send = comm.allocWindow(size_t(maxBytes + kGuard)), recv = comm.allocWindow(size_t(maxBytes + kGuard));
+  uint64_t seed = 1;
+
+  std::string ncclReason;
+#if GIN_BENCH_NCCL
+  NcclSide nccl;
+  void *ncclSend = nullptr, *ncclRecv = nullptr;
+  if (!gpu)
+    ncclReason = "CPU emulation: NCCL runs on GPUs only";
+  else if (o.noNccl)
+    ncclReason = "disabled by --no-nccl";
+  else if (o.transport == "proxy")
+    ncclReason = "not measured with --transport proxy (NCCL picks its own transport)";
+  else {
+    nccl.open(comm, 0);
+    if (!nccl.ok) ncclReason = nccl.reason;
+  }
+  const bool withNccl = gpu && nccl.ok;
+  if (withNccl) {
+    BENCH_CUDA(cudaMalloc(&ncclSend, size_t(maxBytes)));
+    BENCH_CUDA(cudaMalloc(&ncclRecv, size_t(maxBytes + kGuard)));
+  }
+#else
+  ncclReason = gpu ? "this gin-bench was built without NCCL (libnccl was not found when configuring)"
+                   : "CPU emulation: NCCL runs on GPUs only";
+  const bool withNccl = false;
+#endif
+
+  // Every rank times its own run; a run counts the smallest time over the
+  // ranks (the rank that started last has no start skew). Median over runs.
+  auto timeRuns = [&](int iters, const std::function<double(int)>& once) {
+    comm.bootstrap().barrier();
+    once(std::max(1, iters / 10));  // warm-up
+    std::vector<double> runs;
+    for (int r = 0; r < kArRuns; ++r) {
+      comm.bootstrap().barrier();
+      const double t = once(iters);
+      const auto all = allGather(comm, t);
+      runs.push_back(*std::min_element(all.begin(), all.end()) / iters);
+    }
+    return runs;
+  };
+  auto agreeBad = [&](const char* who, uint64_t bytes, uint64_t bad) {
+    const auto all = allGather(comm, bad);
+    for (int r = 0; r < n; ++r)
+      if (all[size_t(r)])
+        throw Failure(fmt("allreduce verification failed: %s, %s: rank %d has %" PRIu64
+                          " wrong floats or overwritten guard bytes",
+                          who, sizeName(bytes).c_str(), r, all[size_t(r)]));
+  };
+
+  struct Row {
+    uint64_t bytes;
+    gin::coll::RingPlan plan;
+    int iters;
+    std::vector<double> gin, nccl;  // seconds per AllReduce, per run
+  };
+  std::vector<Row> rows;
+  for (uint64_t bytes : sizes) {
+    const size_t count = size_t(bytes / 4);
+    const gin::coll::RingPlan plan = gin::coll::planRingAllReduce(comm, ws, count, sizeof(float));
+    Row row{bytes, plan, arIters(o, bytes, gpu), {}, {}};
+    // Verified first, twice (the second call reuses the slots and signals).
+    for (int k = 0; k < 2; ++k) {
+      ++seed;
+      e.arFill(comm.localPointer(send), count, me, seed);
+      e.poison(recv, size_t(maxBytes + kGuard));
+      comm.bootstrap().barrier();
+      (void)e.arRun(ws, plan, send, recv, 1);
+      comm.bootstrap().barrier();
+      agreeBad("gin ring", bytes, e.arCheck(comm.localPointer(recv), count, n, seed, kGuard));
+    }
+    row.gin = timeRuns(row.iters, [&](int it) { return e.arRun(ws, plan, send, recv, it); });
+#if GIN_BENCH_NCCL
+    if (withNccl) {
+      auto& ge = static_cast<GpuEngine&>(e);
+      ge.copyLocal(ncclSend, comm.localPointer(send), size_t(bytes));
+      ge.poisonBytes(ncclRecv, size_t(bytes + kGuard));
+      comm.bootstrap().barrier();
+      (void)ge.ncclAllReduceTime(nccl.comm, ncclSend, ncclRecv, count, 1);
+      agreeBad("ncclAllReduce", bytes, e.arCheck(ncclRecv, count, n, seed, kGuard));
+      row.nccl =
+          timeRuns(row.iters, [&](int it) { return ge.ncclAllReduceTime(nccl.comm, ncclSend, ncclRecv, count, it); });
+    }
+#endif
+    rows.push_back(std::move(row));
+  }
+  comm.bootstrap().barrier();
+#if GIN_BENCH_NCCL
+  nccl.close();
+  if (ncclSend) cudaFree(ncclSend);
+  if (ncclRecv) cudaFree(ncclRecv);
+#endif
+  comm.deregisterWindow(send);
+  comm.deregisterWindow(recv);
+  gin::coll::destroyRingWorkspace(comm, ws);
+  if (me != 0) return;
+
+  rep->head = headLines(o, s, where);
+  rep->method = {
+      "gin: gin::coll ring AllReduce (CTRING: ReduceScatter + AllGather over puts into the next rank's temporary "
+      "slots),",
+      "  float sum, out of place, plan from gin::coll::planRingAllReduce (Hopper auto-tuning + GIN_ALLREDUCE_RING_*",
+      "  overrides); plan column: pipeline depth, chunk size, blocks x threads, slots per block, AllGather direction",
+      gpu ? "launch: one kernel per AllReduce (launchRingAllReduce), ITERS back to back on the rank's stream"
+          : "CPU emulation: each rank thread runs the plan's blocks one after another (runRingAllReduce)",
+      fmt("timer: %s around ITERS AllReduces; per run the smallest time over the ranks / ITERS; warm-up ITERS/10;",
+          timerName(gpu).c_str()),
+      fmt("  %d runs, median reported", kArRuns),
+      "busBw = bytes x 2 (n - 1) / n / time (NCCL's definition); algBw would be bytes / time",
+      "verified first, twice per size: every float equals the exact sum (small integers), guard bytes untouched",
+  };
+  if (withNccl)
+    rep->method.push_back(
+        "nccl: ncclAllReduce(float, sum) on the same GPUs, same sizes, same timing, its own cudaMalloc buffers, "
+        "verified the same way");
+  if (gpu)
+    rep->table.header = {"bytes", "gin us", "gin busBw GB/s", "nccl us", "nccl busBw GB/s", "gin/nccl time", "plan"};
+  else
+    rep->table.header = {"bytes", "us", "busBw GB/s", "plan"};
+  J jrows = J::arr();
+  for (const Row& r : rows) {
+    const double g = median(r.gin), c = withNccl ? median(r.nccl) : 0.0;
+    if (gpu)
+      rep->table.rows.push_back({sizeName(r.bytes), fmt("%.2f", g * 1e6), fmt("%.2f", busBw(r.bytes, n, g)),
+                                 withNccl ? fmt("%.2f", c * 1e6) : std::string("-"),
+                                 withNccl ? fmt("%.2f", busBw(r.bytes, n, c)) : std::string("-"),
+                                 withNccl && c > 0 ? fmt("%.2f", g / c) : std::string("-"), shortPlan(r.plan)});
+    else
+      rep->table.rows.push_back(
+          {sizeName(r.bytes), fmt("%.2f", g * 1e6), fmt("%.3f", busBw(r.bytes, n, g)), shortPlan(r.plan)});
+    J row = J::obj();
+    J gr = J::arr();
+    for (double x : r.gin) gr.push(J::num(x * 1e6));
+    row.set("bytes", double(r.bytes))
+        .set("iters", double(r.iters))
+        .set("plan", gin::coll::describe(r.plan))
+        .set("gin_us", g * 1e6)
+        .set("gin_busbw_gbs", busBw(r.bytes, n, g))
+        .set("gin_runs_us", std::move(gr));
+    if (withNccl) {
+      J nr = J::arr();
+      for (double x : r.nccl) nr.push(J::num(x * 1e6));
+      row.set("nccl_us", c * 1e6).set("nccl_busbw_gbs", busBw(r.bytes, n, c)).set("nccl_runs_us", std::move(nr));
+    }
+    jrows.push(std::move(row));
+  }
+  rep->notes.push_back(withNccl ? "nccl: measured (ncclAllReduce on the same GPUs, same sizes)"
+                                : "nccl: not measured (" + ncclReason + ")");
+  commonJson(*rep, o, s, where);
+  rep->json.set("method", J::obj()
+                              .set("operation", "gin::coll ring AllReduce, float sum, out of place")
+                              .set("runs", double(kArRuns))
+                              .set("statistic", "median over runs of the smallest per-rank time / iters")
+                              .set("busbw", "bytes * 2 * (n - 1) / n / time")
+                              .set("timer", timerName(gpu)));
+  rep->json.set("verified", J::boolean(true));
+  rep->json.set("results", std::move(jrows));
+  rep->json.set("nccl", withNccl ? J::obj().set("measured", J::boolean(true))
+                                 : J::obj().set("measured", J::boolean(false)).set("reason", ncclReason));
+}
+
 // ---------------------------------------------------------------------------
 // Driver.
 
@@ -2074,6 +2393,7 @@ void runOp(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report*
     case Op::SignalLat: runSignalLat(comm, e, o, s, mine, where); break;
     case Op::Barrier: runBarrier(comm, e, o, s, mine, where); break;
     case Op::MsgRate: runMsgRate(comm, e, o, s, mine, where); break;
+    case Op::AllReduce: runAllReduce(comm, e, o, s, mine, where); break;
   }
 }
 

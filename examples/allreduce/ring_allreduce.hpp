@@ -1,10 +1,10 @@
-// examples/allreduce/ring_allreduce.hpp — the beginning of the ring AllReduce
-// (issue 5 part 1): an in-place ReduceScatter + AllGather around the ring,
-// built on gin::p2p send/recv, so it runs on CPU ranks and GPUs and over every
-// transport p2p runs over. Not yet: the CTRING pipeline with direct puts into
-// peers' temporary buffers, the bidirectional AllGather, auto-tuning and the
-// environment overrides; this is the correctness baseline they will be
-// checked against.
+// examples/allreduce/ring_allreduce.hpp — the baseline ring AllReduce: an
+// in-place ReduceScatter + AllGather around the ring, built on gin::p2p
+// send/recv, one piece at a time, so it runs on CPU ranks and GPUs and over
+// every transport p2p runs over. The pipelined CTRING version (puts straight
+// into the next rank's temporary slots, several blocks, bidirectional
+// AllGather, auto-tuning) is gin/device/allreduce.hpp; this one stays as a
+// simple reference (allreduce --baseline).
 //
 // Data: `count` elements of T at dataWin + dataOffset on every rank, split
 // into nRanks shards (shard s is [shardBegin(s), shardBegin(s + 1)), sizes

@@ -1,99 +1,67 @@
-// Tests of the ring AllReduce baseline (examples/allreduce/ring_allreduce.hpp)
-// on CPU ranks: float, double, int32 and int64 with sum, prod, min and max,
-// counts 0, 1, primes and sizes that are not multiples of anything, 1..8 ranks,
-// checked against a host reference with a tolerance per type, results
-// bitwise identical on every rank, poison around the data intact; once more
-// over the proxy transport.
+// Tests of the ring AllReduce (gin/device/allreduce.hpp, gin/host/allreduce.hpp)
+// on CPU ranks: float, half, bfloat16, double, int32 and int64 with sum, prod,
+// min and max; counts 0, 1, primes and sizes that are multiples of nothing;
+// 1..8 ranks; in place and out of place; tiny chunks so the pipeline wraps
+// its slots many times, several blocks, the one-way and the bidirectional
+// AllGather; results against a host reference with a tolerance per type,
+// bitwise identical on every rank, poison around the buffers intact. The
+// auto-tuning table and the environment overrides (good and bad values) too.
+// Registered twice: as is (lsa) and with GIN_TRANSPORT=proxy. The p2p
+// baseline (examples/allreduce/ring_allreduce.hpp) keeps one small test.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <mutex>
 
 #include "../../examples/allreduce/ring_allreduce.hpp"
+#include "../common/allreduce_ref.hpp"
 #include "../common/ranks.hpp"
 
 using namespace gin;
 using gintest::expect;
 using gintest::runRanks;
+using namespace gintest::arref;
 
 namespace {
-constexpr uint8_t kPoison = 0xAB;
-constexpr size_t kHead = 24;  // data starts 24 bytes into the window: poison before it
 
-uint64_t mixBits(uint64_t seed, int rank, size_t i) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (uint64_t(rank) << 40) ^ (uint64_t(i) * 0xD1B54A32D192ED03ull);
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return x;
-}
+struct Bufs {
+  Window send, recv;
+  size_t bytes;  // each window
+};
 
-// Rank `rank`'s element i: [-1, 1] (prod: [0.5, 1.5]) for floating point,
-// [-1000, 1000] (prod: one of -2, -1, 1, 2) for integers.
+// One AllReduce on every rank (in place when `inPlace`), checked.
 template <class T, class Op>
-T input(uint64_t seed, int rank, size_t i) {
-  const uint64_t x = mixBits(seed, rank, i);
-  constexpr bool prod = std::is_same_v<Op, ginex::Prod>;
-  if constexpr (std::is_floating_point_v<T>) {
-    const T u = T(double(x >> 11) * 0x1.0p-53);  // [0, 1)
-    return prod ? T(0.5) + u : T(2) * u - T(1);
-  } else {
-    if (prod) {
-      const T v[] = {-2, -1, 1, 2};
-      return v[x % 4];
-    }
-    return T(int64_t(x % 2001) - 1000);
-  }
-}
-
-template <class T, class Op>
-void check(const std::vector<T>& got, int n, size_t count, uint64_t seed, const std::string& what) {
-  const Op op{};
-  for (size_t i = 0; i < count; ++i) {
-    T ref = input<T, Op>(seed, 0, i);
-    double mag = std::fabs(double(ref));
-    for (int r = 1; r < n; ++r) {
-      const T x = input<T, Op>(seed, r, i);
-      ref = op(ref, x);
-      mag += std::fabs(double(x));
-    }
-    bool good;
-    if constexpr (std::is_floating_point_v<T>) {
-      const double eps = double(std::numeric_limits<T>::epsilon());
-      // Sum: n roundings of partial sums bounded by sum |x|. Prod: n relative roundings.
-      const double tol = std::is_same_v<Op, ginex::Prod>  ? 4.0 * n * eps * std::fabs(double(ref))
-                         : std::is_same_v<Op, ginex::Sum> ? 2.0 * n * eps * mag
-                                                          : 0.0;
-      good = std::fabs(double(got[i]) - double(ref)) <= tol;
-    } else {
-      good = got[i] == ref;
-    }
-    if (!good)
-      expect(false, what + ": element " + std::to_string(i) + " of " + std::to_string(count) + " is " +
-                        std::to_string(double(got[i])) + ", reference " + std::to_string(double(ref)));
-  }
-}
-
-// One AllReduce on every rank; results gathered into `results[rank]`.
-template <class T, class Op>
-void oneCase(Comm& comm, const p2p::Endpoint<>& ep, Window w, size_t winBytes, size_t count, size_t tmpElts,
-             uint64_t seed, std::vector<std::vector<uint8_t>>& results, const std::string& what) {
+void oneCase(Comm& comm, const coll::RingWorkspace& ws, const Bufs& b, size_t count, const coll::RingTuning& tune,
+             bool inPlace, uint64_t seed, std::vector<std::vector<uint8_t>>& results, const std::string& what) {
   const int me = comm.rank();
-  auto* base = static_cast<uint8_t*>(comm.localPointer(w));
-  std::memset(base, kPoison, winBytes);
-  T* data = reinterpret_cast<T*>(base + kHead);
-  for (size_t i = 0; i < count; ++i) data[i] = input<T, Op>(seed, me, i);
-  std::vector<T> tmp(tmpElts);
+  auto* sb = static_cast<uint8_t*>(comm.localPointer(b.send));
+  auto* rb = static_cast<uint8_t*>(comm.localPointer(b.recv));
+  std::memset(sb, kPoison, b.bytes);
+  std::memset(rb, kPoison, b.bytes);
+  T* in = reinterpret_cast<T*>(sb + kHead);
+  for (size_t i = 0; i < count; ++i) in[i] = input<T, Op>(seed, me, i);
+  const Window rw = inPlace ? b.send : b.recv;
+  const coll::RingPlan plan = coll::planRingAllReduce(comm.nRanks(), ws, count, sizeof(T), tune);
   comm.bootstrap().barrier();
-  expect(ginex::ringAllReduce(CoopThread{}, ep, w, kHead, count, tmp.data(), tmpElts, Op{}), what + ": gave up");
+  coll::runRingAllReduce<T, Op>(comm, ws, plan, b.send, kHead, rw, kHead);
+  uint8_t* ob = inPlace ? sb : rb;
+  const T* out = reinterpret_cast<const T*>(ob + kHead);
   bool poison = true;
-  for (size_t i = 0; i < kHead; ++i) poison &= base[i] == kPoison;
-  for (size_t i = kHead + count * sizeof(T); i < winBytes; ++i) poison &= base[i] == kPoison;
-  expect(poison, what + ": wrote outside the data");
-  std::vector<T> got(data, data + count);
-  check<T, Op>(got, comm.nRanks(), count, seed, what);
-  results[size_t(me)].assign(reinterpret_cast<uint8_t*>(data), reinterpret_cast<uint8_t*>(data + count));
+  for (size_t i = 0; i < kHead; ++i) poison &= ob[i] == kPoison;
+  for (size_t i = kHead + count * sizeof(T); i < b.bytes; ++i) poison &= ob[i] == kPoison;
+  expect(poison, what + ": wrote outside the output (" + coll::describe(plan) + ")");
+  if (!inPlace) {
+    bool same = true;  // the input is not modified out of place
+    for (size_t i = 0; i < count; ++i) {
+      const T ref = input<T, Op>(seed, me, i);
+      same &= std::memcmp(&in[i], &ref, sizeof(T)) == 0;
+    }
+    expect(same, what + ": the input changed (out of place)");
+  }
+  check<T, Op>(out, comm.nRanks(), count, seed, what + " (" + coll::describe(plan) + ")");
+  results[size_t(me)].assign(ob + kHead, ob + kHead + count * sizeof(T));
   comm.bootstrap().barrier();
   for (int r = 0; r < comm.nRanks(); ++r)
     expect(results[size_t(r)] == results[size_t(me)],
@@ -102,59 +70,263 @@ void oneCase(Comm& comm, const p2p::Endpoint<>& ep, Window w, size_t winBytes, s
 }
 
 template <class T>
-void allOps(Comm& comm, const p2p::Endpoint<>& ep, Window w, size_t winBytes, const std::vector<size_t>& counts,
-            size_t tmpElts, std::vector<std::vector<uint8_t>>& results, const char* type) {
+void allOps(Comm& comm, const coll::RingWorkspace& ws, const Bufs& b, const std::vector<size_t>& counts,
+            const coll::RingTuning& tune, bool inPlace, std::vector<std::vector<uint8_t>>& results, const char* type,
+            const std::string& how) {
   for (size_t count : counts) {
-    const std::string at =
-        std::string(type) + " count " + std::to_string(count) + " n " + std::to_string(comm.nRanks());
-    oneCase<T, ginex::Sum>(comm, ep, w, winBytes, count, tmpElts, count * 4 + 1, results, "sum " + at);
-    oneCase<T, ginex::Prod>(comm, ep, w, winBytes, count, tmpElts, count * 4 + 2, results, "prod " + at);
-    oneCase<T, ginex::Min>(comm, ep, w, winBytes, count, tmpElts, count * 4 + 3, results, "min " + at);
-    oneCase<T, ginex::Max>(comm, ep, w, winBytes, count, tmpElts, count * 4 + 4, results, "max " + at);
+    const std::string at = std::string(type) + " count " + std::to_string(count) + " n " +
+                           std::to_string(comm.nRanks()) + (inPlace ? " in place " : " ") + how;
+    oneCase<T, coll::Sum>(comm, ws, b, count, tune, inPlace, count * 4 + 1, results, "sum " + at);
+    oneCase<T, coll::Prod>(comm, ws, b, count, tune, inPlace, count * 4 + 2, results, "prod " + at);
+    oneCase<T, coll::Min>(comm, ws, b, count, tune, inPlace, count * 4 + 3, results, "min " + at);
+    oneCase<T, coll::Max>(comm, ws, b, count, tune, inPlace, count * 4 + 4, results, "max " + at);
   }
 }
 
-void allTypes(int n, const std::vector<size_t>& counts, CommConfig cfg) {
+// Tunings that exercise the pipeline: tiny chunks (slots wrap many times),
+// several blocks, bidirectional and one-way AllGather.
+struct Tuned {
+  const char* name;
+  coll::RingTuning t;
+};
+// `tinyBytes`: the smallest chunk (16 B wraps the slots most often; larger
+// ones keep big counts quick, notably through the proxy's descriptor round trips).
+std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
+  std::vector<Tuned> v;
+  v.push_back({"auto", {}});
+  coll::RingTuning a;
+  a.chunkBytes = tinyBytes;
+  a.blocks = 3;
+  a.bidirAgMaxBytes = -1;
+  v.push_back({"tiny chunks, 3 blocks, bidirectional", a});
+  coll::RingTuning b;
+  b.chunkBytes = 56;  // not a multiple of 16: rounded up to 64
+  b.blocks = 2;
+  b.bidirAgMaxBytes = 0;
+  v.push_back({"56 B chunks, 2 blocks, one-way", b});
+  return v;
+}
+
+void allTypes(int n, const std::vector<size_t>& counts, CommConfig cfg, bool everyType = true,
+              uint64_t tinyBytes = 16) {
   size_t maxCount = 0;
   for (size_t c : counts) maxCount = std::max(maxCount, c);
   std::vector<std::vector<uint8_t>> results(size_t(n), std::vector<uint8_t>{});
   REQUIRE_NOTHROW(runRanks(
       n,
       [&](Comm& comm) {
-        p2p::Config pc;
-        pc.chunkBytes = 256;
-        pc.nSlots = 4;
-        p2p::Fifo fifo = p2p::create(comm, pc);
-        const size_t winBytes = kHead + maxCount * 8 + 40;
-        Window w = comm.allocWindow(winBytes);
-        p2p::Endpoint ep(Net(comm.devComm(), 0), fifo);
-        const size_t tmpElts = 37;  // pieces smaller than the shards: the ReduceScatter pipelines
-        allOps<float>(comm, ep, w, winBytes, counts, tmpElts, results, "float");
-        allOps<double>(comm, ep, w, winBytes, counts, tmpElts, results, "double");
-        allOps<int32_t>(comm, ep, w, winBytes, counts, tmpElts, results, "int32");
-        allOps<int64_t>(comm, ep, w, winBytes, counts, tmpElts, results, "int64");
+        coll::RingWorkspaceConfig wc;
+        wc.tmpBytes = 4096;  // small: large counts take many units and the slots wrap
+        wc.maxBlocks = 4;
+        wc.signalBase = 8;
+        const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
+        Bufs b;
+        b.bytes = kHead + maxCount * 8 + kTail;
+        b.send = comm.allocWindow(b.bytes);
+        b.recv = comm.allocWindow(b.bytes);
+        for (const Tuned& tu : tunings(tinyBytes)) {
+          allOps<float>(comm, ws, b, counts, tu.t, false, results, "float", tu.name);
+          allOps<int32_t>(comm, ws, b, counts, tu.t, true, results, "int32", tu.name);
+          if (!everyType) continue;
+          allOps<coll::Half>(comm, ws, b, counts, tu.t, false, results, "half", tu.name);
+          allOps<coll::BFloat16>(comm, ws, b, counts, tu.t, true, results, "bfloat16", tu.name);
+          allOps<double>(comm, ws, b, counts, tu.t, true, results, "double", tu.name);
+          allOps<int64_t>(comm, ws, b, counts, tu.t, false, results, "int64", tu.name);
+        }
         comm.check();
         comm.bootstrap().barrier();
-        comm.deregisterWindow(w);
-        p2p::destroy(comm, fifo);
+        comm.deregisterWindow(b.send);
+        comm.deregisterWindow(b.recv);
+        coll::destroyRingWorkspace(comm, ws);
       },
       cfg));
 }
+
+// Sets an environment variable for the scope.
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
 }  // namespace
 
-TEST_CASE("ring AllReduce: float, double, int32, int64 x sum, prod, min, max; counts 0, 1, primes; 1..8 ranks",
-          "[allreduce]") {
-  const std::vector<size_t> counts = {0, 1, 2, 3, 7, 8, 13, 97, 1000, 4099};
-  for (int n : {1, 2, 3, 5, 8}) {
+TEST_CASE("ring AllReduce: every type and op, counts 0, 1, primes, 1..8 ranks, three tunings", "[allreduce]") {
+  const std::vector<size_t> counts = {0, 1, 2, 7, 13, 97, 1001};
+  for (int n : {1, 2, 3, 4, 5, 8}) {
     CAPTURE(n);
     allTypes(n, counts, gintest::cpuConfig());
   }
+  for (int n : {6, 7}) {
+    CAPTURE(n);
+    allTypes(n, {0, 1, 5, 331}, gintest::cpuConfig(), false);
+  }
 }
 
-TEST_CASE("ring AllReduce: 65537 elements on 4 ranks", "[allreduce]") { allTypes(4, {65537}, gintest::cpuConfig()); }
+TEST_CASE("ring AllReduce: 40961 elements on 4 ranks (many units through a 4 KiB workspace)", "[allreduce]") {
+  allTypes(4, {40961}, gintest::cpuConfig(), false, 512);
+}
 
-TEST_CASE("ring AllReduce over the proxy transport", "[allreduce][proxy]") {
+TEST_CASE("ring AllReduce: the Hopper auto-tuning table", "[allreduce][plan]") {
+  coll::RingWorkspace ws{};
+  ws.tmpBytes = 32ull << 20;
+  ws.maxBlocks = 16;
+  const coll::RingTuning t{};
+  auto plan = [&](int n, uint64_t bytes) { return coll::planRingAllReduce(n, ws, bytes / 4, 4, t); };
+  // 4 KiB on 8 ranks: 512 B per rank -> depth 1, 8 chunks of 512 B, 1 x 384, bidirectional.
+  coll::RingPlan p = plan(8, 4 << 10);
+  CHECK(p.depth == 1);
+  CHECK(p.numChunks == 8);
+  CHECK(p.chunkBytes == 512);
+  CHECK((p.nBlocks == 1 && p.blockSize == 384));
+  CHECK(p.bidir == 1);
+  CHECK(p.nUnits == 1);
+  // 2 MiB on 8 ranks: 256 KiB per rank -> depth 2, 16 chunks of 128 KiB, 2 x 512.
+  p = plan(8, 2 << 20);
+  CHECK(p.depth == 2);
+  CHECK(p.numChunks == 16);
+  CHECK(p.chunkBytes == (128 << 10));
+  CHECK((p.nBlocks == 2 && p.blockSize == 512));
+  // 16 MiB on 8 ranks: 2 MiB per rank -> depth 4, 32 chunks of 512 KiB, 4 x 512, one-way (> 4 MiB).
+  p = plan(8, 16 << 20);
+  CHECK(p.depth == 4);
+  CHECK(p.chunkBytes == (512 << 10));
+  CHECK((p.nBlocks == 4 && p.blockSize == 512));
+  CHECK(p.bidir == 0);
+  // 48 MiB on 8 ranks: 6 MiB per rank -> depth 2; 16 chunks of 3 MiB > BDP 32 MiB -> 2 MiB.
+  p = plan(8, 48 << 20);
+  CHECK(p.depth == 2);
+  CHECK(p.chunkBytes == (2 << 20));
+  // 1 GiB on 8 ranks: depth 1, 8 chunks of 16 MiB > BDP -> 4 MiB; 4 blocks of an 8 MiB region: 2 slots.
+  p = plan(8, 1ull << 30);
+  CHECK(p.depth == 1);
+  CHECK(p.chunkBytes == (4 << 20));
+  CHECK((p.nBlocks == 4 && p.slots == 2));
+  CHECK(p.nUnits == (1ull << 30) / (32ull << 20));
+  // 64 KiB on 2 ranks: 32 KiB per rank -> depth 2, 4 chunks of 16 KiB: 1 x 512.
+  p = plan(2, 64 << 10);
+  CHECK(p.depth == 2);
+  CHECK(p.chunkBytes == (16 << 10));
+  CHECK((p.nBlocks == 1 && p.blockSize == 512));
+  // Tiny: the minimum shard size (16 B).
+  p = plan(8, 32);
+  CHECK(p.chunkBytes == 16);
+}
+
+TEST_CASE("ring AllReduce: environment overrides", "[allreduce][env]") {
+  coll::RingWorkspace ws{};
+  ws.tmpBytes = 32ull << 20;
+  ws.maxBlocks = 16;
+  {
+    ScopedEnv a("GIN_ALLREDUCE_RING_CHUNK_SIZE", "64K"), b("GIN_ALLREDUCE_RING_MAX_BLOCKS", "1"),
+        c("GIN_ALLREDUCE_RING_BLOCK_SIZE", "256"), d("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", "-1");
+    const coll::RingPlan p = coll::planRingAllReduce(8, ws, 64 << 20, 4, coll::ringTuningFromEnv());
+    CHECK(p.chunkBytes == (64 << 10));
+    CHECK(p.nBlocks == 1);
+    CHECK(p.blockSize == 256);
+    CHECK(p.bidir == 1);
+  }
+  {
+    ScopedEnv a("GIN_ALLREDUCE_RING_NUM_CHUNKS", "4"), b("GIN_ALLREDUCE_RING_MAX_BDP", "1M"),
+        c("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", "0"), d("GIN_ALLREDUCE_RING_NUM_BLOCKS", "12");
+    const coll::RingPlan p = coll::planRingAllReduce(8, ws, 64 << 20, 4, coll::ringTuningFromEnv());
+    CHECK(p.nBlocks == 12);
+    CHECK(p.numChunks == 4);
+    CHECK(p.chunkBytes == (256 << 10));
+    CHECK(p.bidir == 0);
+  }
+  {
+    ScopedEnv a("GIN_ALLREDUCE_RING_MIN_SHARD_SIZE", "1K"), b("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", "1K");
+    const coll::RingPlan p = coll::planRingAllReduce(8, ws, 64, 4, coll::ringTuningFromEnv());
+    CHECK(p.chunkBytes == 1024);
+    CHECK(p.bidir == 1);
+    CHECK(coll::planRingAllReduce(8, ws, 4096, 4, coll::ringTuningFromEnv()).bidir == 0);
+  }
+}
+
+TEST_CASE("ring AllReduce: bad environment values are errors that say what is allowed", "[allreduce][env]") {
+  const struct {
+    const char *name, *value;
+  } bad[] = {
+      {"GIN_ALLREDUCE_RING_CHUNK_SIZE", "0"},        {"GIN_ALLREDUCE_RING_CHUNK_SIZE", "abc"},
+      {"GIN_ALLREDUCE_RING_CHUNK_SIZE", "32M"},      {"GIN_ALLREDUCE_RING_NUM_CHUNKS", "-3"},
+      {"GIN_ALLREDUCE_RING_NUM_CHUNKS", "1.5"},      {"GIN_ALLREDUCE_RING_MAX_BDP", "8"},
+      {"GIN_ALLREDUCE_RING_MIN_SHARD_SIZE", "0"},    {"GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", "-2"},
+      {"GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", "x"}, {"GIN_ALLREDUCE_RING_MAX_BLOCKS", "0"},
+      {"GIN_ALLREDUCE_RING_MAX_BLOCKS", "4Q"},       {"GIN_ALLREDUCE_RING_BLOCK_SIZE", "100"},
+      {"GIN_ALLREDUCE_RING_BLOCK_SIZE", "2048"},     {"GIN_ALLREDUCE_RING_NUM_BLOCKS", "0"},
+  };
+  for (const auto& b : bad) {
+    CAPTURE(b.name, b.value);
+    ScopedEnv e(b.name, b.value);
+    try {
+      (void)coll::ringTuningFromEnv();
+      FAIL("no error for " << b.name << "=" << b.value);
+    } catch (const gin::Error& err) {
+      const std::string msg = err.what();
+      CHECK_THAT(msg, Catch::Matchers::ContainsSubstring(std::string(b.name) + "=" + b.value));
+      CHECK_THAT(msg, Catch::Matchers::ContainsSubstring("expected"));
+    }
+  }
+}
+
+TEST_CASE("ring AllReduce: called again and again with changing plans on one workspace", "[allreduce]") {
+  std::vector<std::vector<uint8_t>> results(3, std::vector<uint8_t>{});
+  REQUIRE_NOTHROW(runRanks(3, [&](Comm& comm) {
+    coll::RingWorkspaceConfig wc;
+    wc.tmpBytes = 2048;
+    wc.maxBlocks = 4;
+    const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
+    Bufs b;
+    b.bytes = kHead + 3000 * 8 + kTail;
+    b.send = comm.allocWindow(b.bytes);
+    b.recv = comm.allocWindow(b.bytes);
+    for (int i = 0; i < 40; ++i) {
+      coll::RingTuning t;
+      t.chunkBytes = 16u << (i % 5);
+      t.blocks = 1 + uint32_t(i % 4);
+      t.bidirAgMaxBytes = i % 2 ? -1 : 0;
+      const size_t count = size_t(1 + (i * 397) % 3000);
+      oneCase<float, coll::Sum>(comm, ws, b, count, t, i % 3 == 0, uint64_t(i), results, "call " + std::to_string(i));
+    }
+    comm.check();
+    comm.bootstrap().barrier();
+    comm.deregisterWindow(b.send);
+    comm.deregisterWindow(b.recv);
+    coll::destroyRingWorkspace(comm, ws);
+  }));
+}
+
+TEST_CASE("ring AllReduce over the ibgda soft NIC", "[allreduce][ibgda]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "ibgda") SKIP("another transport forced");
   CommConfig cfg = gintest::cpuConfig();
-  cfg.transport = TransportChoice::Proxy;
-  allTypes(3, {0, 1, 5, 97, 1001}, cfg);
+  cfg.transport = TransportChoice::Ibgda;
+  cfg.ibgda.device = IbgdaConfig::Device::Soft;
+  allTypes(3, {0, 1, 97, 1001}, cfg, false);
+}
+
+// ---- the p2p baseline (examples/allreduce/ring_allreduce.hpp) ----
+
+TEST_CASE("ring AllReduce baseline over p2p: float sum, 3 ranks", "[allreduce][baseline]") {
+  REQUIRE_NOTHROW(runRanks(3, [&](Comm& comm) {
+    p2p::Config pc;
+    pc.chunkBytes = 256;
+    pc.nSlots = 4;
+    p2p::Fifo fifo = p2p::create(comm, pc);
+    const size_t count = 4099;
+    Window w = comm.allocWindow(count * sizeof(float));
+    float* d = static_cast<float*>(comm.localPointer(w));
+    for (size_t i = 0; i < count; ++i) d[i] = float(int((comm.rank() * 7 + i * 13) % 41) - 20);
+    std::vector<float> tmp(37);
+    comm.bootstrap().barrier();
+    p2p::Endpoint ep(Net(comm.devComm(), 0), fifo);
+    expect(ginex::ringAllReduce(CoopThread{}, ep, w, 0, count, tmp.data(), tmp.size(), ginex::Sum{}), "gave up");
+    for (size_t i = 0; i < count; ++i) {
+      float ref = 0;
+      for (int r = 0; r < 3; ++r) ref += float(int((r * 7 + i * 13) % 41) - 20);
+      expect(d[i] == ref, "baseline: element " + std::to_string(i));
+    }
+    comm.bootstrap().barrier();
+    comm.deregisterWindow(w);
+    p2p::destroy(comm, fifo);
+  }));
 }

@@ -11,8 +11,8 @@
 
 // Host-only declarations below stay visible in nvcc's device pass (it parses
 // host code too); they are never called from device code.
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -31,17 +31,19 @@ enum class Op : uint32_t {
   Signal,
   BadArgument,
   NoTransport,
-  ProxyFull,    // a producer waited for a free slot in a proxy ring
-  ProxyFlush,   // flush waited for the proxy engine to consume descriptors
-  ProxyEngine,  // the proxy engine stopped on an internal failure
-  PeerLost,     // the network connection to a peer closed or failed (tcp wire)
-  WireFrame,    // a frame from a peer was malformed and rejected (tcp wire)
-  LlWait,       // an LL packet reader waited for the round's flag (gin/device/ll.hpp)
-  P2pSend,      // p2p send waited for the receiver to free a FIFO slot (gin/device/p2p.hpp)
-  P2pRecv,      // p2p recv waited for the sender to fill a FIFO slot
-  IbgdaFull,    // a producer waited for free WQE slots (or for earlier posts to be published)
-  IbgdaFlush,   // flush waited for completions of posted WQEs
-  IbgdaCqe,     // the NIC completed a WQE with an error (syndrome in the record)
+  ProxyFull,      // a producer waited for a free slot in a proxy ring
+  ProxyFlush,     // flush waited for the proxy engine to consume descriptors
+  ProxyEngine,    // the proxy engine stopped on an internal failure
+  PeerLost,       // the network connection to a peer closed or failed (tcp wire)
+  WireFrame,      // a frame from a peer was malformed and rejected (tcp wire)
+  LlWait,         // an LL packet reader waited for the round's flag (gin/device/ll.hpp)
+  P2pSend,        // p2p send waited for the receiver to free a FIFO slot (gin/device/p2p.hpp)
+  P2pRecv,        // p2p recv waited for the sender to fill a FIFO slot
+  IbgdaFull,      // a producer waited for free WQE slots (or for earlier posts to be published)
+  IbgdaFlush,     // flush waited for completions of posted WQEs
+  IbgdaCqe,       // the NIC completed a WQE with an error (syndrome in the record)
+  AllReduceSend,  // ring AllReduce waited for the next rank to free a temporary slot (gin/device/allreduce.hpp)
+  AllReduceRecv,  // ring AllReduce waited for a neighbour's data
 };
 
 // Why the tcp wire rejected a frame (DeviceErrorRecord::objectId for Op::WireFrame).
@@ -110,6 +112,8 @@ GIN_HD inline const char* opName(Op op) {
     case Op::IbgdaFull: return "ibgdaQueueFull";
     case Op::IbgdaFlush: return "ibgdaFlush";
     case Op::IbgdaCqe: return "ibgdaCompletionError";
+    case Op::AllReduceSend: return "allReduceSend";
+    case Op::AllReduceRecv: return "allReduceRecv";
   }
   return "unknown";
 }

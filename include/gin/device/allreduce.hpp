@@ -1,0 +1,600 @@
+// gin/device/allreduce.hpp — ring AllReduce in the CTRING design: ReduceScatter
+// then AllGather around the ring, with every byte moved by gin puts and
+// signals, so it runs on GPUs and CPU ranks over every transport Net reaches.
+//
+//   gin::coll::RingWorkspace ws = gin::coll::createRingWorkspace(comm);          // host, once (gin/host/allreduce.hpp)
+//   gin::coll::RingPlan plan = gin::coll::planRingAllReduce(comm, ws, count, sizeof(float));  // host, per size
+//   // kernel, one CTA per block of the plan (plan.nBlocks x plan.blockSize):
+//   gin::coll::ringAllReduceBlock<float, gin::coll::Sum, true>(gin::CoopBlock{}, devComm, ws, plan,
+//                                                              sendWin, sendOff, recvWin, recvOff, blockIdx.x);
+//
+// Data layout. `count` elements are cut into units of nRanks chunks of
+// plan.chunkBytes (the last unit shorter: its nRanks pieces are rounded up to
+// 16 bytes, so some may be empty). Chunk s of a unit is its shard s; rank s
+// ends the ReduceScatter holding the full reduction of shard s. A partition
+// is plan.numChunks chunks = numChunks / nRanks units (the pipeline depth).
+// Units are dealt round-robin to the blocks (unit u to block u % nBlocks):
+// every block owns a disjoint set of chunks, its own temporary slots and its
+// own 4 signals, so blocks never wait on each other and a CPU rank may run
+// them one after another.
+//
+// One unit, at rank r (n ranks, next = r + 1, prev = r - 1):
+//   ReduceScatter, n - 1 steps: put the input's shard r - 1 into next's
+//     temporary slot; then n - 1 times receive shard r - 2 - j from prev into
+//     our slot, reduce it with our input and send the sum on (j < n - 2) or
+//     keep it (j = n - 2: shard r, final, written to our output).
+//   AllGather: the final shard r goes straight into the OUTPUT of next (and,
+//     bidirectional, of prev); each rank forwards what it received until the
+//     shard went ceil((n-1)/2) hops forward and floor((n-1)/2) backward
+//     (bidirectional) or n - 1 hops forward. Bidirectional: (n-1) +
+//     ceil((n-1)/2) steps instead of 2(n-1).
+//
+// Transports. Every transfer is a Net::put with SignalAdd (or Net::signal).
+// When the peer is lsa-reachable and no network transport is forced, two
+// steps skip the staging copy: the ReduceScatter reduces straight into next's
+// temporary slot, and the final reduction is stored into our output and the
+// AllGather neighbours' outputs in one pass; Net::signal then publishes it.
+// Otherwise the sum is staged in our own output (where the final value lands
+// later anyway) and put from there. The GPU reduction uses 16-byte loads and
+// stores when the three addresses are 16-byte aligned (chunks are multiples
+// of 16 bytes), element by element for the rest.
+//
+// Flow control. Temporary slots (plan.slots per block, in the receiver's
+// workspace window) are a FIFO: message m of a block lands in slot
+// (m - m0) % slots. Signals of block b, from RingWorkspace::signalBase + 4b:
+//   +0 rsData   (here): ReduceScatter messages prev has put into our slots;
+//   +1 rsCredit (here): our messages next has consumed (sender may reuse the slot);
+//   +2 agFwd    (here): AllGather chunks prev has put into our output;
+//   +3 agRev    (here): AllGather chunks next has put into our output (bidirectional).
+// Each side keeps its running count in the shadow of the signal it waits on
+// (gin's per-signal local word), so the collective is called again and again
+// with no reset and no epoch from the host: counts only grow and compare with
+// rolling arithmetic. A call starts by waiting until next consumed every
+// earlier message (the slot layout may change between calls, with the plan)
+// and ends with Net::flush, so the sources of its puts may be reused.
+//
+// Rules: every rank calls with the same plan, count, and offsets;
+// recvWin + recvOffset names the same place on every rank (the AllGather puts
+// there); sendWin may equal recvWin at the same offset (in place). Inputs and
+// outputs are registered windows (put sources and targets). Waits are bounded:
+// allReduceSend (waiting for a free slot: id = rsCredit, expected/observed =
+// message counts) or allReduceRecv (waiting for data: id = the data signal),
+// with the neighbour's rank, in the error record; every thread of the coop
+// then gets false.
+#pragma once
+
+#include <cstring>
+#include <type_traits>
+
+#include "gin/device/net.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+namespace gin::coll {
+
+// ---- element types ----
+
+// 16-bit floating point with no CUDA headers needed: the bits of an IEEE
+// binary16 / bfloat16 (layout-compatible with __half / __nv_bfloat16).
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+namespace detail {
+GIN_HD GIN_INLINE uint32_t floatBits(float f) {
+#if GIN_DEVICE_CODE
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+GIN_HD GIN_INLINE float bitsFloat(uint32_t u) {
+#if GIN_DEVICE_CODE
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+}  // namespace detail
+
+GIN_HD GIN_INLINE float toFloat(Half h) {
+#if GIN_DEVICE_CODE
+  return __half2float(__ushort_as_half(h.bits));
+#else
+  const uint32_t sign = uint32_t(h.bits & 0x8000u) << 16, exp = (h.bits >> 10) & 0x1fu, mant = h.bits & 0x3ffu;
+  if (exp == 0) {
+    const float v = float(mant) * 5.9604644775390625e-8f;  // mant x 2^-24 (subnormal or zero)
+    return sign ? -v : v;
+  }
+  if (exp == 31) return detail::bitsFloat(sign | 0x7f800000u | (mant << 13));
+  return detail::bitsFloat(sign | ((exp + 112u) << 23) | (mant << 13));
+#endif
+}
+// Round to nearest even (overflow to infinity), as __float2half_rn.
+GIN_HD GIN_INLINE Half toHalf(float f) {
+#if GIN_DEVICE_CODE
+  return Half{__half_as_ushort(__float2half_rn(f))};
+#else
+  uint32_t x = detail::floatBits(f);
+  const uint16_t sign = uint16_t((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x47800000u)  // >= 65536 (or inf, nan)
+    return Half{uint16_t(sign | (x > 0x7f800000u ? 0x7e00u : 0x7c00u))};
+  if (x < 0x38800000u) {  // below the smallest normal half: the FPU rounds into the subnormal
+    const float t = detail::bitsFloat(x) + 0.5f;
+    return Half{uint16_t(sign | (detail::floatBits(t) - 0x3f000000u))};
+  }
+  const uint32_t odd = (x >> 13) & 1u;
+  x += 0xc8000fffu + odd;  // rebias exponent (-112 << 23) and round to nearest even
+  return Half{uint16_t(sign | (x >> 13))};
+#endif
+}
+GIN_HD GIN_INLINE float toFloat(BFloat16 b) { return detail::bitsFloat(uint32_t(b.bits) << 16); }
+GIN_HD GIN_INLINE BFloat16 toBFloat16(float f) {
+#if GIN_DEVICE_CODE
+  return BFloat16{__bfloat16_as_ushort(__float2bfloat16_rn(f))};
+#else
+  const uint32_t x = detail::floatBits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return BFloat16{uint16_t((x >> 16) | 0x40u)};  // quiet nan
+  return BFloat16{uint16_t((x + 0x7fffu + ((x >> 16) & 1u)) >> 16)};
+#endif
+}
+
+// How an element is reduced: in `Compute` (float for the 16-bit types), one
+// rounding back to T per step.
+template <class T>
+struct EltTraits {
+  using Compute = T;
+  GIN_HD static GIN_INLINE Compute load(T v) { return v; }
+  GIN_HD static GIN_INLINE T store(Compute c) { return c; }
+};
+template <>
+struct EltTraits<Half> {
+  using Compute = float;
+  GIN_HD static GIN_INLINE float load(Half v) { return toFloat(v); }
+  GIN_HD static GIN_INLINE Half store(float c) { return toHalf(c); }
+};
+template <>
+struct EltTraits<BFloat16> {
+  using Compute = float;
+  GIN_HD static GIN_INLINE float load(BFloat16 v) { return toFloat(v); }
+  GIN_HD static GIN_INLINE BFloat16 store(float c) { return toBFloat16(c); }
+};
+
+// ---- reduction operators (on EltTraits<T>::Compute) ----
+struct Sum {
+  template <class C>
+  GIN_HD GIN_INLINE C operator()(C a, C b) const {
+    return a + b;
+  }
+};
+struct Prod {
+  template <class C>
+  GIN_HD GIN_INLINE C operator()(C a, C b) const {
+    return a * b;
+  }
+};
+struct Min {
+  template <class C>
+  GIN_HD GIN_INLINE C operator()(C a, C b) const {
+    return b < a ? b : a;
+  }
+};
+struct Max {
+  template <class C>
+  GIN_HD GIN_INLINE C operator()(C a, C b) const {
+    return a < b ? b : a;
+  }
+};
+
+// ---- what the host hands the kernel ----
+
+// Temporary slots and signal ids of one communicator (gin/host/allreduce.hpp
+// creates it). Trivially copyable: pass it to kernels by value.
+struct RingWorkspace {
+  Window tmp;           // per rank: tmpBytes of receive slots, split evenly among a call's blocks
+  uint64_t tmpBytes;    // per rank
+  uint32_t signalBase;  // ids [signalBase, signalBase + 4 * maxBlocks) belong to the AllReduce
+  uint32_t maxBlocks;   // blocks a plan may use
+  int32_t nRanks;
+  int32_t reserved;
+};
+static_assert(std::is_trivially_copyable_v<RingWorkspace>);
+
+// One call's shape (gin/host/allreduce.hpp: planRingAllReduce). Every rank
+// must use the same plan.
+struct RingPlan {
+  uint64_t count;        // elements
+  uint64_t chunkBytes;   // one shard of a unit: a multiple of eltBytes, and of 16 when >= 16
+  uint64_t numChunks;    // chunks per partition (depth x nRanks unless overridden)
+  uint64_t regionBytes;  // temporary bytes per block (>= slots x chunkBytes)
+  uint64_t nUnits;       // units of nRanks chunks
+  uint32_t eltBytes;
+  int32_t nRanks;
+  uint32_t depth;      // pipeline depth (units per partition)
+  uint32_t nBlocks;    // CTAs (CPU ranks: blocks run one after another)
+  uint32_t blockSize;  // threads per CTA
+  uint32_t slots;      // temporary slots per block
+  uint32_t bidir;      // 1: bidirectional AllGather
+  uint32_t reserved;
+};
+static_assert(std::is_trivially_copyable_v<RingPlan>);
+
+// Signal ids of block b.
+GIN_HD GIN_INLINE uint32_t rsDataSignal(const RingWorkspace& w, uint32_t b) { return w.signalBase + 4u * b; }
+GIN_HD GIN_INLINE uint32_t rsCreditSignal(const RingWorkspace& w, uint32_t b) { return w.signalBase + 4u * b + 1u; }
+GIN_HD GIN_INLINE uint32_t agFwdSignal(const RingWorkspace& w, uint32_t b) { return w.signalBase + 4u * b + 2u; }
+GIN_HD GIN_INLINE uint32_t agRevSignal(const RingWorkspace& w, uint32_t b) { return w.signalBase + 4u * b + 3u; }
+
+// AllGather hops forward and backward for n ranks.
+GIN_HD GIN_INLINE int agForwardHops(int n, bool bidir) { return bidir ? n / 2 : n - 1; }  // ceil((n-1)/2) = n/2
+GIN_HD GIN_INLINE int agReverseHops(int n, bool bidir) { return bidir ? (n - 1) / 2 : 0; }
+
+// Elements [begin, begin + n) of shard s of unit u.
+struct Piece {
+  size_t begin, n;
+};
+GIN_HD GIN_INLINE Piece shardPiece(const RingPlan& p, uint64_t u, int s) {
+  const size_t chunkElts = size_t(p.chunkBytes / p.eltBytes), unitElts = chunkElts * size_t(p.nRanks);
+  const size_t base = size_t(u) * unitElts;
+  const size_t len = p.count - base < unitElts ? size_t(p.count - base) : unitElts;
+  size_t pe = chunkElts;
+  if (len < unitElts) {  // the last unit: nRanks pieces rounded up to 16 bytes
+    const size_t align = p.eltBytes < 16 ? 16 / p.eltBytes : 1;
+    pe = (len + size_t(p.nRanks) - 1) / size_t(p.nRanks);
+    pe = (pe + align - 1) / align * align;
+  }
+  const size_t b = size_t(s) * pe < len ? size_t(s) * pe : len;
+  const size_t e = b + pe < len ? b + pe : len;
+  return Piece{base + b, e - b};
+}
+
+// ---- the reduction ----
+
+namespace detail {
+// dst0[i] (and dst1[i], dst2[i] where not null) = op(a[i], b[i]) for i < n,
+// split over the coop. 16-byte vectors on a GPU when every address is 16-byte
+// aligned; no sync.
+template <class T, class Op, class Coop>
+GIN_HD GIN_INLINE void reduce(Coop coop, T* dst0, T* dst1, T* dst2, const T* a, const T* b, size_t n, Op op) {
+  using E = EltTraits<T>;
+  size_t i0 = 0;
+#if GIN_DEVICE_CODE
+  constexpr size_t kV = sizeof(T) < 16 ? 16 / sizeof(T) : 1;
+  const uintptr_t bits = uintptr_t(dst0) | uintptr_t(dst1) | uintptr_t(dst2) | uintptr_t(a) | uintptr_t(b);
+  if (sizeof(T) <= 16 && (bits & 15) == 0) {
+    const size_t nv = n / kV, stride = size_t(coop.size());
+    const uint4* va = reinterpret_cast<const uint4*>(a);
+    const uint4* vb = reinterpret_cast<const uint4*>(b);
+    auto one = [&](uint4 x, uint4 y) {
+      const T* tx = reinterpret_cast<const T*>(&x);
+      const T* ty = reinterpret_cast<const T*>(&y);
+      uint4 z;
+      T* tz = reinterpret_cast<T*>(&z);
+      GIN_UNROLL
+      for (size_t k = 0; k < kV; ++k) tz[k] = E::store(op(E::load(tx[k]), E::load(ty[k])));
+      return z;
+    };
+    constexpr int kUnroll = 2;
+    size_t i = size_t(coop.rank());
+    for (; i + (kUnroll - 1) * stride < nv; i += kUnroll * stride) {
+      uint4 x[kUnroll], y[kUnroll];
+      GIN_UNROLL
+      for (int u = 0; u < kUnroll; ++u) x[u] = va[i + u * stride], y[u] = vb[i + u * stride];
+      GIN_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        const uint4 z = one(x[u], y[u]);
+        reinterpret_cast<uint4*>(dst0)[i + u * stride] = z;
+        if (dst1) reinterpret_cast<uint4*>(dst1)[i + u * stride] = z;
+        if (dst2) reinterpret_cast<uint4*>(dst2)[i + u * stride] = z;
+      }
+    }
+    for (; i < nv; i += stride) {
+      const uint4 z = one(va[i], vb[i]);
+      reinterpret_cast<uint4*>(dst0)[i] = z;
+      if (dst1) reinterpret_cast<uint4*>(dst1)[i] = z;
+      if (dst2) reinterpret_cast<uint4*>(dst2)[i] = z;
+    }
+    i0 = nv * kV;
+  }
+#endif
+  for (size_t i = i0 + size_t(coop.rank()); i < n; i += size_t(coop.size())) {
+    const T z = E::store(op(E::load(a[i]), E::load(b[i])));
+    dst0[i] = z;
+    if (dst1) dst1[i] = z;
+    if (dst2) dst2[i] = z;
+  }
+}
+}  // namespace detail
+
+// ---- one block's share of the collective ----
+
+template <unsigned Backends = kBackendAll>
+class RingBlock {
+ public:
+  GIN_HD RingBlock(const DevComm& dc, const RingWorkspace& ws, const RingPlan& plan, uint32_t block)
+      : dc_(dc),
+        net_(dc, dc.nContexts > 0 ? int(block % uint32_t(dc.nContexts)) : 0),
+        ws_(ws),
+        p_(plan),
+        block_(block) {}
+
+  // Checks that every rank would agree on; false (recorded) when the plan
+  // does not fit this communicator or workspace.
+  // Two slots at least: the lsa path reduces into next's slot while it holds
+  // its own, and with one slot per block the ring would wait on itself.
+  GIN_HD bool valid(size_t eltBytes, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset) const {
+    const uint64_t bytes = p_.count * p_.eltBytes;
+    const bool ok = p_.nRanks == dc_.nRanks && ws_.nRanks == dc_.nRanks && p_.eltBytes == eltBytes && p_.nBlocks >= 1 &&
+                    p_.nBlocks <= ws_.maxBlocks && block_ < p_.nBlocks && p_.slots >= 2 &&
+                    fits(sendWin, sendOffset, bytes) && fits(recvWin, recvOffset, bytes) &&
+                    fits(ws_.tmp, 0, ws_.tmpBytes) && p_.chunkBytes >= eltBytes && p_.chunkBytes % eltBytes == 0 &&
+                    uint64_t(p_.slots) * p_.chunkBytes <= p_.regionBytes &&
+                    p_.regionBytes * p_.nBlocks <= ws_.tmpBytes &&
+                    uint64_t(ws_.signalBase) + 4ull * ws_.maxBlocks <= uint64_t(dc_.nSignals);
+    if (!ok)
+      recordError(dc_, gin::Op::BadArgument, -1, net_.context(), uint64_t(block_), uint64_t(p_.nBlocks),
+                  uint64_t(ws_.maxBlocks));
+    return ok;
+  }
+
+  template <class T, class Op, bool kBidir, class Coop>
+  GIN_HD bool run(Coop coop, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset, Op op) {
+    if (!valid(sizeof(T), sendWin, sendOffset, recvWin, recvOffset)) return coop.syncAll(false);
+    const int n = dc_.nRanks, me = dc_.rank;
+    const T* in = static_cast<const T*>(localPointer(sendWin, sendOffset));
+    T* out = static_cast<T*>(localPointer(recvWin, recvOffset));
+    if (n == 1) {  // nothing to reduce: a copy when out of place
+      if (in != out && block_ == 0) lsa::coopCopy(coop, out, in, size_t(p_.count) * sizeof(T));
+      return coop.syncAll(true);
+    }
+    next_ = (me + 1) % n;
+    prev_ = (me + n - 1) % n;
+    const bool bidir = kBidir && p_.bidir != 0;
+    const int nF = agForwardHops(n, bidir), nR = agReverseHops(n, bidir);
+    open();
+    // The slot layout (chunk size, regions) may differ from the last call's:
+    // start once next has consumed everything any of our blocks sent it, so no
+    // slot we write can still hold an earlier message. Thread i checks block
+    // i: a shadow is either the last call's count or, when that block already
+    // finished this call, this call's (then the wait is longer, never wrong).
+    bool ok = true;
+    for (uint32_t b = uint32_t(coop.rank()); b < ws_.maxBlocks; b += uint32_t(coop.size())) {
+      const uint64_t sent = b == block_ ? sent_ : volatileLoad(net_.getSignalShadowPtr(rsCreditSignal(ws_, b)));
+      uint64_t seen = sent - 1;
+      ok = waitAtLeast(rsCreditSignal(ws_, b), sent, &seen, gin::Op::AllReduceSend, next_) && ok;
+      if (b == block_) creditSeen_ = seen;
+    }
+    ok = coop.syncAll(ok);
+    sent0_ = sent_;
+    recv0_ = recvd_;
+    const size_t regionOff = size_t(block_) * size_t(p_.regionBytes);
+    T* tmpLocal = static_cast<T*>(localPointer(ws_.tmp, regionOff));
+    // Peer pointers when the peer is reached by load/store (nullptr otherwise).
+    T* nextTmp = static_cast<T*>(direct(next_, ws_.tmp, regionOff));
+    T* nextOut = static_cast<T*>(direct(next_, recvWin, recvOffset));
+    T* prevOut = static_cast<T*>(direct(prev_, recvWin, recvOffset));
+    const Team world = teamWorld(dc_);
+
+    for (uint64_t u = block_; ok && u < p_.nUnits; u += p_.nBlocks) {
+      // ---- ReduceScatter ----
+      {
+        const Piece pc = shardPiece(p_, u, (me + n - 1) % n);
+        ok = sendSlot(coop, sendWin, sendOffset + pc.begin * sizeof(T), pc.n * sizeof(T), world);
+      }
+      for (int j = 0; ok && j < n - 1; ++j) {
+        const int s = ((me - 2 - j) % n + n) % n;
+        const Piece pc = shardPiece(p_, u, s);
+        const T* slot = tmpLocal + size_t((recvd_ - recv0_) % p_.slots) * size_t(p_.chunkBytes / sizeof(T));
+        if (coop.rank() == 0)
+          ok = waitAtLeast(rsDataSignal(ws_, block_), recvd_ + 1, &dataSeen_, gin::Op::AllReduceRecv, prev_);
+        if (!coop.syncAll(ok)) break;
+        ++recvd_;
+        if (j < n - 2) {
+          // Partial sum to next: straight into its slot over lsa, else staged in our output.
+          if (nextTmp != nullptr) {
+            if (!waitSlot(coop)) {
+              ok = false;
+              break;
+            }
+            T* dst = nextTmp + size_t((sent_ - sent0_) % p_.slots) * size_t(p_.chunkBytes / sizeof(T));
+            detail::reduce(coop, dst, (T*)nullptr, (T*)nullptr, slot, in + pc.begin, pc.n, op);
+            // One fence publishes the sum in next's slot and ends our reads of
+            // ours; both signals then go relaxed.
+            releaseAll(coop);
+            net_.signal(world, next_, SignalAdd{rsDataSignal(ws_, block_), 1}, coop, Scope::System);
+            ++sent_;
+            credit(coop, world, Scope::System);
+          } else {
+            detail::reduce(coop, out + pc.begin, (T*)nullptr, (T*)nullptr, slot, in + pc.begin, pc.n, op);
+            credit(coop, world, Scope::Thread);  // syncs and releases: the slot is read, the staged sum complete
+            ok = sendSlot(coop, recvWin, recvOffset + pc.begin * sizeof(T), pc.n * sizeof(T), world);
+          }
+        } else {
+          // Shard me is final: our output, and over lsa the AllGather neighbours' outputs too.
+          T* d1 = nextOut != nullptr ? nextOut + pc.begin : nullptr;
+          T* d2 = (nR > 0 && prevOut != nullptr) ? prevOut + pc.begin : nullptr;
+          detail::reduce(coop, out + pc.begin, d1, d2, slot, in + pc.begin, pc.n, op);
+          // Stored into a neighbour's output: one fence publishes those
+          // stores and ends our reads of the slot; the signals go relaxed.
+          const bool stored = d1 != nullptr || d2 != nullptr;
+          if (stored) releaseAll(coop);
+          credit(coop, world, stored ? Scope::System : Scope::Thread);
+          agSend(coop, world, next_, agFwdSignal(ws_, block_), recvWin, recvOffset, pc, d1 != nullptr, Scope::System);
+          if (nR > 0)
+            agSend(coop, world, prev_, agRevSignal(ws_, block_), recvWin, recvOffset, pc, d2 != nullptr, Scope::System);
+        }
+      }
+      // ---- AllGather: shard me - h arrives from prev, me + h from next ----
+      const int hops = nF > nR ? nF : nR;
+      for (int h = 1; ok && h <= hops; ++h) {
+        if (h <= nF) {
+          if (coop.rank() == 0)
+            ok = waitAtLeast(agFwdSignal(ws_, block_), fwd_ + 1, &fwdSeen_, gin::Op::AllReduceRecv, prev_);
+          if (!coop.syncAll(ok)) break;
+          ++fwd_;
+          if (h < nF)
+            agSend(coop, world, next_, agFwdSignal(ws_, block_), recvWin, recvOffset,
+                   shardPiece(p_, u, ((me - h) % n + n) % n), false);
+        }
+        if (h <= nR) {
+          if (coop.rank() == 0)
+            ok = waitAtLeast(agRevSignal(ws_, block_), rev_ + 1, &revSeen_, gin::Op::AllReduceRecv, next_);
+          if (!coop.syncAll(ok)) break;
+          ++rev_;
+          if (h < nR)
+            agSend(coop, world, prev_, agRevSignal(ws_, block_), recvWin, recvOffset, shardPiece(p_, u, (me + h) % n),
+                   false);
+        }
+      }
+    }
+    ok = net_.flush(coop) && ok;
+    close(coop);
+    return coop.syncAll(ok);
+  }
+
+ private:
+  const DevComm& dc_;
+  Net<Backends> net_;
+  RingWorkspace ws_;
+  RingPlan p_;
+  uint32_t block_;
+  int next_ = 0, prev_ = 0;
+  // Running counts (kept across calls in the signal shadows) and, on rank 0
+  // of the coop, the last signal values acquired.
+  uint64_t sent_ = 0, recvd_ = 0, fwd_ = 0, rev_ = 0, sent0_ = 0, recv0_ = 0;
+  uint64_t creditSeen_ = 0, dataSeen_ = 0, fwdSeen_ = 0, revSeen_ = 0;
+
+  GIN_HD static bool fits(Window w, size_t offset, uint64_t bytes) {
+    const uint64_t size = w.dev ? loadConst(&w.dev->bytes) : 0;
+    return w.dev && offset <= size && bytes <= size - offset;
+  }
+
+  // Every thread reads the counts; close() stores them back (one thread).
+  GIN_HD void open() {
+    sent_ = volatileLoad(net_.getSignalShadowPtr(rsCreditSignal(ws_, block_)));
+    recvd_ = volatileLoad(net_.getSignalShadowPtr(rsDataSignal(ws_, block_)));
+    fwd_ = volatileLoad(net_.getSignalShadowPtr(agFwdSignal(ws_, block_)));
+    rev_ = volatileLoad(net_.getSignalShadowPtr(agRevSignal(ws_, block_)));
+    creditSeen_ = sent_ - 1;  // "nothing acquired yet": one below what the first wait asks
+    dataSeen_ = recvd_;
+    fwdSeen_ = fwd_;
+    revSeen_ = rev_;
+  }
+  template <class Coop>
+  GIN_HD void close(Coop coop) {
+    coop.sync();
+    if (coop.rank() == 0) {
+      volatileStore(net_.getSignalShadowPtr(rsCreditSignal(ws_, block_)), sent_);
+      volatileStore(net_.getSignalShadowPtr(rsDataSignal(ws_, block_)), recvd_);
+      volatileStore(net_.getSignalShadowPtr(agFwdSignal(ws_, block_)), fwd_);
+      volatileStore(net_.getSignalShadowPtr(agRevSignal(ws_, block_)), rev_);
+    }
+    coop.sync();
+  }
+
+  // The peer's copy of w + offset when it is reached by load/store with the
+  // lsa transport (what Net::put would use), else nullptr.
+  GIN_HD void* direct(int peer, Window w, size_t offset) const {
+    if constexpr ((Backends & kBackendLsa) == 0) {
+      (void)peer, (void)w, (void)offset;
+      return nullptr;
+    } else {
+      if constexpr ((Backends & kBackendProxy) != 0)
+        if (dc_.proxyAll != 0) return nullptr;
+      if constexpr ((Backends & kBackendIbgda) != 0)
+        if (dc_.ibgdaAll != 0) return nullptr;
+      return peerPointer(dc_, teamWorld(dc_), peer, w, offset);
+    }
+  }
+
+  // Rank 0 of the coop: wait until signal `id` reaches `least` (rolling),
+  // polling relaxed and acquiring once it does; *seen skips later polls.
+  GIN_HD bool waitAtLeast(uint32_t id, uint64_t least, uint64_t* seen, Op op, int peer) const {
+    if (rollingLessEqual(least, *seen)) return true;
+    const bool ok = gin::detail::boundedPoll(
+        dc_, [&] { return net_.readSignal(id, 64, MemoryOrder::Relaxed); },
+        [&](uint64_t v) { return rollingLessEqual(least, v); },
+        gin::detail::WaitWhat{op, peer, net_.context(), id, least});
+    if (ok) *seen = net_.readSignal(id, 64, MemoryOrder::Acquire);
+    return ok;
+  }
+
+  // Wait for a free slot at next (message sent_).
+  template <class Coop>
+  GIN_HD bool waitSlot(Coop coop) {
+    bool ok = true;
+    if (coop.rank() == 0 && sent_ + 1 - sent0_ > p_.slots)
+      ok = waitAtLeast(rsCreditSignal(ws_, block_), sent_ + 1 - p_.slots, &creditSeen_, gin::Op::AllReduceSend, next_);
+    return coop.syncAll(ok);
+  }
+
+  // Put `bytes` from srcWin + srcOffset into next's next free slot (signal only when empty).
+  template <class Coop>
+  GIN_HD bool sendSlot(Coop coop, Window srcWin, size_t srcOffset, size_t bytes, Team world) {
+    if (!waitSlot(coop)) return false;
+    const size_t dst =
+        size_t(block_) * size_t(p_.regionBytes) + size_t((sent_ - sent0_) % p_.slots) * size_t(p_.chunkBytes);
+    if (bytes > 0)
+      net_.put(world, next_, ws_.tmp, dst, srcWin, srcOffset, bytes, SignalAdd{rsDataSignal(ws_, block_), 1}, None{},
+               coop);
+    else
+      net_.signal(world, next_, SignalAdd{rsDataSignal(ws_, block_), 1}, coop);
+    ++sent_;
+    return true;
+  }
+
+  // Every thread's earlier loads and stores ordered before what rank 0 does
+  // next (Net's `alreadyReleased = Scope::System` promise).
+  template <class Coop>
+  GIN_HD void releaseAll(Coop coop) {
+    coop.sync();
+    if (coop.rank() == 0) fence<Scope::System>();
+  }
+
+  // Hand the slot just consumed back to prev (syncs the coop and releases first).
+  template <class Coop>
+  GIN_HD void credit(Coop coop, Team world, Scope alreadyReleased) {
+    net_.signal(world, prev_, SignalAdd{rsCreditSignal(ws_, block_), 1}, coop, alreadyReleased);
+  }
+
+  // An AllGather chunk to `peer`'s output at the same place: already stored
+  // there by the caller (`stored`: signal only, released as `alreadyReleased`
+  // says), else a put from our output.
+  template <class Coop>
+  GIN_HD void agSend(Coop coop, Team world, int peer, uint32_t sig, Window recvWin, size_t recvOffset, Piece pc,
+                     bool stored, Scope alreadyReleased = Scope::Thread) {
+    const size_t off = recvOffset + pc.begin * p_.eltBytes, bytes = pc.n * p_.eltBytes;
+    if (stored || bytes == 0)
+      net_.signal(world, peer, SignalAdd{sig, 1}, coop, stored ? alreadyReleased : Scope::Thread);
+    else
+      net_.put(world, peer, recvWin, off, recvWin, off, bytes, SignalAdd{sig, 1}, None{}, coop);
+  }
+};
+
+// One block's share of an AllReduce of plan.count elements of T from sendWin +
+// sendOffset into recvWin + recvOffset (see the header comment for the
+// rules). Every block 0 .. plan.nBlocks - 1 of every rank must run, each by
+// one coop (a CTA on a GPU; CPU ranks may run them one after another).
+// kBidir = false compiles the reverse AllGather out (fewer registers); the
+// plan's bidir flag then is ignored. Returns false on every thread of the
+// coop if a wait gave up or the plan does not fit (badArgument).
+template <class T, class Op, bool kBidir = true, unsigned Backends = kBackendAll, class Coop>
+GIN_HD bool ringAllReduceBlock(Coop coop, const DevComm& dc, const RingWorkspace& ws, const RingPlan& plan,
+                               Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset, uint32_t block,
+                               Op op = Op{}) {
+  RingBlock<Backends> rb(dc, ws, plan, block);
+  return rb.template run<T, Op, kBidir>(coop, sendWin, sendOffset, recvWin, recvOffset, op);
+}
+
+}  // namespace gin::coll

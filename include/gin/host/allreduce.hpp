@@ -1,0 +1,295 @@
+// gin/host/allreduce.hpp — host side of the ring AllReduce
+// (gin/device/allreduce.hpp): the workspace, the plan (auto-tuned for Hopper,
+// overridable through GIN_ALLREDUCE_RING_* environment variables), and
+// running it on CPU ranks or launching it on a GPU.
+//
+//   gin::coll::RingWorkspace ws = gin::coll::createRingWorkspace(comm);      // collective, once
+//   gin::coll::RingPlan plan = gin::coll::planRingAllReduce(comm, ws, count, sizeof(float));
+//   gin::coll::launchRingAllReduce<float, gin::coll::Sum>(comm, ws, plan, sendWin, 0, recvWin, 0, stream);  // nvcc
+//   gin::coll::runRingAllReduce<float, gin::coll::Sum>(comm, ws, plan, sendWin, 0, recvWin, 0);    // CPU ranks
+//   gin::coll::destroyRingWorkspace(comm, ws);                                 // collective
+//
+// Auto-tuning (Hopper; per-rank size = count x eltBytes / nRanks):
+//   pipeline depth: < 32 KiB: 1, <= 1 MiB: 2, <= 4 MiB: 4, <= 8 MiB: 2, else 1;
+//   numChunks = depth x nRanks; chunkBytes = clamp(bytes / numChunks, 1 B, 16 MiB),
+//   lowered so chunkBytes x numChunks <= max BDP (32 MiB), raised to the
+//   minimum shard size (16 B), rounded up to the element size and to 16 B;
+//   blocks x threads by chunk: < 16 KiB: 1 x 384, < 128 KiB: 1 x 512,
+//   < 512 KiB: 2 x 512, else 4 x 512 (never more blocks than units);
+//   bidirectional AllGather for messages of at most 4 MiB.
+// The workspace's temporary bytes are split evenly among the blocks; each
+// block gets min(8, region / chunkBytes) slots, at least 2 (chunkBytes is
+// lowered to half a region when needed).
+//
+// Environment overrides (read by ringTuningFromEnv; a bad value throws
+// gin::Error naming the variable, the value and what is allowed):
+//   GIN_ALLREDUCE_RING_CHUNK_SIZE      bytes per chunk, 1 .. 16M (K, M, G suffixes: powers of 1024)
+//   GIN_ALLREDUCE_RING_NUM_CHUNKS      chunks per partition, 1 .. 65536
+//   GIN_ALLREDUCE_RING_MAX_BDP         bytes in flight per partition, 16 .. 4G (default 32M)
+//   GIN_ALLREDUCE_RING_MIN_SHARD_SIZE  smallest chunk, 1 .. 16M (default 16)
+//   GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE  0: never bidirectional, -1: always,
+//                                      > 0: for messages up to that many bytes (default 4M)
+//   GIN_ALLREDUCE_RING_MAX_BLOCKS      at most this many blocks, 1 .. 1024 (and the workspace's maxBlocks)
+//   GIN_ALLREDUCE_RING_BLOCK_SIZE      threads per block, a multiple of 32 from 32 to 1024
+//   GIN_ALLREDUCE_RING_NUM_BLOCKS      (gin's own, for tuning experiments) exactly this many blocks, 1 .. 1024,
+//                                      still capped by the workspace's maxBlocks and the number of units
+#pragma once
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <string>
+
+#include "gin/device/allreduce.hpp"
+#include "gin/host/comm.hpp"
+
+namespace gin::coll {
+
+// Tuning knobs; 0 means "auto" where noted.
+struct RingTuning {
+  uint64_t chunkBytes = 0;              // 0: auto
+  uint64_t numChunks = 0;               // 0: depth x nRanks
+  uint64_t maxBdpBytes = 32ull << 20;   // chunkBytes x numChunks stays below (auto chunk size)
+  uint64_t minShardBytes = 16;          // smallest chunk
+  int64_t bidirAgMaxBytes = 4ll << 20;  // 0: off, -1: always, > 0: messages up to this size
+  uint32_t maxBlocks = 0;               // 0: no cap beyond the auto choice
+  uint32_t blockSize = 0;               // 0: auto
+  uint32_t blocks = 0;                  // exact block count; 0: auto (GIN_ALLREDUCE_RING_NUM_BLOCKS)
+};
+
+namespace detail {
+// A whole number with an optional K/M/G suffix (powers of 1024); false if malformed.
+inline bool parseBytes(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  size_t i = 0;
+  bool neg = false;
+  if (s[0] == '-') neg = true, i = 1;
+  if (i >= s.size() || s[i] < '0' || s[i] > '9') return false;
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(s.c_str() + i, &end, 10);
+  if (errno != 0) return false;
+  std::string suf(end);
+  int shift = 0;
+  if (suf.empty() || suf == "B" || suf == "b")
+    shift = 0;
+  else if (suf == "K" || suf == "k" || suf == "KiB" || suf == "KB")
+    shift = 10;
+  else if (suf == "M" || suf == "m" || suf == "MiB" || suf == "MB")
+    shift = 20;
+  else if (suf == "G" || suf == "g" || suf == "GiB" || suf == "GB")
+    shift = 30;
+  else
+    return false;
+  if (v > (0x7fffffffffffffffull >> shift)) return false;
+  *out = (neg ? -1 : 1) * int64_t(v << shift);
+  return true;
+}
+
+// The value of environment variable `name` in [lo, hi] (or one of `extra`),
+// else gin::Error saying which variable, what value and what is allowed.
+inline bool envBytes(const char* name, int64_t lo, int64_t hi, const char* allowed, int64_t* out, int64_t alsoOk = 0,
+                     bool haveAlsoOk = false) {
+  const char* e = std::getenv(name);
+  if (e == nullptr) return false;
+  int64_t v = 0;
+  if (!parseBytes(e, &v) || ((v < lo || v > hi) && !(haveAlsoOk && v == alsoOk)))
+    throw Error(std::string(name) + "=" + e + " is not allowed: expected " + allowed);
+  *out = v;
+  return true;
+}
+}  // namespace detail
+
+// `base` with the GIN_ALLREDUCE_RING_* variables that are set applied.
+inline RingTuning ringTuningFromEnv(RingTuning base = {}) {
+  int64_t v = 0;
+  if (detail::envBytes("GIN_ALLREDUCE_RING_CHUNK_SIZE", 1, 16ll << 20,
+                       "a whole number of bytes from 1 to 16M (suffixes K, M, G are powers of 1024)", &v))
+    base.chunkBytes = uint64_t(v);
+  if (detail::envBytes("GIN_ALLREDUCE_RING_NUM_CHUNKS", 1, 65536, "a whole number from 1 to 65536", &v))
+    base.numChunks = uint64_t(v);
+  if (detail::envBytes("GIN_ALLREDUCE_RING_MAX_BDP", 16, 4ll << 30,
+                       "a whole number of bytes from 16 to 4G (suffixes K, M, G are powers of 1024)", &v))
+    base.maxBdpBytes = uint64_t(v);
+  if (detail::envBytes("GIN_ALLREDUCE_RING_MIN_SHARD_SIZE", 1, 16ll << 20,
+                       "a whole number of bytes from 1 to 16M (suffixes K, M, G are powers of 1024)", &v))
+    base.minShardBytes = uint64_t(v);
+  if (detail::envBytes("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", 0, int64_t(1) << 62,
+                       "0 (never bidirectional), -1 (always) or a message size in bytes up to which the AllGather "
+                       "runs in both directions (suffixes K, M, G are powers of 1024)",
+                       &v, -1, true))
+    base.bidirAgMaxBytes = v;
+  if (detail::envBytes("GIN_ALLREDUCE_RING_MAX_BLOCKS", 1, 1024, "a whole number of blocks from 1 to 1024", &v))
+    base.maxBlocks = uint32_t(v);
+  if (detail::envBytes("GIN_ALLREDUCE_RING_NUM_BLOCKS", 1, 1024, "a whole number of blocks from 1 to 1024", &v))
+    base.blocks = uint32_t(v);
+  if (const char* e = std::getenv("GIN_ALLREDUCE_RING_BLOCK_SIZE")) {
+    int64_t b = 0;
+    if (!detail::parseBytes(e, &b) || b < 32 || b > 1024 || b % 32 != 0)
+      throw Error(std::string("GIN_ALLREDUCE_RING_BLOCK_SIZE=") + e +
+                  " is not allowed: expected a number of threads that is a multiple of 32 from 32 to 1024");
+    base.blockSize = uint32_t(b);
+  }
+  return base;
+}
+
+// ---- workspace ----
+
+struct RingWorkspaceConfig {
+  uint64_t tmpBytes = 32ull << 20;  // temporary slots per rank (the max BDP of the default tuning)
+  uint32_t maxBlocks = 16;          // blocks a plan may use: 4 signal ids each
+  int64_t signalBase = -1;          // first signal id; -1: the top 4 x maxBlocks ids (p2p's default too: set
+                                    // one of them explicitly when both are used)
+};
+
+// Collective: allocates the temporary window and reserves the signal ids,
+// whose signals and shadows must be zero (unused) now: the AllReduce keeps
+// its running counts in them.
+inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& cfg = {}) {
+  if (cfg.tmpBytes < 64 || cfg.tmpBytes % 16 != 0 || cfg.maxBlocks < 1)
+    throw Error("createRingWorkspace: tmpBytes must be a multiple of 16 of at least 64 and maxBlocks at least 1 (got " +
+                std::to_string(cfg.tmpBytes) + ", " + std::to_string(cfg.maxBlocks) + ")");
+  const uint64_t need = 4ull * cfg.maxBlocks, have = uint64_t(comm.config().nSignals);
+  const int64_t base = cfg.signalBase >= 0 ? cfg.signalBase : int64_t(have) - int64_t(need);
+  if (base < 0 || uint64_t(base) + need > have)
+    throw Error("createRingWorkspace: needs " + std::to_string(need) + " signal ids (4 x " +
+                std::to_string(cfg.maxBlocks) + " blocks) from " + std::to_string(base) + ", but the Comm has " +
+                std::to_string(have) + "; raise CommConfig::nSignals or lower maxBlocks / signalBase");
+  RingWorkspace w{};
+  w.tmp = comm.allocWindow(size_t(cfg.tmpBytes));
+  w.tmpBytes = cfg.tmpBytes;
+  w.signalBase = uint32_t(base);
+  w.maxBlocks = cfg.maxBlocks;
+  w.nRanks = comm.nRanks();
+  return w;
+}
+
+// Collective: frees the temporary window. No AllReduce may be in flight.
+inline void destroyRingWorkspace(Comm& comm, const RingWorkspace& w) { comm.deregisterWindow(w.tmp); }
+
+// ---- plan ----
+
+inline constexpr uint32_t kRingMaxSlots = 8;
+
+// The plan for `count` elements of `eltBytes` (1, 2, 4 or 8) on `nRanks` ranks.
+inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t count, size_t eltBytes,
+                                  const RingTuning& t) {
+  if (nRanks < 1 || (eltBytes != 1 && eltBytes != 2 && eltBytes != 4 && eltBytes != 8))
+    throw Error("planRingAllReduce: nRanks must be at least 1 and eltBytes 1, 2, 4 or 8 (got " +
+                std::to_string(nRanks) + ", " + std::to_string(eltBytes) + ")");
+  const uint64_t n = uint64_t(nRanks), elt = eltBytes, total = count * elt, perRank = total / n;
+  auto roundChunk = [&](uint64_t c) {
+    c = (c + elt - 1) / elt * elt;
+    return c >= 16 ? (c + 15) / 16 * 16 : c;
+  };
+  RingPlan p{};
+  p.count = count;
+  p.eltBytes = uint32_t(elt);
+  p.nRanks = nRanks;
+  p.depth = perRank < (32u << 10)   ? 1
+            : perRank <= (1u << 20) ? 2
+            : perRank <= (4u << 20) ? 4
+            : perRank <= (8u << 20) ? 2
+                                    : 1;
+  p.numChunks = t.numChunks ? t.numChunks : uint64_t(p.depth) * n;
+  uint64_t chunk = t.chunkBytes;
+  if (chunk == 0) {
+    chunk = std::clamp<uint64_t>(total / p.numChunks, 1, 16ull << 20);
+    if (chunk * p.numChunks > t.maxBdpBytes) chunk = std::max<uint64_t>(1, t.maxBdpBytes / p.numChunks);
+  }
+  chunk = roundChunk(std::max(chunk, t.minShardBytes));
+  uint32_t blocks = chunk < (16u << 10) ? 1 : chunk < (128u << 10) ? 1 : chunk < (512u << 10) ? 2 : 4;
+  p.blockSize = chunk < (16u << 10) ? 384 : 512;
+  if (t.maxBlocks) blocks = std::min(blocks, t.maxBlocks);
+  if (t.blocks) blocks = t.blocks;
+  if (t.blockSize) p.blockSize = t.blockSize;
+  blocks = std::min(blocks, ws.maxBlocks);
+  auto units = [&] { return (count + chunk / elt * n - 1) / (chunk / elt * n); };
+  blocks = uint32_t(std::clamp<uint64_t>(units(), 1, blocks));
+  p.regionBytes = ws.tmpBytes / blocks / 16 * 16;
+  if (chunk * 2 > p.regionBytes) {
+    chunk = p.regionBytes / 2 / 16 * 16;
+    if (chunk < elt)
+      throw Error("planRingAllReduce: the workspace's " + std::to_string(ws.tmpBytes) +
+                  " temporary bytes cannot hold " + "two slots per block for " + std::to_string(blocks) +
+                  " blocks; create it with more tmpBytes");
+  }
+  p.chunkBytes = chunk;
+  p.slots = uint32_t(std::min<uint64_t>(kRingMaxSlots, p.regionBytes / chunk));
+  p.nUnits = units();
+  p.nBlocks = blocks;
+  p.bidir = t.bidirAgMaxBytes < 0 ? 1 : (t.bidirAgMaxBytes > 0 && total <= uint64_t(t.bidirAgMaxBytes)) ? 1 : 0;
+  return p;
+}
+
+// The plan for this communicator with the environment's overrides applied to `base`.
+inline RingPlan planRingAllReduce(const Comm& comm, const RingWorkspace& ws, uint64_t count, size_t eltBytes,
+                                  const RingTuning& base = {}) {
+  return planRingAllReduce(comm.nRanks(), ws, count, eltBytes, ringTuningFromEnv(base));
+}
+
+// One line: what the plan chose.
+inline std::string describe(const RingPlan& p) {
+  return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
+         " ranks: depth " + std::to_string(p.depth) + ", " + std::to_string(p.numChunks) + " chunks of " +
+         std::to_string(p.chunkBytes) + " B per partition, " + std::to_string(p.nUnits) + " units, " +
+         std::to_string(p.nBlocks) + " x " + std::to_string(p.blockSize) + " threads, " + std::to_string(p.slots) +
+         " slots per block, " + (p.bidir ? "bidirectional" : "one-way") + " AllGather";
+}
+
+// ---- running it ----
+
+// CPU ranks: runs every block of the plan in this thread, one after another
+// (blocks never wait on each other). Throws the device error if a wait gave up.
+template <class T, class Op>
+void runRingAllReduce(Comm& comm, const RingWorkspace& ws, const RingPlan& plan, Window sendWin, size_t sendOffset,
+                      Window recvWin, size_t recvOffset, Op op = Op{}) {
+  if (comm.onGpu()) throw Error("runRingAllReduce runs on CPU ranks; on a GPU use launchRingAllReduce (nvcc)");
+  bool ok = true;
+  for (uint32_t b = 0; b < plan.nBlocks; ++b)
+    ok = ringAllReduceBlock<T, Op, true>(CoopThread{}, comm.devComm(), ws, plan, sendWin, sendOffset, recvWin,
+                                         recvOffset, b, op) &&
+         ok;
+  comm.check();
+  if (!ok) throw Error("ring AllReduce: a wait gave up without a device error record");
+}
+
+#if defined(__CUDACC__)
+// One CTA per block of the plan. kBidir = false: the one-way variant (no
+// reverse AllGather code, fewer registers).
+template <class T, class Op, bool kBidir, unsigned Backends>
+__global__ void __launch_bounds__(1024) ringAllReduceKernel(DevComm dc, RingWorkspace ws, RingPlan plan, Window sendWin,
+                                                            size_t sendOffset, Window recvWin, size_t recvOffset) {
+  (void)ringAllReduceBlock<T, Op, kBidir, Backends>(CoopBlock{}, dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset,
+                                                    blockIdx.x, Op{});
+}
+
+// Launch on `stream`; errors surface through comm.check()/synchronize().
+// Lsa-only communicators get a kernel with the other transports compiled out.
+template <class T, class Op>
+void launchRingAllReduce(const Comm& comm, const RingWorkspace& ws, const RingPlan& plan, Window sendWin,
+                         size_t sendOffset, Window recvWin, size_t recvOffset, cudaStream_t stream) {
+  bool lsaOnly = comm.devComm().proxyAll == 0 && comm.devComm().ibgdaAll == 0;
+  for (int r = 0; r < comm.nRanks(); ++r) lsaOnly = lsaOnly && comm.transportTo(r) == Transport::Lsa;
+  const DevComm& dc = comm.devComm();
+  const dim3 grid(plan.nBlocks), block(plan.blockSize);
+  if (lsaOnly) {
+    if (plan.bidir)
+      ringAllReduceKernel<T, Op, true, kBackendLsa>
+          <<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
+    else
+      ringAllReduceKernel<T, Op, false, kBackendLsa>
+          <<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
+  } else {
+    if (plan.bidir)
+      ringAllReduceKernel<T, Op, true, kBackendAll>
+          <<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
+    else
+      ringAllReduceKernel<T, Op, false, kBackendAll>
+          <<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
+  }
+  GIN_CUDA_CHECK(cudaGetLastError());
+}
+#endif
+
+}  // namespace gin::coll
