@@ -14,6 +14,17 @@
 
 namespace gputest {
 
+// Load every kernel when the CUDA context is created (unless the environment
+// already chose). With lazy loading (CUDA's default), launching a kernel for
+// the first time while another kernel spins waiting on a gin host thread
+// (proxy engine, soft NIC) can stall that thread's CUDA calls until the
+// spinning kernel gives up: the tests' kernels wait on those threads. Runs
+// before main, so before any CUDA call.
+inline const bool kEagerModuleLoading = [] {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  return true;
+}();
+
 inline int gpuCount() { return gin::cudaDeviceCountOrZero(); }
 
 // Meson's "skipped" exit code.

@@ -267,6 +267,11 @@ __global__ void putEveryWarpTo(DevComm dc, int peer, Window dst, Window src, siz
                SignalAdd{uint32_t(8 + ctx), 3}, CoopWarp{});
 }
 
+// Thread c waits until signal base + c reaches `least`.
+__global__ void waitSignalsAtLeast(DevComm dc, uint32_t base, uint64_t least) {
+  (void)Net(dc, 0).waitSignal(CoopThread{}, base + threadIdx.x, least);
+}
+
 // Thread c: signal base + c reads exactly `value`; counts the matches.
 __global__ void exactSignals(DevComm dc, uint32_t base, uint64_t value, int* matches) {
   if (threadIdx.x == 0) *matches = 0;
@@ -309,6 +314,9 @@ TEST_CASE("GPU ibgda through the Comm: GPU ranks sharing a GPU put to the next r
           putEveryWarpTo<<<kCtas, 32 * kWarps, 0, st>>>(comm.devComm(), next, dst, src, kChunk);
           const uint64_t perCtx = puts / kContexts;
           waitAndFlush<<<kContexts, 128, 0, st>>>(comm.devComm(), perCtx, perCtx, ok);
+          // flush covers this coop's WQEs only (ibgda's contract): the values
+          // have landed once their SignalAdds have.
+          waitSignalsAtLeast<<<1, kContexts, 0, st>>>(comm.devComm(), 8, 3 * perCtx);
           comm.synchronize();
           GPU_CHECK(cudaStreamSynchronize(st));
           int okh[kContexts];
