@@ -59,8 +59,9 @@ enum class DeviceKind { Auto, Cpu, Gpu };
 // every peer through the proxy engine, lsa members included (testing,
 // debugging). Ibgda: the peers of this host through GPU-posted mlx5 work
 // requests, lsa members included (on the soft NIC, or on an mlx5 device
-// when built with GIN_IBGDA_MLX5=1: CommConfig::ibgda). GIN_TRANSPORT=auto|lsa|proxy|ibgda overrides; which wire
-// the proxy uses per peer: CommConfig::proxy.wire / GIN_PROXY_WIRE.
+// when built with GIN_IBGDA_MLX5=1: CommConfig::ibgda).
+// GIN_TRANSPORT=auto|lsa|proxy|ibgda overrides; which wire the proxy uses per
+// peer: CommConfig::proxy.wire / GIN_PROXY_WIRE.
 enum class TransportChoice { Auto, Lsa, Proxy, Ibgda };
 
 struct CommConfig {

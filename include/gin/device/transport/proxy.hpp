@@ -55,8 +55,9 @@ inline constexpr uint32_t kProxyMaxSlots = 1u << 15;                 // the tags
 // to the line at once; on CPU ranks the tag word is stored after its
 // partner with release) and a chunk left from an earlier lap carries a tag
 // nSlots (< 2^16) smaller. Rings start zeroed at ticket 0, so slot i is
-// first used by ticket i < 2^15, whose tag is not 0. The producer needs no fence between the stores
-// and the flag, which on a GPU would wait for the slot's PCIe writes.
+// first used by ticket i < 2^15, whose tag is not 0. The producer needs no
+// fence between the stores and the flag, which on a GPU would wait for the
+// slot's PCIe writes.
 //   w0: tag | op << 16 | action << 24 | uint32(peer) << 32    w1: dstOffset
 //   w2: tag | dstWindow << 16                                  w3: srcOffset
 //   w4: tag | bytes << 16 (48 bits)                            w5: signalValue
