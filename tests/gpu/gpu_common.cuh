@@ -15,11 +15,10 @@
 namespace gputest {
 
 // Load every kernel when the CUDA context is created (unless the environment
-// already chose). With lazy loading (CUDA's default), launching a kernel for
-// the first time while another kernel spins waiting on a gin host thread
-// (proxy engine, soft NIC) can stall that thread's CUDA calls until the
-// spinning kernel gives up: the tests' kernels wait on those threads. Runs
-// before main, so before any CUDA call.
+// already chose). With lazy loading (CUDA's default), loading a module while
+// a kernel spins waiting on a gin host thread (proxy engine, soft NIC) may
+// synchronize like an allocation does (see runRanksOnStreams). Runs before
+// main, so before any CUDA call.
 inline const bool kEagerModuleLoading = [] {
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   return true;
@@ -59,6 +58,13 @@ inline void runGpus(int n, const std::function<void(gin::Comm&)>& body, gin::Com
 // n ranks on the visible GPUs round-robin (several ranks may share one),
 // each with its own non-blocking stream so ranks sharing a GPU run their
 // kernels side by side: body(comm, stream).
+//
+// Ranks sharing a GPU must not allocate or free device or pinned memory
+// (cudaMalloc, cudaFree, cudaMallocHost, ...) while another rank's kernel may
+// be waiting on its proxy engine or soft NIC: those calls synchronize the
+// device, so the engine's next copy queues behind the waiting kernel, which
+// waits for that copy (the wait then times out). Allocate before the barrier
+// that precedes a launch and free after the barrier that follows it.
 inline void runRanksOnStreams(int n, const std::function<void(gin::Comm&, cudaStream_t)>& body, gin::CommConfig cfg) {
   const int gpus = gpuCount();
   gintest::runRankThreads(

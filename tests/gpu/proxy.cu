@@ -77,11 +77,11 @@ TEST_CASE("GPU proxy: every warp of 132 CTAs pushes signals through 16-slot ring
           comm.synchronize();
           std::vector<int> okh(static_cast<size_t>(nCtx), 0);
           GPU_CHECK(cudaMemcpy(okh.data(), ok, sizeof(int) * nCtx, cudaMemcpyDeviceToHost));
-          cudaFree(ok);
-          cudaFree(wantDev);
           for (int c = 0; c < nCtx; ++c) expect(okh[size_t(c)] == 1, "signal " + std::to_string(c) + " short");
           // Every ring's consumer index counts exactly the descriptors pushed on it.
           comm.bootstrap().barrier();
+          cudaFree(ok);  // after the barrier: see gpu_common.cuh
+          cudaFree(wantDev);
           expect(comm.proxyEngine() && comm.proxyEngine()->quiesce(5'000'000'000ull), "engine did not drain");
           expect(comm.proxyEngine()->executed() == uint64_t(ctas) * warps * per * n,
                  "executed " + std::to_string(comm.proxyEngine()->executed()));
@@ -136,15 +136,16 @@ TEST_CASE("GPU proxy: flush means the engine has read the source; counters count
           Window src = comm.allocWindow(bytes);
           Window dst = comm.allocWindow(bytes * rounds);
           GPU_CHECK(cudaMemset(comm.localPointer(dst), 0xAB, bytes * rounds));
-          GPU_CHECK(cudaDeviceSynchronize());
-          comm.bootstrap().barrier();
           int* bad = nullptr;
           GPU_CHECK(cudaMalloc(&bad, sizeof(int)));
           GPU_CHECK(cudaMemset(bad, 0, sizeof(int)));
+          GPU_CHECK(cudaDeviceSynchronize());
+          comm.bootstrap().barrier();
           putFlushReuse<<<1, 256, 0, st>>>(dc, dst, src, bytes, rounds, bad);
           comm.synchronize();
           int h = -1;
           GPU_CHECK(cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost));
+          comm.bootstrap().barrier();  // no rank's kernel is waiting on its engine now (see gpu_common.cuh)
           cudaFree(bad);
           expect(h == 0, "flush/counter/signal failures: " + std::to_string(h));
           const int prev = (comm.rank() + comm.nRanks() - 1) % comm.nRanks();

@@ -192,9 +192,20 @@ class Comm {
     if (tcp_) tcp_->closeSend();  // its destructor waits for the peers' goodbyes: all in flight is applied
     ibgda_.reset();
     // Peers may still be writing into our memory until they too are done.
+    bool peersDone = true;
     try {
       bs_.barrier();
     } catch (...) {
+      peersDone = false;
+    }
+    if (!peersDone) {
+      // A peer failed or never came: its engine or NIC (or kernel) may still
+      // write into what we share. Leak it rather than free it under them.
+      shared_.leak();
+      proxySignals_.leak();
+      for (auto& [handle, rec] : windows_) rec->buffer.leak();
+      for (auto& a : userAllocs_) a->leak();
+      return;
     }
 #if GIN_WITH_CUDA
     if (proxySignalsRegistered_) (void)cudaHostUnregister(proxySignalsRegistered_);

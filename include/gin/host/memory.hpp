@@ -356,6 +356,13 @@ class SharedBuffer {
     return h;
   }
   void unlinkName() { shm_.unlink(); }
+  // Forget the memory without freeing it: for a communicator torn down after
+  // a failure, whose in-process peers may still write into it (freeing heap
+  // memory under them would corrupt the heap; freeing device memory would
+  // wait for their kernels).
+  void leak() {
+    if (backing_ != Backing::Shm) ptr_ = nullptr;
+  }
 
  private:
   Backing backing_ = Backing::Heap;
