@@ -6,6 +6,9 @@
 // AllGather; results against a host reference with a tolerance per type,
 // bitwise identical on every rank, poison around the buffers intact. The
 // auto-tuning table and the environment overrides (good and bad values) too.
+// Over lsa the "auto" tuning takes the one-shot LL16 path for the small
+// counts (the other tunings keep the ring); LL calls back to back without
+// barriers check its flags and buffer halves.
 // Registered twice: as is (lsa) and with GIN_TRANSPORT=proxy. The p2p
 // baseline (examples/allreduce/ring_allreduce.hpp) keeps one small test.
 #include <catch2/catch_test_macros.hpp>
@@ -43,7 +46,7 @@ void oneCase(Comm& comm, const coll::RingWorkspace& ws, const Bufs& b, size_t co
   T* in = reinterpret_cast<T*>(sb + kHead);
   for (size_t i = 0; i < count; ++i) in[i] = input<T, Op>(seed, me, i);
   const Window rw = inPlace ? b.send : b.recv;
-  const coll::RingPlan plan = coll::planRingAllReduce(comm.nRanks(), ws, count, sizeof(T), tune);
+  const coll::RingPlan plan = coll::planRingAllReduce(comm, ws, count, sizeof(T), tune);  // LL only over lsa
   comm.bootstrap().barrier();
   coll::runRingAllReduce<T, Op>(comm, ws, plan, b.send, kHead, rw, kHead);
   uint8_t* ob = inPlace ? sb : rb;
@@ -95,11 +98,13 @@ std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
   std::vector<Tuned> v;
   v.push_back({"auto", {}});
   coll::RingTuning a;
+  a.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 64 KiB over lsa)
   a.chunkBytes = tinyBytes;
   a.blocks = 3;
   a.bidirAgMaxBytes = -1;
   v.push_back({"tiny chunks, 3 blocks, bidirectional", a});
   coll::RingTuning b;
+  b.llMaxBytes = 0;
   b.chunkBytes = 56;  // not a multiple of 16: rounded up to 64
   b.blocks = 2;
   b.bidirAgMaxBytes = 0;
@@ -285,6 +290,7 @@ TEST_CASE("ring AllReduce: called again and again with changing plans on one wor
       t.chunkBytes = 16u << (i % 5);
       t.blocks = 1 + uint32_t(i % 4);
       t.bidirAgMaxBytes = i % 2 ? -1 : 0;
+      if (i % 4 != 1) t.llMaxBytes = 0;  // every fourth call one-shot LL16, between ring calls
       const size_t count = size_t(1 + (i * 397) % 3000);
       oneCase<float, coll::Sum>(comm, ws, b, count, t, i % 3 == 0, uint64_t(i), results, "call " + std::to_string(i));
     }
@@ -294,6 +300,91 @@ TEST_CASE("ring AllReduce: called again and again with changing plans on one wor
     comm.deregisterWindow(b.recv);
     coll::destroyRingWorkspace(comm, ws);
   }));
+}
+
+TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only", "[allreduce][plan][ll]") {
+  coll::RingWorkspace ws{};
+  ws.tmpBytes = 32ull << 20;
+  ws.maxBlocks = 16;
+  ws.llMaxBytes = 64 << 10;
+  const coll::RingTuning t{};
+  auto plan = [&](int n, uint64_t bytes) { return coll::planRingAllReduce(n, ws, bytes / 4, 4, t); };
+  coll::RingPlan p = plan(8, 4 << 10);
+  CHECK(p.ll == 1);
+  CHECK((p.nBlocks == 1 && p.blockSize == 512));
+  CHECK(plan(8, 64).blockSize == 64);
+  CHECK(plan(8, 64 << 10).ll == 1);
+  CHECK(plan(8, (64 << 10) + 4).ll == 0);  // past the threshold: the ring
+  CHECK(plan(1, 4 << 10).ll == 0);         // one rank: a copy
+  CHECK(plan(4, 0).ll == 0);
+  ws.llMaxBytes = 1 << 10;  // the workspace caps the tuning
+  CHECK(plan(8, 2 << 10).ll == 0);
+  CHECK(plan(8, 1 << 10).ll == 1);
+  {
+    ScopedEnv e("GIN_ALLREDUCE_LL_MAX_SIZE", "0");
+    CHECK(coll::planRingAllReduce(8, ws, 16, 4, coll::ringTuningFromEnv()).ll == 0);
+  }
+  {
+    ScopedEnv e("GIN_ALLREDUCE_LL_MAX_SIZE", "512");
+    CHECK(coll::planRingAllReduce(8, ws, 128, 4, coll::ringTuningFromEnv()).ll == 1);
+    CHECK(coll::planRingAllReduce(8, ws, 129, 4, coll::ringTuningFromEnv()).ll == 0);
+  }
+  for (const char* bad : {"-1", "2G", "x"}) {
+    ScopedEnv e("GIN_ALLREDUCE_LL_MAX_SIZE", bad);
+    CHECK_THROWS_WITH(coll::ringTuningFromEnv(), Catch::Matchers::ContainsSubstring("GIN_ALLREDUCE_LL_MAX_SIZE=") &&
+                                                     Catch::Matchers::ContainsSubstring("expected"));
+  }
+  // A communicator with a forced network transport never plans LL.
+  if (const char* tr = std::getenv("GIN_TRANSPORT"); tr && std::string(tr) != "proxy") return;
+  CommConfig cfg = gintest::cpuConfig();
+  cfg.transport = TransportChoice::Proxy;
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [&](Comm& comm) {
+        const coll::RingWorkspace w = coll::createRingWorkspace(comm);
+        expect(coll::planRingAllReduce(comm, w, 16, 4).ll == 0, "LL planned over the proxy");
+        comm.bootstrap().barrier();
+        coll::destroyRingWorkspace(comm, w);
+      },
+      cfg));
+}
+
+TEST_CASE("LL AllReduce: back to back without barriers, both buffer halves, every rank checks every call",
+          "[allreduce][ll]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("LL runs over lsa only");
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
+      coll::RingWorkspaceConfig wc;
+      wc.tmpBytes = 4096;
+      wc.maxBlocks = 2;
+      wc.llMaxBytes = 8 << 10;
+      const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
+      const size_t maxCount = 2048;  // 8 KiB of float: the LL maximum
+      Window send = comm.allocWindow(maxCount * 4 + 64), recv = comm.allocWindow(maxCount * 4 + 64);
+      float* in = static_cast<float*>(comm.localPointer(send));
+      float* out = static_cast<float*>(comm.localPointer(recv));
+      for (int call = 0; call < 60; ++call) {
+        // Sizes change every call (1 element to the maximum), and every
+        // fifth call is in place; no barrier between calls: the packets'
+        // flags and the two halves must keep calls apart by themselves.
+        const size_t count = call % 7 == 6 ? maxCount : size_t(1 + (call * 389) % maxCount);
+        const bool inPlace = call % 5 == 4;
+        for (size_t i = 0; i < count; ++i) in[i] = input<float, coll::Sum>(uint64_t(call), comm.rank(), i);
+        out[count] = -7.0f;  // guard
+        const coll::RingPlan plan = coll::planRingAllReduce(comm, ws, count, 4);
+        expect(plan.ll == 1, "call " + std::to_string(call) + " did not take the LL path");
+        coll::runRingAllReduce<float, coll::Sum>(comm, ws, plan, send, 0, inPlace ? send : recv, 0);
+        check<float, coll::Sum>(inPlace ? in : out, n, count, uint64_t(call), "LL call " + std::to_string(call));
+        expect(out[count] == -7.0f, "LL call " + std::to_string(call) + " wrote past the output");
+      }
+      comm.check();
+      comm.bootstrap().barrier();
+      comm.deregisterWindow(send);
+      comm.deregisterWindow(recv);
+      coll::destroyRingWorkspace(comm, ws);
+    }));
+  }
 }
 
 TEST_CASE("ring AllReduce over the ibgda soft NIC", "[allreduce][ibgda]") {

@@ -61,11 +61,23 @@
 // message counts) or allReduceRecv (waiting for data: id = the data signal),
 // with the neighbour's rank, in the error record; every thread of the coop
 // then gets false.
+//
+// Small messages (plan.ll, lsa-only communicators): one shot with LL16 packets
+// (gin/device/ll.hpp) instead of 2(n-1) signalled steps. One block writes its
+// whole input as packets into a slot of every peer's LL buffer (the
+// workspace's `ll` window), then reduces, packet by packet, the n
+// contributions in rank order (so every rank gets the same bits) as they
+// arrive. Each rank counts its LL calls in word 0 of its own buffer; call c
+// uses flag flagForRound(c) and buffer half c % 2. Two halves are enough with
+// no acknowledgement: a rank overwrites half c % 2 in call c + 2 only after
+// it read every peer's call c + 1 packets, and a peer writes those only after
+// its call c (which read that half) is over.
 #pragma once
 
 #include <cstring>
 #include <type_traits>
 
+#include "gin/device/ll.hpp"
 #include "gin/device/net.hpp"
 
 #if defined(__CUDACC__)
@@ -208,8 +220,18 @@ struct RingWorkspace {
   uint32_t maxBlocks;   // blocks a plan may use
   int32_t nRanks;
   int32_t reserved;
+  Window ll;            // per rank: the LL call count, then 2 x nRanks LL16 slots (llSlotOffset); none if llMaxBytes == 0
+  uint64_t llMaxBytes;  // the largest message the LL path carries
 };
 static_assert(std::is_trivially_copyable_v<RingWorkspace>);
+
+// The LL buffer: bytes of one slot (a message of llMaxBytes as LL16 packets),
+// and where half `parity`'s slot for source rank `src` starts.
+GIN_HD GIN_INLINE uint64_t llSlotBytes(const RingWorkspace& w) { return ll::bufferBytes<ll::Packet16>(w.llMaxBytes); }
+GIN_HD GIN_INLINE uint64_t llSlotOffset(const RingWorkspace& w, uint64_t parity, int src) {
+  return 64 + (parity * uint64_t(w.nRanks) + uint64_t(src)) * llSlotBytes(w);
+}
+GIN_HD GIN_INLINE uint64_t llBufferBytes(const RingWorkspace& w) { return llSlotOffset(w, 2, 0); }
 
 // One call's shape (gin/host/allreduce.hpp: planRingAllReduce). Every rank
 // must use the same plan.
@@ -226,7 +248,7 @@ struct RingPlan {
   uint32_t blockSize;  // threads per CTA
   uint32_t slots;      // temporary slots per block
   uint32_t bidir;      // 1: bidirectional AllGather
-  uint32_t reserved;
+  uint32_t ll;         // 1: one-shot LL16 (small messages, lsa peers only; one block)
 };
 static_assert(std::is_trivially_copyable_v<RingPlan>);
 
@@ -341,7 +363,9 @@ class RingBlock {
                     fits(ws_.tmp, 0, ws_.tmpBytes) && p_.chunkBytes >= eltBytes && p_.chunkBytes % eltBytes == 0 &&
                     uint64_t(p_.slots) * p_.chunkBytes <= p_.regionBytes &&
                     p_.regionBytes * p_.nBlocks <= ws_.tmpBytes &&
-                    uint64_t(ws_.signalBase) + 4ull * ws_.maxBlocks <= uint64_t(dc_.nSignals);
+                    uint64_t(ws_.signalBase) + 4ull * ws_.maxBlocks <= uint64_t(dc_.nSignals) &&
+                    (p_.ll == 0 || (p_.nBlocks == 1 && p_.count * eltBytes <= ws_.llMaxBytes &&
+                                    fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.proxyAll == 0 && dc_.ibgdaAll == 0));
     if (!ok)
       recordError(dc_, gin::Op::BadArgument, -1, net_.context(), uint64_t(block_), uint64_t(p_.nBlocks),
                   uint64_t(ws_.maxBlocks));
@@ -358,6 +382,7 @@ class RingBlock {
       if (in != out && block_ == 0) lsa::coopCopy(coop, out, in, size_t(p_.count) * sizeof(T));
       return coop.syncAll(true);
     }
+    if (p_.ll) return runLL(coop, in, out, op);
     next_ = (me + 1) % n;
     prev_ = (me + n - 1) % n;
     const bool bidir = kBidir && p_.bidir != 0;
@@ -464,6 +489,54 @@ class RingBlock {
   }
 
  private:
+  // The one-shot LL16 path (see the top of the file). A packet carries 8
+  // bytes, a whole number of elements; thread t handles packets t, t + size,
+  // ... in both phases, so in place it reads its input before overwriting it.
+  template <class T, class Op, class Coop>
+  GIN_HD bool runLL(Coop coop, const T* in, T* out, Op op) {
+    using E = EltTraits<T>;
+    using P = ll::Packet16;
+    constexpr size_t kPer = 8 / sizeof(T);
+    const int n = dc_.nRanks, me = dc_.rank;
+    const size_t bytes = size_t(p_.count) * sizeof(T), packets = ll::packetCount<P>(bytes);
+    uint64_t* calls = static_cast<uint64_t*>(localPointer(ws_.ll, 0));  // only this rank touches it
+    const uint64_t call = volatileLoad(calls) + 1, half = call & 1;
+    const uint32_t flag = ll::flagForRound(call);
+    bool ok = true;
+    for (int k = 1; ok && k < n; ++k)
+      ok = ll::putPacketsToPeer<P>(coop, dc_, teamWorld(dc_), (me + k) % n, ws_.ll,
+                                   size_t(llSlotOffset(ws_, half, me)), in, bytes, flag);
+    const P* slot0 = static_cast<const P*>(localPointer(ws_.ll, size_t(llSlotOffset(ws_, half, 0))));
+    const size_t slotPackets = size_t(llSlotBytes(ws_) / sizeof(P));
+    const auto* inB = reinterpret_cast<const unsigned char*>(in);
+    auto* outB = reinterpret_cast<unsigned char*>(out);
+    for (size_t i = size_t(coop.rank()); ok && i < packets; i += size_t(coop.size())) {
+      const size_t off = i * 8, len = bytes - off < 8 ? bytes - off : 8, m = len / sizeof(T);
+      typename E::Compute acc[kPer] = {};
+      for (int j = 0; j < n; ++j) {
+        uint64_t v = 0;
+        if (j == me)
+          v = ll::detail::loadBytes<uint64_t>(inB + off, len);
+        else if (!ll::waitRead(dc_, slot0 + size_t(j) * slotPackets + i, flag, &v, i, j))
+          ok = false;
+        if (!ok) break;
+        T e[kPer];
+        __builtin_memcpy(e, &v, sizeof e);
+        for (size_t t = 0; t < m; ++t) acc[t] = j == 0 ? E::load(e[t]) : op(acc[t], E::load(e[t]));
+      }
+      if (!ok) break;
+      T r[kPer] = {};
+      for (size_t t = 0; t < m; ++t) r[t] = E::store(acc[t]);
+      uint64_t w = 0;
+      __builtin_memcpy(&w, r, sizeof r);
+      ll::detail::storeBytes(outB + off, w, len);
+    }
+    ok = coop.syncAll(ok);
+    if (coop.rank() == 0) volatileStore(calls, call);
+    coop.sync();
+    return ok;
+  }
+
   const DevComm& dc_;
   Net<Backends> net_;
   RingWorkspace ws_;

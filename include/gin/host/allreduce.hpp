@@ -33,12 +33,22 @@
 //   GIN_ALLREDUCE_RING_BLOCK_SIZE      threads per block, a multiple of 32 from 32 to 1024
 //   GIN_ALLREDUCE_RING_NUM_BLOCKS      (gin's own, for tuning experiments) exactly this many blocks, 1 .. 1024,
 //                                      still capped by the workspace's maxBlocks and the number of units
+//   GIN_ALLREDUCE_LL_MAX_SIZE          (gin's own) messages up to this size take the one-shot LL16 path
+//                                      when every peer is reached by lsa; 0: never (default 64K, capped
+//                                      by the workspace's llMaxBytes). The LL path uses one block.
+//
+// Small messages (at most 64 KiB by default) on lsa-only communicators go
+// one shot with LL16 packets (gin/device/allreduce.hpp): one hop of latency
+// instead of 2(n - 1) signalled steps. The threshold is not tuned on
+// multi-GPU hardware yet (no 2-GPU machine was available): see
+// docs/performance.md.
 #pragma once
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 
 #include "gin/device/allreduce.hpp"
 #include "gin/host/comm.hpp"
@@ -55,6 +65,9 @@ struct RingTuning {
   uint32_t maxBlocks = 0;               // 0: no cap beyond the auto choice
   uint32_t blockSize = 0;               // 0: auto
   uint32_t blocks = 0;                  // exact block count; 0: auto (GIN_ALLREDUCE_RING_NUM_BLOCKS)
+  // Messages up to this size take the one-shot LL16 path when every peer is
+  // reached by lsa (and the workspace has an LL buffer that large); 0: never.
+  uint64_t llMaxBytes = 64ull << 10;
 };
 
 namespace detail {
@@ -123,6 +136,11 @@ inline RingTuning ringTuningFromEnv(RingTuning base = {}) {
     base.maxBlocks = uint32_t(v);
   if (detail::envBytes("GIN_ALLREDUCE_RING_NUM_BLOCKS", 1, 1024, "a whole number of blocks from 1 to 1024", &v))
     base.blocks = uint32_t(v);
+  if (detail::envBytes("GIN_ALLREDUCE_LL_MAX_SIZE", 0, 1ll << 30,
+                       "0 (never use LL packets) or a message size in bytes up to 1G (suffixes K, M, G are powers "
+                       "of 1024); the workspace's llMaxBytes caps it",
+                       &v))
+    base.llMaxBytes = uint64_t(v);
   if (const char* e = std::getenv("GIN_ALLREDUCE_RING_BLOCK_SIZE")) {
     int64_t b = 0;
     if (!detail::parseBytes(e, &b) || b < 32 || b > 1024 || b % 32 != 0)
@@ -140,12 +158,16 @@ struct RingWorkspaceConfig {
   uint32_t maxBlocks = 16;          // blocks a plan may use: 4 signal ids each
   int64_t signalBase = -1;          // first signal id; -1: the top 4 x maxBlocks ids (p2p's default too: set
                                     // one of them explicitly when both are used)
+  uint64_t llMaxBytes = 64ull << 10;  // largest LL message: an LL window of 64 + 2 x nRanks x 2 x this bytes; 0: none
 };
 
 // Collective: allocates the temporary window and reserves the signal ids,
 // whose signals and shadows must be zero (unused) now: the AllReduce keeps
 // its running counts in them.
 inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& cfg = {}) {
+  if (cfg.llMaxBytes > (1ull << 30))
+    throw Error("createRingWorkspace: llMaxBytes " + std::to_string(cfg.llMaxBytes) +
+                " is larger than the 1 GiB the LL path allows; LL packets pay off for small messages only");
   if (cfg.tmpBytes < 64 || cfg.tmpBytes % 16 != 0 || cfg.maxBlocks < 1)
     throw Error("createRingWorkspace: tmpBytes must be a multiple of 16 of at least 64 and maxBlocks at least 1 (got " +
                 std::to_string(cfg.tmpBytes) + ", " + std::to_string(cfg.maxBlocks) + ")");
@@ -161,11 +183,24 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
   w.signalBase = uint32_t(base);
   w.maxBlocks = cfg.maxBlocks;
   w.nRanks = comm.nRanks();
+  w.llMaxBytes = cfg.llMaxBytes;
+  if (cfg.llMaxBytes) w.ll = comm.allocWindow(size_t(llBufferBytes(w)));
   return w;
 }
 
-// Collective: frees the temporary window. No AllReduce may be in flight.
-inline void destroyRingWorkspace(Comm& comm, const RingWorkspace& w) { comm.deregisterWindow(w.tmp); }
+// Collective: frees the workspace's windows. No AllReduce may be in flight.
+inline void destroyRingWorkspace(Comm& comm, const RingWorkspace& w) {
+  comm.deregisterWindow(w.tmp);
+  if (w.llMaxBytes) comm.deregisterWindow(w.ll);
+}
+
+// Whether every peer is reached by lsa with no network transport forced: what
+// the LL path and the lsa-only kernel need.
+inline bool lsaOnly(const Comm& comm) {
+  bool only = comm.devComm().proxyAll == 0 && comm.devComm().ibgdaAll == 0;
+  for (int r = 0; r < comm.nRanks(); ++r) only = only && comm.transportTo(r) == Transport::Lsa;
+  return only;
+}
 
 // ---- plan ----
 
@@ -219,17 +254,31 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
   p.nUnits = units();
   p.nBlocks = blocks;
   p.bidir = t.bidirAgMaxBytes < 0 ? 1 : (t.bidirAgMaxBytes > 0 && total <= uint64_t(t.bidirAgMaxBytes)) ? 1 : 0;
+  // Small messages: one block writes LL16 packets to every peer (8 payload
+  // bytes per packet; up to 512 threads, one packet each while they last).
+  if (n > 1 && total > 0 && total <= std::min(t.llMaxBytes, ws.llMaxBytes)) {
+    p.ll = 1;
+    p.nBlocks = 1;
+    const uint64_t packets = (total + 7) / 8;
+    p.blockSize = t.blockSize ? t.blockSize : uint32_t(std::clamp<uint64_t>((packets + 31) / 32 * 32, 64, 512));
+  }
   return p;
 }
 
-// The plan for this communicator with the environment's overrides applied to `base`.
+// The plan for this communicator with the environment's overrides applied to
+// `base`; the LL path only when every peer is reached by lsa.
 inline RingPlan planRingAllReduce(const Comm& comm, const RingWorkspace& ws, uint64_t count, size_t eltBytes,
                                   const RingTuning& base = {}) {
-  return planRingAllReduce(comm.nRanks(), ws, count, eltBytes, ringTuningFromEnv(base));
+  RingTuning t = ringTuningFromEnv(base);
+  if (!lsaOnly(comm)) t.llMaxBytes = 0;
+  return planRingAllReduce(comm.nRanks(), ws, count, eltBytes, t);
 }
 
 // One line: what the plan chose.
 inline std::string describe(const RingPlan& p) {
+  if (p.ll)
+    return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
+           " ranks: one-shot LL16 packets, 1 x " + std::to_string(p.blockSize) + " threads";
   return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
          " ranks: depth " + std::to_string(p.depth) + ", " + std::to_string(p.numChunks) + " chunks of " +
          std::to_string(p.chunkBytes) + " B per partition, " + std::to_string(p.nUnits) + " units, " +
@@ -266,14 +315,32 @@ __global__ void __launch_bounds__(1024) ringAllReduceKernel(DevComm dc, RingWork
 
 // Launch on `stream`; errors surface through comm.check()/synchronize().
 // Lsa-only communicators get a kernel with the other transports compiled out.
+// One rank: nothing to reduce, so an out-of-place call is one stream-ordered
+// cudaMemcpyAsync (the copy engine or the runtime's copy kernel, at device
+// bandwidth) instead of a plan whose blocks would copy (bad ranges are an
+// Error here rather than a device error record).
 template <class T, class Op>
 void launchRingAllReduce(const Comm& comm, const RingWorkspace& ws, const RingPlan& plan, Window sendWin,
                          size_t sendOffset, Window recvWin, size_t recvOffset, cudaStream_t stream) {
-  bool lsaOnly = comm.devComm().proxyAll == 0 && comm.devComm().ibgdaAll == 0;
-  for (int r = 0; r < comm.nRanks(); ++r) lsaOnly = lsaOnly && comm.transportTo(r) == Transport::Lsa;
+  if (comm.nRanks() == 1) {
+    const size_t bytes = size_t(plan.count) * sizeof(T);
+    if (plan.eltBytes != sizeof(T))
+      throw Error("launchRingAllReduce: the plan was made for " + std::to_string(plan.eltBytes) +
+                  "-byte elements, the call reduces " + std::to_string(sizeof(T)) + "-byte ones");
+    for (auto [w, off, what] : {std::tuple{sendWin, sendOffset, "send"}, std::tuple{recvWin, recvOffset, "recv"}})
+      if (off > comm.windowBytes(w) || bytes > comm.windowBytes(w) - off)
+        throw Error(std::string("launchRingAllReduce: the ") + what + " range [" + std::to_string(off) + ", " +
+                    std::to_string(off + bytes) + ") runs past its window's " + std::to_string(comm.windowBytes(w)) +
+                    " bytes");
+    const void* in = comm.localPointer(sendWin, sendOffset);
+    void* out = comm.localPointer(recvWin, recvOffset);
+    if (in != out && bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(out, in, bytes, cudaMemcpyDeviceToDevice, stream));
+    (void)ws;
+    return;
+  }
   const DevComm& dc = comm.devComm();
   const dim3 grid(plan.nBlocks), block(plan.blockSize);
-  if (lsaOnly) {
+  if (lsaOnly(comm)) {
     if (plan.bidir)
       ringAllReduceKernel<T, Op, true, kBackendLsa>
           <<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
