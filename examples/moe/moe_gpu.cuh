@@ -196,6 +196,17 @@ class GpuLayer {
     MOE_CUDA(cudaFuncGetAttributes(&a, gpu::llExpertKernel));
     MOE_CUDA(cudaFuncGetAttributes(&a, gpu::resetKernel));
     MOE_CUDA(cudaFuncGetAttributes(&a, gpu::flushKernel));
+    // The dispatch kernel's senders and receivers wait on each other (and on
+    // other ranks' CTAs): all C + R x C CTAs must be resident at once, or the
+    // layer stalls until the timeout. Refuse a shape that cannot be.
+    int dev = 0, sms = 0, perSm = 0;
+    MOE_CUDA(cudaGetDevice(&dev));
+    MOE_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::dispatchKernel, kThreads, 0));
+    if (!lowLatency && int(C + R * C) > perSm * sms)
+      throw std::invalid_argument("moe: the dispatch kernel needs " + std::to_string(C + R * C) +
+                                  " resident CTAs (channels + ranks x channels) but this GPU holds " +
+                                  std::to_string(perSm * sms) + "; use fewer channels");
   }
   GpuLayer(const GpuLayer&) = delete;
   GpuLayer& operator=(const GpuLayer&) = delete;
