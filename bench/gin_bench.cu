@@ -86,14 +86,14 @@ constexpr int kPutRuns = 3, kLatRuns = 5, kBarRuns = 5;
 constexpr int kArRuns = 5;              // allreduce: timed runs per size (median)
 constexpr uint32_t kArSignalBase = 64;  // allreduce: the ring's signal ids (4 per block)
 constexpr uint32_t kArMaxBlocks = 16;
-constexpr int kSrRuns = 5;                 // sendrecv: timed runs per size (median)
-constexpr int kSrThreads = 512;            // sendrecv: threads of each sending or receiving CTA
-constexpr int kSrMaxChannelsGpu = 32;      // sendrecv: most channels (CTA pairs), GPUs
-constexpr int kSrMaxChannelsCpu = 2;       // sendrecv: most channels, CPU ranks
+constexpr int kSrRuns = 5;                       // sendrecv: timed runs per size (median)
+constexpr int kSrThreads = 512;                  // sendrecv: threads of each sending or receiving CTA
+constexpr int kSrMaxChannelsGpu = 32;            // sendrecv: most channels (CTA pairs), GPUs
+constexpr int kSrMaxChannelsCpu = 2;             // sendrecv: most channels, CPU ranks
 constexpr size_t kSrBytesPerChannel = 64 << 10;  // sendrecv: one channel per 64 KiB, up to the most
-constexpr uint64_t kSrChunkGpu = 128 << 10;       // sendrecv: FIFO slot (one step), GPUs (NCCL's p2p chunk)
-constexpr uint64_t kSrChunkCpu = 32 << 10;        // sendrecv: FIFO slot, CPU ranks
-constexpr uint32_t kSrSlots = 8;                  // sendrecv: FIFO depth (NCCL_STEPS)
+constexpr uint64_t kSrChunkGpu = 128 << 10;      // sendrecv: FIFO slot (one step), GPUs (NCCL's p2p chunk)
+constexpr uint64_t kSrChunkCpu = 32 << 10;       // sendrecv: FIFO slot, CPU ranks
+constexpr uint32_t kSrSlots = 8;                 // sendrecv: FIFO depth (NCCL_STEPS)
 constexpr int kMoeExpertsPerRank = 8;
 constexpr int kMoeTopk = 8;
 
@@ -666,8 +666,8 @@ struct Options {
   long iters = 0;  // 0: default
   std::string json;
   bool noNccl = false;
-  int channels = 0;  // sendrecv: most channels; moe: normal mode's channels; 0: default
-  std::string mode = "both";  // moe: normal, ll or both
+  int channels = 0;            // sendrecv: most channels; moe: normal mode's channels; 0: default
+  std::string mode = "both";   // moe: normal, ll or both
   int tokens = 0, hidden = 0;  // moe: 0: default
   bool modeGiven = false, tokensGiven = false;
 };
@@ -840,8 +840,7 @@ Options parseArgs(int argc, char** argv) {
       else if (a == "moe")
         o.op = Op::Moe;
       else
-        usageError("unknown OP " + a +
-                   " (expected put-bw, signal-lat, barrier, msg-rate, allreduce, sendrecv or moe)");
+        usageError("unknown OP " + a + " (expected put-bw, signal-lat, barrier, msg-rate, allreduce, sendrecv or moe)");
     }
   }
   if (!haveOp) usageError("no OP given");
@@ -1387,14 +1386,14 @@ class GpuEngine final : public Engine {
     const double s = timed([&] {
       for (int i = 0; i < iters; ++i) {
         if (ibgda())
-          ringShiftKernel<gin::kBackendIbgda><<<2 * nCh, kSrThreads, 0, stream_>>>(dc, fifo, src, dst, bytes, nCh,
-                                                                                   scratch_);
+          ringShiftKernel<gin::kBackendIbgda>
+              <<<2 * nCh, kSrThreads, 0, stream_>>>(dc, fifo, src, dst, bytes, nCh, scratch_);
         else if (proxy())
-          ringShiftKernel<gin::kBackendProxy><<<2 * nCh, kSrThreads, 0, stream_>>>(dc, fifo, src, dst, bytes, nCh,
-                                                                                   scratch_);
+          ringShiftKernel<gin::kBackendProxy>
+              <<<2 * nCh, kSrThreads, 0, stream_>>>(dc, fifo, src, dst, bytes, nCh, scratch_);
         else
-          ringShiftKernel<gin::kBackendLsa><<<2 * nCh, kSrThreads, 0, stream_>>>(dc, fifo, src, dst, bytes, nCh,
-                                                                                 scratch_);
+          ringShiftKernel<gin::kBackendLsa>
+              <<<2 * nCh, kSrThreads, 0, stream_>>>(dc, fifo, src, dst, bytes, nCh, scratch_);
       }
     });
     if (fetch(0)) throw gin::Error("sendrecv: a send or recv gave up without a device error record");
@@ -2754,8 +2753,8 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   };
   if (withNccl)
     rep->method.push_back(
-        "nccl: ncclGroupStart; ncclSend(rank+1); ncclRecv(rank-1); ncclGroupEnd per shift, same sizes, same timing, its "
-        "own cudaMalloc buffers, verified the same way");
+        "nccl: ncclGroupStart; ncclSend(rank+1); ncclRecv(rank-1); ncclGroupEnd per shift, same sizes, same timing, "
+        "its own cudaMalloc buffers, verified the same way");
   if (gpu)
     rep->table.header = {"bytes", "CH", "gin us", "gin GB/s", "nccl us", "nccl GB/s", "gin/nccl time"};
   else
@@ -2769,8 +2768,8 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
                                  withNccl ? fmt("%.2f", gbs(double(r.bytes), c)) : "-",
                                  withNccl && c > 0 ? fmt("%.2f", g / c) : "-"});
     else
-      rep->table.rows.push_back({sizeName(r.bytes), std::to_string(r.channels), fmt("%.2f", g * 1e6),
-                                 fmt("%.3f", gbs(double(r.bytes), g))});
+      rep->table.rows.push_back(
+          {sizeName(r.bytes), std::to_string(r.channels), fmt("%.2f", g * 1e6), fmt("%.3f", gbs(double(r.bytes), g))});
     J row = J::obj();
     row.set("bytes", double(r.bytes))
         .set("channels", double(r.channels))
@@ -2983,8 +2982,8 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
         "nccl: one ncclGroupStart/End of ncclSend + ncclRecv to and from every rank (itself included) with the "
         "layer's bytes per peer, its own buffers, verified (per-peer patterns), timed the same way");
   if (gpu)
-    rep->table.header = {"mode", "phase", "tokens", "MB/rank", "gin us", "gin GB/s", "nccl us", "nccl GB/s",
-                         "gin/nccl time"};
+    rep->table.header = {"mode",     "phase",   "tokens",    "MB/rank",      "gin us",
+                         "gin GB/s", "nccl us", "nccl GB/s", "gin/nccl time"};
   else
     rep->table.header = {"mode", "phase", "tokens", "MB/rank", "us", "GB/s"};
   J jrows = J::arr();
@@ -2992,10 +2991,10 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
     const double g = median(r.gin), c = withNccl ? median(r.nccl) : 0.0;
     const char* mode = r.ll ? "ll" : "normal";
     if (gpu)
-      rep->table.rows.push_back({mode, r.phase, std::to_string(r.sh.tokens), fmt("%.2f", r.crossBytes / 1e6),
-                                 fmt("%.1f", g * 1e6), fmt("%.2f", gbs(r.crossBytes, g)),
-                                 withNccl ? fmt("%.1f", c * 1e6) : "-", withNccl ? fmt("%.2f", gbs(r.crossBytes, c)) : "-",
-                                 withNccl && c > 0 ? fmt("%.2f", g / c) : "-"});
+      rep->table.rows.push_back(
+          {mode, r.phase, std::to_string(r.sh.tokens), fmt("%.2f", r.crossBytes / 1e6), fmt("%.1f", g * 1e6),
+           fmt("%.2f", gbs(r.crossBytes, g)), withNccl ? fmt("%.1f", c * 1e6) : "-",
+           withNccl ? fmt("%.2f", gbs(r.crossBytes, c)) : "-", withNccl && c > 0 ? fmt("%.2f", g / c) : "-"});
     else
       rep->table.rows.push_back({mode, r.phase, std::to_string(r.sh.tokens), fmt("%.3f", r.crossBytes / 1e6),
                                  fmt("%.1f", g * 1e6), fmt("%.3f", gbs(r.crossBytes, g))});
@@ -3017,7 +3016,8 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
       row.set("nccl_us", c * 1e6).set("nccl_gbs", gbs(r.crossBytes, c)).set("nccl_runs_us", runsJson(r.nccl));
     jrows.push(std::move(row));
   }
-  if (n == 1) rep->notes.push_back("1 rank: nothing crosses ranks (MB/rank and GB/s are 0); the times are the local path");
+  if (n == 1)
+    rep->notes.push_back("1 rank: nothing crosses ranks (MB/rank and GB/s are 0); the times are the local path");
   rep->notes.push_back(withNccl ? "nccl: measured (an ncclSend/ncclRecv all-to-all with the same bytes per peer)"
                                 : "nccl: not measured (" + ncclReason + ")");
   commonJson(*rep, o, s, where);

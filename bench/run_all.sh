@@ -17,7 +17,7 @@
 # exit status is 1 if any op failed. PYTHON picks the interpreter for the plot
 # (default python3; it needs matplotlib).
 set -u -o pipefail  # an op's status survives the tee
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 bin=build/bench/gin-bench
 results="bench-results/$(date +%Y%m%d-%H%M%S)"
