@@ -1,11 +1,13 @@
 // gin-bench — gin's benchmark program: bandwidth of puts, signal round-trip
-// latency and barrier latency over the lsa transport, between GPUs of one host
-// (one process, one thread and one gin::Comm per GPU) or between CPU ranks
-// (threads) running the same device API.
+// latency and barrier latency over the lsa transport, the proxy's descriptor
+// rate, the ring AllReduce, p2p send/recv and the MoE dispatch/combine of
+// examples/moe, between GPUs of one host (one process, one thread and one
+// gin::Comm per GPU) or between CPU ranks (threads) running the same device API.
 //
-//   gin-bench OP [--transport lsa|proxy] [--ranks N] [--emulate] [--sizes MIN:MAX]
-//                [--iters K] [--json FILE] [--no-nccl]
-//   OP: put-bw | signal-lat | barrier | msg-rate | allreduce
+//   gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX]
+//                [--iters K] [--json FILE] [--no-nccl] [--channels N]
+//                [--mode normal|ll|both] [--tokens T] [--hidden H]
+//   OP: put-bw | signal-lat | barrier | msg-rate | allreduce | sendrecv | moe
 //
 // Every op first checks that what it times did the right thing (bytes,
 // signal values, barrier ordering) and exits 1 if not, so a fast wrong number
@@ -39,9 +41,14 @@
 #include <vector>
 
 #include "gin/gin.hpp"
+// The MoE layer is the example's own code (device bodies, CPU driver, host
+// reference), not a copy: gin-bench moe times exactly what the example runs.
+#include "../examples/moe/moe_cpu.hpp"
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
+
+#include "../examples/moe/moe_gpu.cuh"
 #if defined(GIN_BENCH_HAVE_NCCL) && GIN_BENCH_HAVE_NCCL
 // NCCL's device headers trip -Wunused-parameter in the host pass; not ours to fix.
 #pragma GCC diagnostic push
@@ -79,8 +86,18 @@ constexpr int kPutRuns = 3, kLatRuns = 5, kBarRuns = 5;
 constexpr int kArRuns = 5;              // allreduce: timed runs per size (median)
 constexpr uint32_t kArSignalBase = 64;  // allreduce: the ring's signal ids (4 per block)
 constexpr uint32_t kArMaxBlocks = 16;
+constexpr int kSrRuns = 5;                       // sendrecv: timed runs per size (median)
+constexpr int kSrThreads = 512;                  // sendrecv: threads of each sending or receiving CTA
+constexpr int kSrMaxChannelsGpu = 32;            // sendrecv: most channels (CTA pairs), GPUs
+constexpr int kSrMaxChannelsCpu = 2;             // sendrecv: most channels, CPU ranks
+constexpr size_t kSrBytesPerChannel = 64 << 10;  // sendrecv: one channel per 64 KiB, up to the most
+constexpr uint64_t kSrChunkGpu = 128 << 10;      // sendrecv: FIFO slot (one step), GPUs (NCCL's p2p chunk)
+constexpr uint64_t kSrChunkCpu = 32 << 10;       // sendrecv: FIFO slot, CPU ranks
+constexpr uint32_t kSrSlots = 8;                 // sendrecv: FIFO depth (NCCL_STEPS)
+constexpr int kMoeExpertsPerRank = 8;
+constexpr int kMoeTopk = 8;
 
-enum class Op { PutBw, SignalLat, Barrier, MsgRate, AllReduce };
+enum class Op { PutBw, SignalLat, Barrier, MsgRate, AllReduce, SendRecv, Moe };
 enum class CoopKind { Thread = 0, Warp = 1, Block = 2 };
 constexpr const char* kCoopNames[] = {"thread", "warp", "block"};
 
@@ -282,6 +299,36 @@ GIN_HD inline float arExpected(uint64_t seed, int nRanks, size_t i) {
   return v;
 }
 
+// sendrecv: a ring shift, every rank sends `bytes` from its src window to
+// rank + 1 and receives as many from rank - 1 into its dst window, cut into
+// nCh contiguous shares, one per p2p channel (its own connector and FIFO
+// ring, as NCCL spreads a send over channels). B: the backend the transport
+// needs (lsa, proxy or ibgda), so a Net carries no dispatch.
+template <unsigned B, class Coop>
+GIN_HD inline bool shiftSend(const gin::DevComm& dc, const gin::p2p::Fifo& f, Window src, size_t bytes, int c, int nCh,
+                             Coop coop) {
+  const Share s = shareOf(bytes, c, nCh);
+  const gin::p2p::Endpoint<B> ep(gin::Net<B>(dc, c % dc.nContexts), f, c);
+  return ep.send(coop, (dc.rank + 1) % dc.nRanks, src, s.off, s.len);
+}
+template <unsigned B, class Coop>
+GIN_HD inline bool shiftRecv(const gin::DevComm& dc, const gin::p2p::Fifo& f, Window dst, size_t bytes, int c, int nCh,
+                             Coop coop) {
+  const Share s = shareOf(bytes, c, nCh);
+  const gin::p2p::Endpoint<B> ep(gin::Net<B>(dc, c % dc.nContexts), f, c);
+  return ep.recv(coop, (dc.rank + dc.nRanks - 1) % dc.nRanks, gin::localPointer(dst, s.off), s.len);
+}
+// A single thread cannot run a send and a recv at once; sendRecv interleaves
+// their steps (deadlock-free around the ring). The CPU rank's form.
+template <unsigned B, class Coop>
+GIN_HD inline bool shiftSendRecv(const gin::DevComm& dc, const gin::p2p::Fifo& f, Window src, Window dst, size_t bytes,
+                                 int c, int nCh, Coop coop) {
+  const Share s = shareOf(bytes, c, nCh);
+  const gin::p2p::Endpoint<B> ep(gin::Net<B>(dc, c % dc.nContexts), f, c);
+  return ep.sendRecv(coop, (dc.rank + 1) % dc.nRanks, src, s.off, s.len, (dc.rank + dc.nRanks - 1) % dc.nRanks,
+                     gin::localPointer(dst, s.off), s.len);
+}
+
 // ---------------------------------------------------------------------------
 // Kernels.
 
@@ -365,6 +412,17 @@ __global__ void ginBarrierCheckKernel(gin::DevComm dc, Window w, int iters, uint
     n += barrierRead(dc, w, blockIdx.x, gridDim.x, v, gin::CoopBlock{});
   }
   if (n) atomicAdd(bad, n);
+}
+
+// One ring shift: CTAs 0..nCh-1 send channel c's share, CTAs nCh..2nCh-1
+// receive it (separate coops, as NCCL runs send and recv warps).
+template <unsigned B>
+__global__ void ringShiftKernel(gin::DevComm dc, gin::p2p::Fifo f, Window src, Window dst, size_t bytes, int nCh,
+                                unsigned long long* failed) {
+  const int c = int(blockIdx.x) % nCh;
+  const bool ok = int(blockIdx.x) < nCh ? shiftSend<B>(dc, f, src, bytes, c, nCh, gin::CoopBlock{})
+                                        : shiftRecv<B>(dc, f, dst, bytes, c, nCh, gin::CoopBlock{});
+  if (!ok && threadIdx.x == 0) atomicAdd(failed, 1ull);
 }
 
 __global__ void arFillKernel(float* p, size_t count, int rank, uint64_t seed) {
@@ -608,29 +666,42 @@ struct Options {
   long iters = 0;  // 0: default
   std::string json;
   bool noNccl = false;
+  int channels = 0;            // sendrecv: most channels; moe: normal mode's channels; 0: default
+  std::string mode = "both";   // moe: normal, ll or both
+  int tokens = 0, hidden = 0;  // moe: 0: default
+  bool modeGiven = false, tokensGiven = false;
 };
 
 const char* kUsage =
     "usage: gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
     "                    [--json FILE] [--no-nccl]\n"
     "  OP            put-bw | signal-lat | barrier | msg-rate (descriptors/s into the proxy) |\n"
-    "                allreduce (ring AllReduce, float sum, next to ncclAllReduce on GPUs)\n"
+    "                allreduce (ring AllReduce, float sum, next to ncclAllReduce on GPUs) |\n"
+    "                sendrecv (p2p send/recv ring shift, next to ncclSend/ncclRecv on GPUs) |\n"
+    "                moe (examples/moe dispatch and combine, next to an NCCL send/recv all-to-all)\n"
     "  --transport   lsa (default) or proxy (every peer through the proxy engine; msg-rate\n"
     "                uses it unless told ibgda). With proxy, ranks may share a GPU (--ranks > GPUs)\n"
-    "                ibgda: msg-rate only, the WQE post rate into the soft NIC in sink mode\n"
-    "                (GIN_IBGDA_DEVICE picks another NIC)\n"
+    "                ibgda: msg-rate (the WQE post rate into the soft NIC in sink mode) and\n"
+    "                sendrecv (through the soft NIC); GIN_IBGDA_DEVICE picks another NIC\n"
     "  --ranks N     GPUs: default all visible (one host thread + gin::Comm per GPU);\n"
     "                --emulate: CPU ranks as threads, default 2\n"
     "  --emulate     run CPU ranks (threads) through the same gin device API; also the\n"
     "                fallback when no GPU is visible. Numbers are CPU numbers.\n"
-    "  --sizes A:B   put-bw, allreduce: powers of two from A to B bytes (suffixes K, M, G = KiB, MiB,\n"
-    "                GiB); put-bw default 8:1G on GPUs, 8:16M emulated; allreduce 4K:1G, 4K:1M emulated\n"
-    "  --iters K     put-bw: at most K puts per timed kernel (default 1000); allreduce: AllReduces\n"
-    "                per timed run (default by size); signal-lat: round trips\n"
+    "  --sizes A:B   put-bw, allreduce, sendrecv: powers of two from A to B bytes (suffixes K, M, G =\n"
+    "                KiB, MiB, GiB); put-bw default 8:1G on GPUs, 8:16M emulated; allreduce and\n"
+    "                sendrecv 4K:1G, 4K:1M emulated\n"
+    "  --iters K     put-bw: at most K puts per timed kernel (default 1000); allreduce, sendrecv:\n"
+    "                operations per timed run (default by size); moe: timed layers (default 20,\n"
+    "                emulated 3); signal-lat: round trips\n"
     "                per run (default 10000, emulated 2000); barrier: syncs per run (default\n"
     "                10000, emulated 1000)\n"
     "  --json FILE   also write the results as JSON\n"
-    "  --no-nccl     do not set up NCCL for the barrier and allreduce comparisons\n";
+    "  --no-nccl     do not set up NCCL for the barrier, allreduce, sendrecv and moe comparisons\n"
+    "  --channels N  sendrecv: the most p2p channels (CTA pairs) a transfer is spread over (default\n"
+    "                32, emulated 2); moe: channels of the normal mode (default 16, emulated 2)\n"
+    "  --mode M      moe: normal (4096 tokens per rank), ll (low latency, 128 tokens) or both (default)\n"
+    "  --tokens T    moe: tokens per rank (default by mode; emulated 256 normal, 32 ll)\n"
+    "  --hidden H    moe: hidden size in bf16 elements (default 7168, emulated 1024)\n";
 
 [[noreturn]] void usageError(const std::string& msg) {
   std::fprintf(stderr, "gin-bench: %s\n%s", msg.c_str(), kUsage);
@@ -727,6 +798,27 @@ Options parseArgs(int argc, char** argv) {
     } else if (a == "--no-nccl") {
       noValue();
       o.noNccl = true;
+    } else if (a == "--channels") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 1, 64, &n)) usageError("--channels " + v + ": expected a whole number from 1 to 64");
+      o.channels = int(n);
+    } else if (a == "--mode") {
+      o.mode = value();
+      if (o.mode != "normal" && o.mode != "ll" && o.mode != "both")
+        usageError("--mode " + o.mode + ": expected normal, ll or both");
+      o.modeGiven = true;
+    } else if (a == "--tokens") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 0, 1 << 20, &n)) usageError("--tokens " + v + ": expected a whole number from 0 to 1048576");
+      o.tokens = int(n);
+      o.tokensGiven = true;
+    } else if (a == "--hidden") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 1, 1 << 16, &n)) usageError("--hidden " + v + ": expected a whole number from 1 to 65536");
+      o.hidden = int(n);
     } else if (!a.empty() && a[0] == '-') {
       usageError("unknown option " + a);
     } else {
@@ -743,17 +835,26 @@ Options parseArgs(int argc, char** argv) {
         o.op = Op::MsgRate;
       else if (a == "allreduce")
         o.op = Op::AllReduce;
+      else if (a == "sendrecv")
+        o.op = Op::SendRecv;
+      else if (a == "moe")
+        o.op = Op::Moe;
       else
-        usageError("unknown OP " + a + " (expected put-bw, signal-lat, barrier, msg-rate or allreduce)");
+        usageError("unknown OP " + a + " (expected put-bw, signal-lat, barrier, msg-rate, allreduce, sendrecv or moe)");
     }
   }
   if (!haveOp) usageError("no OP given");
   if (o.op == Op::MsgRate && o.transport != "ibgda") o.transport = "proxy";
-  if (o.transport == "ibgda" && o.op != Op::MsgRate)
+  if (o.transport == "ibgda" && o.op != Op::MsgRate && o.op != Op::SendRecv)
     usageError(
-        "--transport ibgda measures msg-rate only (the post rate into a sink NIC): no ConnectX device was "
-        "available to measure put-bw, signal-lat, barrier or allreduce over a real NIC");
-  if (o.sizesGiven && o.op != Op::PutBw && o.op != Op::AllReduce) usageError("--sizes applies to put-bw and allreduce");
+        "--transport ibgda measures msg-rate (the post rate into a sink NIC) and sendrecv (through the soft NIC) "
+        "only: no ConnectX device was available to measure put-bw, signal-lat, barrier, allreduce or moe over a "
+        "real NIC");
+  if (o.sizesGiven && o.op != Op::PutBw && o.op != Op::AllReduce && o.op != Op::SendRecv)
+    usageError("--sizes applies to put-bw, allreduce and sendrecv");
+  if (o.channels && o.op != Op::SendRecv && o.op != Op::Moe) usageError("--channels applies to sendrecv and moe");
+  if ((o.modeGiven || o.tokensGiven || o.hidden) && o.op != Op::Moe)
+    usageError("--mode, --tokens and --hidden apply to moe");
   if (o.op == Op::AllReduce && o.sizesGiven && o.minSize < 4)
     usageError("allreduce sizes are bytes of floats: MIN must be at least 4");
   if (o.op == Op::SignalLat && o.iters == 1) usageError("signal-lat needs --iters of at least 2");
@@ -766,6 +867,22 @@ Options parseArgs(int argc, char** argv) {
 struct PingResult {
   double seconds;     // cudaEvents / chrono around the whole run
   uint64_t steadyNs;  // in-run clock, round trips 2..iters (rank 0)
+};
+
+// moe: one rank's layer of examples/moe (moe::CpuLayer or moe::GpuLayer).
+// Collective: every rank calls the same methods in the same order.
+struct MoeTimes {
+  double dispatchS, combineS;
+};
+class MoeRunner {
+ public:
+  virtual ~MoeRunner() = default;
+  // One layer on `in` (kept for timed()); returns this rank's out[T][H].
+  virtual std::vector<float> run(const moe::Inputs& in) = 0;
+  // One more layer on the last inputs, timed by phase on this rank: dispatch
+  // (from the layer's start until every token sent to this rank is here) and
+  // combine (experts, the returns, the weighted sums).
+  virtual MoeTimes timed() = 0;
 };
 
 class Engine {
@@ -812,12 +929,36 @@ class Engine {
   virtual uint64_t arCheck(const void* p, size_t count, int nRanks, uint64_t seed, size_t guard) = 0;
   virtual double arRun(const gin::coll::RingWorkspace& ws, const gin::coll::RingPlan& plan, Window send, Window recv,
                        int iters) = 0;
+  // sendrecv: seconds for `iters` ring shifts of `bytes` (see shiftSend) over
+  // `nCh` channels of `fifo`; throws if a send or recv gave up.
+  virtual double ringShift(const gin::p2p::Fifo& fifo, Window src, Window dst, size_t bytes, int nCh, int iters) = 0;
+  // moe: a layer of shape `sh` on this rank (collective).
+  virtual std::unique_ptr<MoeRunner> moeLayer(const moe::Shape& sh, bool lowLatency) = 0;
 
  protected:
   gin::Comm& comm_;
   // Every peer through the proxy (--transport proxy): device bodies use
   // Net<kBackendProxy>; otherwise Net<kBackendLsa>.
   bool proxy() const { return comm_.devComm().proxyAll != 0; }
+  // Every peer through ibgda (--transport ibgda): Net<kBackendIbgda>.
+  bool ibgda() const { return comm_.devComm().ibgdaAll != 0; }
+};
+
+class CpuMoe final : public MoeRunner {
+ public:
+  CpuMoe(gin::Comm& c, const moe::Shape& sh, bool ll) : layer_(c, sh, ll) {}
+  std::vector<float> run(const moe::Inputs& in) override {
+    in_ = in;
+    return layer_.run(in_);
+  }
+  MoeTimes timed() override {
+    (void)layer_.run(in_);
+    return {layer_.timing().dispatchS, layer_.timing().combineS};
+  }
+
+ private:
+  moe::CpuLayer layer_;
+  moe::Inputs in_;
 };
 
 class CpuEngine final : public Engine {
@@ -974,6 +1115,29 @@ class CpuEngine final : public Engine {
       gin::coll::runRingAllReduce<float, gin::coll::Sum>(comm_, ws, plan, send, 0, recv, 0);
     return seconds(t0);
   }
+  // One thread per rank: each channel's share with sendRecv, channel after
+  // channel (every rank visits them in the same order).
+  double ringShift(const gin::p2p::Fifo& fifo, Window src, Window dst, size_t bytes, int nCh, int iters) override {
+    const gin::DevComm& dc = comm_.devComm();
+    bool ok = true;
+    const auto t0 = Clock::now();
+    for (int i = 0; i < iters && ok; ++i)
+      for (int c = 0; c < nCh && ok; ++c) {
+        if (ibgda())
+          ok = shiftSendRecv<gin::kBackendIbgda>(dc, fifo, src, dst, bytes, c, nCh, gin::CoopThread{});
+        else if (proxy())
+          ok = shiftSendRecv<gin::kBackendProxy>(dc, fifo, src, dst, bytes, c, nCh, gin::CoopThread{});
+        else
+          ok = shiftSendRecv<gin::kBackendLsa>(dc, fifo, src, dst, bytes, c, nCh, gin::CoopThread{});
+      }
+    const double s = seconds(t0);
+    comm_.check();
+    if (!ok) throw gin::Error("sendrecv: a send or recv gave up without a device error record");
+    return s;
+  }
+  std::unique_ptr<MoeRunner> moeLayer(const moe::Shape& sh, bool ll) override {
+    return std::make_unique<CpuMoe>(comm_, sh, ll);
+  }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -996,6 +1160,36 @@ class CpuEngine final : public Engine {
 
 #if defined(__CUDACC__)
 #define BENCH_CUDA(call) GIN_CUDA_CHECK(call)
+
+// moe::GpuLayer on the rank's stream; cudaEvents split the layer into its
+// dispatch and combine phases (GpuLayer::launch records `dispatched`).
+class GpuMoe final : public MoeRunner {
+ public:
+  GpuMoe(gin::Comm& c, const moe::Shape& sh, bool ll, cudaStream_t st) : st_(st), layer_(c, sh, ll, st) {
+    for (cudaEvent_t* e : {&e0_, &e1_, &e2_}) BENCH_CUDA(cudaEventCreate(e));
+  }
+  ~GpuMoe() override {
+    (void)cudaStreamSynchronize(st_);
+    for (cudaEvent_t e : {e0_, e1_, e2_}) (void)cudaEventDestroy(e);
+  }
+  std::vector<float> run(const moe::Inputs& in) override { return layer_.run(in); }
+  MoeTimes timed() override {
+    layer_.rearm();
+    BENCH_CUDA(cudaEventRecord(e0_, st_));
+    layer_.launch(e1_);
+    BENCH_CUDA(cudaEventRecord(e2_, st_));
+    layer_.wait();
+    float d = 0, c = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&d, e0_, e1_));
+    BENCH_CUDA(cudaEventElapsedTime(&c, e1_, e2_));
+    return {double(d) * 1e-3, double(c) * 1e-3};
+  }
+
+ private:
+  cudaStream_t st_;
+  cudaEvent_t e0_ = nullptr, e1_ = nullptr, e2_ = nullptr;
+  moe::GpuLayer layer_;
+};
 
 class GpuEngine final : public Engine {
  public:
@@ -1041,6 +1235,9 @@ class GpuEngine final : public Engine {
         cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, true, gin::kBackendAll>));
     BENCH_CUDA(
         cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, false, gin::kBackendAll>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, ringShiftKernel<gin::kBackendLsa>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, ringShiftKernel<gin::kBackendProxy>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, ringShiftKernel<gin::kBackendIbgda>));
 #if GIN_BENCH_NCCL
     BENCH_CUDA(cudaFuncGetAttributes(&a, ncclBarrierKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, ncclBarrierCheckKernel));
@@ -1168,6 +1365,43 @@ class GpuEngine final : public Engine {
     BENCH_CUDA(cudaMemsetAsync(p, kPoison, bytes, stream_));
     sync();
   }
+  // The byte pattern of `seed` at p (device memory), and its mismatches
+  // (plus `guard` bytes after it that must still hold the poison).
+  void fillBytes(void* p, size_t bytes, uint64_t seed) {
+    if (bytes == 0) return;
+    fillKernel<<<sms_ * 4, 256, 0, stream_>>>(static_cast<uint8_t*>(p), bytes, seed);
+    launched();
+    sync();
+  }
+  uint64_t checkBytes(const void* p, size_t bytes, uint64_t seed, size_t guard = 0) {
+    if (bytes + guard == 0) return 0;
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    verifyKernel<<<sms_ * 4, 256, 0, stream_>>>(static_cast<const uint8_t*>(p), bytes, guard, seed, scratch_);
+    launched();
+    return fetch(0);
+  }
+  double ringShift(const gin::p2p::Fifo& fifo, Window src, Window dst, size_t bytes, int nCh, int iters) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    const gin::DevComm dc = comm_.devComm();
+    const double s = timed([&] {
+      for (int i = 0; i < iters; ++i) {
+        if (ibgda())
+          ringShiftKernel<gin::kBackendIbgda>
+              <<<2 * nCh, kSrThreads, 0, stream_>>>(dc, fifo, src, dst, bytes, nCh, scratch_);
+        else if (proxy())
+          ringShiftKernel<gin::kBackendProxy>
+              <<<2 * nCh, kSrThreads, 0, stream_>>>(dc, fifo, src, dst, bytes, nCh, scratch_);
+        else
+          ringShiftKernel<gin::kBackendLsa>
+              <<<2 * nCh, kSrThreads, 0, stream_>>>(dc, fifo, src, dst, bytes, nCh, scratch_);
+      }
+    });
+    if (fetch(0)) throw gin::Error("sendrecv: a send or recv gave up without a device error record");
+    return s;
+  }
+  std::unique_ptr<MoeRunner> moeLayer(const moe::Shape& sh, bool ll) override {
+    return std::make_unique<GpuMoe>(comm_, sh, ll, stream_);
+  }
   void copyLocal(void* dst, const void* src, size_t bytes) {
     BENCH_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
     sync();
@@ -1180,6 +1414,32 @@ class GpuEngine final : public Engine {
         r = ncclAllReduce(send, recv, count, ncclFloat32, ncclSum, nc, stream_);
     });
     if (r != ncclSuccess) throw gin::Error(std::string("ncclAllReduce failed: ") + ncclGetErrorString(r));
+    return t;
+  }
+  // One ncclGroupStart/End per iteration holding an ncclSend of sends[i]
+  // bytes at send + sendOff[i] to peer i and an ncclRecv of recvs[i] at
+  // recv + recvOff[i] from peer i, for every peer with bytes (this rank
+  // included: NCCL copies to itself). Zero-byte pairs are left out on both
+  // sides (the sizes are symmetric).
+  double ncclExchange(ncclComm_t nc, const uint8_t* send, const std::vector<size_t>& sendOff,
+                      const std::vector<size_t>& sends, uint8_t* recv, const std::vector<size_t>& recvOff,
+                      const std::vector<size_t>& recvs, int iters) {
+    ncclResult_t r = ncclSuccess;
+    const char* what = "";
+    auto step = [&](ncclResult_t x, const char* call) {
+      if (x != ncclSuccess && r == ncclSuccess) r = x, what = call;
+    };
+    const double t = timed([&] {
+      for (int i = 0; i < iters && r == ncclSuccess; ++i) {
+        step(ncclGroupStart(), "ncclGroupStart");
+        for (size_t p = 0; p < sends.size(); ++p) {
+          if (sends[p]) step(ncclSend(send + sendOff[p], sends[p], ncclUint8, int(p), nc, stream_), "ncclSend");
+          if (recvs[p]) step(ncclRecv(recv + recvOff[p], recvs[p], ncclUint8, int(p), nc, stream_), "ncclRecv");
+        }
+        step(ncclGroupEnd(), "ncclGroupEnd");
+      }
+    });
+    if (r != ncclSuccess) throw gin::Error(std::string(what) + " failed: " + ncclGetErrorString(r));
     return t;
   }
 #endif
@@ -2310,6 +2570,469 @@ void runAllReduce(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
                                  : J::obj().set("measured", J::boolean(false)).set("reason", ncclReason));
 }
 
+// ---- sendrecv and moe: shared pieces ----
+
+// Every rank times its own run of `iters` operations after a host barrier; a
+// run counts the smallest time over the ranks (the rank that started last has
+// no start skew) / iters. Returns seconds per operation, one per run.
+std::vector<double> timeRunsMinRank(gin::Comm& comm, int iters, int runs, const std::function<double(int)>& once) {
+  comm.bootstrap().barrier();
+  once(std::max(1, iters / 10));  // warm-up
+  std::vector<double> v;
+  for (int r = 0; r < runs; ++r) {
+    comm.bootstrap().barrier();
+    const double t = once(iters);
+    const auto all = allGather(comm, t);
+    v.push_back(*std::min_element(all.begin(), all.end()) / iters);
+  }
+  return v;
+}
+
+// A count of bad bytes (or outputs) on some rank fails every rank alike.
+void agreeBad(gin::Comm& comm, const std::string& what, uint64_t bad) {
+  const auto all = allGather(comm, bad);
+  for (int r = 0; r < comm.nRanks(); ++r)
+    if (all[size_t(r)])
+      throw Failure(fmt("%s: rank %d has %" PRIu64 " wrong bytes or values", what.c_str(), r, all[size_t(r)]));
+}
+
+double gbs(double bytes, double seconds) { return seconds > 0 ? bytes / seconds / 1e9 : 0.0; }
+
+J runsJson(const std::vector<double>& secs) {
+  J a = J::arr();
+  for (double x : secs) a.push(J::num(x * 1e6));
+  return a;
+}
+
+// Why NCCL is not measured next to gin (empty: it is), for sendrecv and moe.
+std::string ncclSkipReason(const Options& o, bool gpu) {
+  if (!gpu) return "CPU emulation: NCCL runs on GPUs only";
+#if GIN_BENCH_NCCL
+  if (o.noNccl) return "disabled by --no-nccl";
+  if (o.transport != "lsa") return "not measured with --transport " + o.transport + " (NCCL picks its own transport)";
+  return "";
+#else
+  (void)o;
+  return "this gin-bench was built without NCCL (libnccl was not found when configuring)";
+#endif
+}
+
+// ---- sendrecv ----
+
+std::vector<uint64_t> srSizes(const Options& o, bool gpu) {
+  const uint64_t lo = o.sizesGiven ? o.minSize : 4096;
+  const uint64_t hi = o.sizesGiven ? o.maxSize : (gpu ? (1ull << 30) : (1ull << 20));
+  std::vector<uint64_t> v;
+  for (uint64_t b = lo; b <= hi; b *= 2) v.push_back(b);
+  return v;
+}
+
+int srIters(const Options& o, uint64_t bytes, bool gpu) {
+  if (o.iters) return int(o.iters);
+  if (!gpu) return bytes <= (64u << 10) ? 20 : 4;
+  return bytes <= (1u << 20) ? 200 : bytes <= (64u << 20) ? 50 : 10;
+}
+
+int srMaxChannels(const Options& o, bool gpu) {
+  return o.channels ? o.channels : gpu ? kSrMaxChannelsGpu : kSrMaxChannelsCpu;
+}
+
+// One channel per kSrBytesPerChannel, at least one, at most the FIFO's.
+int srChannels(uint64_t bytes, int maxCh) {
+  const uint64_t want = (bytes + kSrBytesPerChannel - 1) / kSrBytesPerChannel;
+  return int(std::clamp<uint64_t>(want, 1, uint64_t(maxCh)));
+}
+
+// Seeds of the data rank `from` sends in verification round `seed`.
+uint64_t srSeed(uint64_t seed, int from) { return mix(seed * 4096 + uint64_t(from)); }
+
+void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
+                 const std::vector<std::string>& where) {
+  const int me = comm.rank(), n = comm.nRanks(), from = (me + n - 1) % n;
+  const bool gpu = e.gpu();
+  const std::vector<uint64_t> sizes = srSizes(o, gpu);
+  const uint64_t maxBytes = sizes.back();
+  const int maxCh = srMaxChannels(o, gpu);
+  gin::p2p::Config pc;
+  pc.nChannels = uint32_t(maxCh);
+  pc.chunkBytes = gpu ? kSrChunkGpu : kSrChunkCpu;
+  pc.nSlots = kSrSlots;
+  const gin::p2p::Fifo fifo = gin::p2p::create(comm, pc);
+  Window src = comm.allocWindow(size_t(maxBytes)), dst = comm.allocWindow(size_t(maxBytes + kGuard));
+  uint64_t seed = 1;
+
+  std::string ncclReason = ncclSkipReason(o, gpu);
+#if GIN_BENCH_NCCL
+  NcclSide nccl;
+  uint8_t *ncclSend = nullptr, *ncclRecv = nullptr;
+  if (ncclReason.empty()) {
+    nccl.open(comm, 0);
+    if (!nccl.ok) ncclReason = nccl.reason;
+  }
+  const bool withNccl = gpu && nccl.ok;
+  if (withNccl) {
+    BENCH_CUDA(cudaMalloc(&ncclSend, size_t(maxBytes)));
+    BENCH_CUDA(cudaMalloc(&ncclRecv, size_t(maxBytes + kGuard)));
+  }
+#else
+  const bool withNccl = false;
+#endif
+
+  struct Row {
+    uint64_t bytes;
+    int channels, iters;
+    std::vector<double> gin, nccl;  // seconds per ring shift, per run
+  };
+  std::vector<Row> rows;
+  for (uint64_t bytes : sizes) {
+    Row row{bytes, srChannels(bytes, maxCh), srIters(o, bytes, gpu), {}, {}};
+    // Verified first, twice (the second call reuses the FIFO rings, their
+    // step counts carried over in the signal shadows).
+    for (int k = 0; k < 2; ++k) {
+      ++seed;
+      e.fill(src, size_t(bytes), srSeed(seed, me));
+      e.poison(dst, size_t(bytes + kGuard));
+      comm.bootstrap().barrier();
+      (void)e.ringShift(fifo, src, dst, size_t(bytes), row.channels, 1);
+      comm.bootstrap().barrier();
+      agreeBad(comm, fmt("sendrecv verification failed: gin p2p, %s", sizeName(bytes).c_str()),
+               e.checkLocal(dst, size_t(bytes), srSeed(seed, from)));
+    }
+    row.gin = timeRunsMinRank(comm, row.iters, kSrRuns,
+                              [&](int it) { return e.ringShift(fifo, src, dst, size_t(bytes), row.channels, it); });
+#if GIN_BENCH_NCCL
+    if (withNccl) {
+      auto& ge = static_cast<GpuEngine&>(e);
+      // The same ring shift as one ncclSend + ncclRecv group (with 1 rank,
+      // both to itself, as gin's).
+      std::vector<size_t> sends(size_t(n), 0), recvs(size_t(n), 0), offs(size_t(n), 0);
+      sends[size_t((me + 1) % n)] = size_t(bytes);
+      recvs[size_t(from)] = size_t(bytes);
+      ge.copyLocal(ncclSend, comm.localPointer(src), size_t(bytes));
+      ge.poisonBytes(ncclRecv, size_t(bytes + kGuard));
+      comm.bootstrap().barrier();
+      (void)ge.ncclExchange(nccl.comm, ncclSend, offs, sends, ncclRecv, offs, recvs, 1);
+      agreeBad(comm, fmt("sendrecv verification failed: ncclSend/ncclRecv, %s", sizeName(bytes).c_str()),
+               ge.checkBytes(ncclRecv, size_t(bytes), srSeed(seed, from), kGuard));
+      row.nccl = timeRunsMinRank(comm, row.iters, kSrRuns, [&](int it) {
+        return ge.ncclExchange(nccl.comm, ncclSend, offs, sends, ncclRecv, offs, recvs, it);
+      });
+    }
+#endif
+    rows.push_back(std::move(row));
+  }
+  comm.bootstrap().barrier();
+#if GIN_BENCH_NCCL
+  nccl.close();
+  if (ncclSend) cudaFree(ncclSend);
+  if (ncclRecv) cudaFree(ncclRecv);
+#endif
+  comm.deregisterWindow(src);
+  comm.deregisterWindow(dst);
+  gin::p2p::destroy(comm, fifo);
+  if (me != 0) return;
+
+  rep->head = headLines(o, s, where);
+  rep->method = {
+      "gin: gin::p2p send/recv (step FIFO, NCCL's P2P design) as a ring shift: every rank sends BYTES from its",
+      "  source window to rank+1 and receives BYTES from rank-1; one rank sends to itself",
+      fmt("  the bytes are cut into CH contiguous shares, one p2p channel each (its own FIFO ring of %u x %s slots),",
+          kSrSlots, sizeName(pc.chunkBytes).c_str()),
+      fmt("  CH = one per %s, 1 to %d (--channels)", sizeName(kSrBytesPerChannel).c_str(), maxCh),
+      gpu ? fmt("launch: one kernel per shift, CH sending CTAs (Endpoint::send) + CH receiving CTAs (Endpoint::recv) x "
+                "%d threads, ITERS back to back on the rank's stream",
+                kSrThreads)
+          : "CPU emulation: each rank thread runs Endpoint::sendRecv (interleaved steps) channel after channel",
+      fmt("timer: %s around ITERS shifts; per run the smallest time over the ranks / ITERS; warm-up ITERS/10;",
+          timerName(gpu).c_str()),
+      fmt("  %d runs, median reported; latency = time per shift, GB/s = BYTES / time (each rank sends and receives "
+          "BYTES)",
+          kSrRuns),
+      "verified first, twice per size: seeded pseudo-random bytes, the receive buffer poisoned, every byte",
+      "  compared with the sender's pattern, 64 guard bytes after it untouched",
+  };
+  if (withNccl)
+    rep->method.push_back(
+        "nccl: ncclGroupStart; ncclSend(rank+1); ncclRecv(rank-1); ncclGroupEnd per shift, same sizes, same timing, "
+        "its own cudaMalloc buffers, verified the same way");
+  if (gpu)
+    rep->table.header = {"bytes", "CH", "gin us", "gin GB/s", "nccl us", "nccl GB/s", "gin/nccl time"};
+  else
+    rep->table.header = {"bytes", "CH", "us", "GB/s"};
+  J jrows = J::arr();
+  for (const Row& r : rows) {
+    const double g = median(r.gin), c = withNccl ? median(r.nccl) : 0.0;
+    if (gpu)
+      rep->table.rows.push_back({sizeName(r.bytes), std::to_string(r.channels), fmt("%.2f", g * 1e6),
+                                 fmt("%.2f", gbs(double(r.bytes), g)), withNccl ? fmt("%.2f", c * 1e6) : "-",
+                                 withNccl ? fmt("%.2f", gbs(double(r.bytes), c)) : "-",
+                                 withNccl && c > 0 ? fmt("%.2f", g / c) : "-"});
+    else
+      rep->table.rows.push_back(
+          {sizeName(r.bytes), std::to_string(r.channels), fmt("%.2f", g * 1e6), fmt("%.3f", gbs(double(r.bytes), g))});
+    J row = J::obj();
+    row.set("bytes", double(r.bytes))
+        .set("channels", double(r.channels))
+        .set("iters", double(r.iters))
+        .set("gin_us", g * 1e6)
+        .set("gin_gbs", gbs(double(r.bytes), g))
+        .set("gin_runs_us", runsJson(r.gin));
+    if (withNccl)
+      row.set("nccl_us", c * 1e6).set("nccl_gbs", gbs(double(r.bytes), c)).set("nccl_runs_us", runsJson(r.nccl));
+    jrows.push(std::move(row));
+  }
+  rep->notes.push_back(withNccl ? "nccl: measured (ncclSend/ncclRecv group on the same GPUs, same sizes)"
+                                : "nccl: not measured (" + ncclReason + ")");
+  commonJson(*rep, o, s, where);
+  rep->json.set("method", J::obj()
+                              .set("operation", "gin::p2p ring shift: send to rank+1, recv from rank-1")
+                              .set("chunk_bytes", double(pc.chunkBytes))
+                              .set("slots", double(kSrSlots))
+                              .set("max_channels", double(maxCh))
+                              .set("runs", double(kSrRuns))
+                              .set("statistic", "median over runs of the smallest per-rank time / iters")
+                              .set("gbs", "bytes / time (each rank sends and receives bytes)")
+                              .set("timer", timerName(gpu)));
+  rep->json.set("verified", J::boolean(true));
+  rep->json.set("results", std::move(jrows));
+  rep->json.set("nccl", withNccl ? J::obj().set("measured", J::boolean(true))
+                                 : J::obj().set("measured", J::boolean(false)).set("reason", ncclReason));
+}
+
+// ---- moe ----
+
+// The layer the op runs: E = 8 experts per rank, top-8 (top-E when E < 8),
+// hidden 7168 bf16 (1024 emulated); normal mode 4096 tokens per rank (256
+// emulated) over 16 channels (2 emulated), low latency 128 (32 emulated).
+// Normal-mode dispatch time falls with the channels (one H100, 1 rank: 4.0,
+// 2.1, 1.1, 0.6 ms for 8, 16, 32, 64); the dispatch kernel's C + R x C CTAs
+// must all be resident (GpuLayer checks), which 16 keeps true up to 8 ranks.
+moe::Shape moeShape(const Options& o, int ranks, bool gpu, bool ll) {
+  moe::Shape sh;
+  sh.ranks = ranks;
+  sh.experts = kMoeExpertsPerRank * ranks;
+  sh.topk = std::min(kMoeTopk, sh.experts);
+  sh.hidden = o.hidden ? o.hidden : gpu ? 7168 : 1024;
+  sh.tokens = o.tokensGiven ? o.tokens : ll ? (gpu ? 128 : 32) : (gpu ? 4096 : 256);
+  sh.channels = o.channels ? o.channels : gpu ? 16 : 2;
+  sh.slots = gpu ? 8 : 4;
+  return sh;
+}
+
+std::vector<bool> moeModes(const Options& o) {  // low latency?
+  if (o.mode == "normal") return {false};
+  if (o.mode == "ll") return {true};
+  return {false, true};
+}
+
+int moeIters(const Options& o, bool gpu) { return o.iters ? int(o.iters) : gpu ? 20 : 3; }
+
+void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
+            const std::vector<std::string>& where) {
+  const int me = comm.rank(), n = comm.nRanks();
+  const bool gpu = e.gpu();
+  const int K = moeIters(o, gpu);
+
+  std::string ncclReason = ncclSkipReason(o, gpu);
+#if GIN_BENCH_NCCL
+  NcclSide nccl;
+  if (ncclReason.empty()) {
+    nccl.open(comm, 0);
+    if (!nccl.ok) ncclReason = nccl.reason;
+  }
+  const bool withNccl = gpu && nccl.ok;
+#else
+  const bool withNccl = false;
+#endif
+
+  struct Row {
+    bool ll;
+    const char* phase;
+    moe::Shape sh;
+    double crossBytes, allBytes;    // per rank (mean over ranks): to other ranks; including itself
+    std::vector<double> gin, nccl;  // seconds, per timed layer (smallest over the ranks)
+    std::vector<double> ginMax;     // seconds, per timed layer (largest over the ranks)
+  };
+  std::vector<Row> rows;
+  uint64_t seed = 100;
+  for (const bool ll : moeModes(o)) {
+    const moe::Shape sh = moeShape(o, n, gpu, ll);
+    const char* mode = ll ? "low-latency" : "normal";
+    std::unique_ptr<MoeRunner> layer = e.moeLayer(sh, ll);
+    // Verified first, twice (the second layer reuses the reset signals); the
+    // timed layers rerun the second one's inputs.
+    moe::Inputs in;
+    for (int k = 0; k < 2; ++k) {
+      in = moe::makeInputs(sh, me, ++seed);
+      const std::vector<float> out = layer->run(in);
+      size_t first = 0;
+      const size_t bad = moe::mismatches(out, moe::reference(sh, in), &first);
+      agreeBad(comm, fmt("moe verification failed: %s mode, %d tokens, against the host reference", mode, sh.tokens),
+               bad);
+    }
+    // Who sends how many units to whom: U[r][d].
+    const std::vector<uint64_t> mine = moe::dispatchUnits(sh, in, ll);
+    std::vector<uint64_t> U(size_t(n) * size_t(n));
+    std::copy(mine.begin(), mine.end(), U.begin() + ptrdiff_t(size_t(me) * size_t(n)));
+    comm.bootstrap().allGather(U.data(), size_t(n) * sizeof(uint64_t));
+    auto units = [&](int r, int d) { return U[size_t(r) * size_t(n) + size_t(d)]; };
+    const size_t du = moe::dispatchUnitBytes(sh, ll), cu = moe::combineUnitBytes(sh);
+    double cross = 0, all = 0;
+    for (int r = 0; r < n; ++r)
+      for (int d = 0; d < n; ++d) {
+        all += double(units(r, d));
+        cross += r == d ? 0.0 : double(units(r, d));
+      }
+
+    Row rd{ll, "dispatch", sh, cross * double(du) / n, all * double(du) / n, {}, {}, {}};
+    Row rc{ll, "combine", sh, cross * double(cu) / n, all * double(cu) / n, {}, {}, {}};
+    (void)layer->timed();  // warm-up
+    for (int k = 0; k < K; ++k) {
+      const MoeTimes t = layer->timed();
+      const auto ts = allGather(comm, t);
+      double dMin = 1e30, dMax = 0, cMin = 1e30, cMax = 0;
+      for (const MoeTimes& x : ts) {
+        dMin = std::min(dMin, x.dispatchS), dMax = std::max(dMax, x.dispatchS);
+        cMin = std::min(cMin, x.combineS), cMax = std::max(cMax, x.combineS);
+      }
+      rd.gin.push_back(dMin), rd.ginMax.push_back(dMax);
+      rc.gin.push_back(cMin), rc.ginMax.push_back(cMax);
+    }
+    layer.reset();
+
+#if GIN_BENCH_NCCL
+    if (withNccl) {
+      // The same bytes per peer as one group of ncclSend/ncclRecv (this rank
+      // included): dispatch sends U[me][d] units to d and receives U[s][me]
+      // from s; combine returns as many rows the other way.
+      auto& ge = static_cast<GpuEngine&>(e);
+      for (Row* row : {&rd, &rc}) {
+        const bool isDispatch = row == &rd;
+        const size_t ub = isDispatch ? du : cu;
+        const size_t N = size_t(n);
+        std::vector<size_t> sends(N, 0), recvs(N, 0), sOff(N, 0), rOff(N, 0);
+        size_t sTot = 0, rTot = 0;
+        for (int p = 0; p < n; ++p) {
+          sends[size_t(p)] = size_t(isDispatch ? units(me, p) : units(p, me)) * ub;
+          recvs[size_t(p)] = size_t(isDispatch ? units(p, me) : units(me, p)) * ub;
+          sOff[size_t(p)] = sTot, rOff[size_t(p)] = rTot;
+          sTot += sends[size_t(p)], rTot += recvs[size_t(p)];
+        }
+        uint8_t *sb = nullptr, *rb = nullptr;
+        BENCH_CUDA(cudaMalloc(&sb, std::max<size_t>(sTot, 16)));
+        BENCH_CUDA(cudaMalloc(&rb, std::max<size_t>(rTot, 16)));
+        ++seed;
+        for (int p = 0; p < n; ++p) ge.fillBytes(sb + sOff[size_t(p)], sends[size_t(p)], srSeed(seed, me * n + p));
+        ge.poisonBytes(rb, std::max<size_t>(rTot, 16));
+        comm.bootstrap().barrier();
+        (void)ge.ncclExchange(nccl.comm, sb, sOff, sends, rb, rOff, recvs, 1);
+        uint64_t bad = 0;
+        for (int p = 0; p < n; ++p)
+          bad += ge.checkBytes(rb + rOff[size_t(p)], recvs[size_t(p)], srSeed(seed, p * n + me));
+        agreeBad(comm, fmt("moe verification failed: NCCL all-to-all (%s mode %s bytes)", mode, row->phase), bad);
+        comm.bootstrap().barrier();
+        (void)ge.ncclExchange(nccl.comm, sb, sOff, sends, rb, rOff, recvs, 1);  // warm-up
+        for (int k = 0; k < K; ++k) {
+          comm.bootstrap().barrier();
+          const double t = ge.ncclExchange(nccl.comm, sb, sOff, sends, rb, rOff, recvs, 1);
+          const auto ts = allGather(comm, t);
+          row->nccl.push_back(*std::min_element(ts.begin(), ts.end()));
+        }
+        cudaFree(sb);
+        cudaFree(rb);
+      }
+    }
+#endif
+    rows.push_back(std::move(rd));
+    rows.push_back(std::move(rc));
+  }
+  comm.bootstrap().barrier();
+#if GIN_BENCH_NCCL
+  nccl.close();
+#endif
+  if (me != 0) return;
+
+  const moe::Shape s0 = rows.front().sh;
+  rep->head = headLines(o, s, where);
+  rep->method = {
+      fmt("gin: examples/moe (DeepEP-style) layer, %d experts (%d per rank), top-%d, hidden %d bf16, expert = x * (1 + "
+          "e/64)",
+          s0.experts, s0.localExperts(), s0.topk, s0.hidden),
+      fmt("  normal mode: counts, then %d channels stream tokens through per-(source, channel) rings of %d slots; "
+          "combine",
+          s0.channels, s0.slots),
+      "  puts float partials back, the source sums; low latency: per-expert buffers, one put per (token, expert),",
+      "  combine returns each (token, k) row, the source reduces with the routing weights",
+      gpu ? "  kernels of moe::GpuLayer on the rank's stream; dispatch = from the first kernel until every token sent "
+            "to the rank is here"
+          : "  moe::CpuLayer on the rank thread; dispatch = from the layer's start until every token sent to the rank "
+            "is here",
+      "  (low latency: plus a wait for every count), combine = from there to the end (experts,",
+      "  returns, sums)",
+      fmt("timer: %s; each timed layer after a host barrier, %d layers after a warm-up one; per layer the smallest",
+          timerName(gpu).c_str(), K),
+      "  time over the ranks (the last to start); reported: median over layers",
+      "bytes: what crosses ranks per rank (mean over the ranks): dispatch = (token, rank) units x (metadata + token)",
+      "  (low latency: (token, expert) units x (16 + token)); combine = as many float rows of hidden x 4 bytes back;",
+      "  GB/s = those bytes / time (a rank's own units are moved too, but not counted)",
+      "verified first, twice per mode: every output equals the host reference (moe::reference, relative 1e-5)",
+  };
+  if (withNccl)
+    rep->method.push_back(
+        "nccl: one ncclGroupStart/End of ncclSend + ncclRecv to and from every rank (itself included) with the "
+        "layer's bytes per peer, its own buffers, verified (per-peer patterns), timed the same way");
+  if (gpu)
+    rep->table.header = {"mode",     "phase",   "tokens",    "MB/rank",      "gin us",
+                         "gin GB/s", "nccl us", "nccl GB/s", "gin/nccl time"};
+  else
+    rep->table.header = {"mode", "phase", "tokens", "MB/rank", "us", "GB/s"};
+  J jrows = J::arr();
+  for (const Row& r : rows) {
+    const double g = median(r.gin), c = withNccl ? median(r.nccl) : 0.0;
+    const char* mode = r.ll ? "ll" : "normal";
+    if (gpu)
+      rep->table.rows.push_back(
+          {mode, r.phase, std::to_string(r.sh.tokens), fmt("%.2f", r.crossBytes / 1e6), fmt("%.1f", g * 1e6),
+           fmt("%.2f", gbs(r.crossBytes, g)), withNccl ? fmt("%.1f", c * 1e6) : "-",
+           withNccl ? fmt("%.2f", gbs(r.crossBytes, c)) : "-", withNccl && c > 0 ? fmt("%.2f", g / c) : "-"});
+    else
+      rep->table.rows.push_back({mode, r.phase, std::to_string(r.sh.tokens), fmt("%.3f", r.crossBytes / 1e6),
+                                 fmt("%.1f", g * 1e6), fmt("%.3f", gbs(r.crossBytes, g))});
+    J row = J::obj();
+    row.set("mode", mode)
+        .set("phase", r.phase)
+        .set("tokens", double(r.sh.tokens))
+        .set("hidden", double(r.sh.hidden))
+        .set("topk", double(r.sh.topk))
+        .set("experts", double(r.sh.experts))
+        .set("channels", double(r.sh.channels))
+        .set("cross_bytes_per_rank", r.crossBytes)
+        .set("all_bytes_per_rank", r.allBytes)
+        .set("gin_us", g * 1e6)
+        .set("gin_gbs", gbs(r.crossBytes, g))
+        .set("gin_runs_us", runsJson(r.gin))
+        .set("gin_max_rank_us", median(r.ginMax) * 1e6);
+    if (withNccl)
+      row.set("nccl_us", c * 1e6).set("nccl_gbs", gbs(r.crossBytes, c)).set("nccl_runs_us", runsJson(r.nccl));
+    jrows.push(std::move(row));
+  }
+  if (n == 1)
+    rep->notes.push_back("1 rank: nothing crosses ranks (MB/rank and GB/s are 0); the times are the local path");
+  rep->notes.push_back(withNccl ? "nccl: measured (an ncclSend/ncclRecv all-to-all with the same bytes per peer)"
+                                : "nccl: not measured (" + ncclReason + ")");
+  commonJson(*rep, o, s, where);
+  rep->json.set("method", J::obj()
+                              .set("operation", "examples/moe dispatch and combine")
+                              .set("layers", double(K))
+                              .set("statistic", "median over layers of the smallest per-rank time")
+                              .set("gbs", "bytes crossing ranks per rank (mean) / time")
+                              .set("timer", timerName(gpu)));
+  rep->json.set("verified", J::boolean(true));
+  rep->json.set("results", std::move(jrows));
+  rep->json.set("nccl", withNccl ? J::obj().set("measured", J::boolean(true))
+                                 : J::obj().set("measured", J::boolean(false)).set("reason", ncclReason));
+}
+
 // ---------------------------------------------------------------------------
 // Driver.
 
@@ -2327,10 +3050,26 @@ void setTransport(const Options& o, gin::CommConfig* cfg) {
   if (o.transport == "ibgda") {
     cfg->transport = gin::TransportChoice::Ibgda;
     const char* dev = std::getenv("GIN_IBGDA_DEVICE");
-    cfg->ibgda.device = dev && *dev ? gin::IbgdaConfig::Device::Auto : gin::IbgdaConfig::Device::SoftSink;
+    // msg-rate measures posting only (sink); sendrecv moves data (the full soft NIC).
+    const auto soft = o.op == Op::MsgRate ? gin::IbgdaConfig::Device::SoftSink : gin::IbgdaConfig::Device::Soft;
+    cfg->ibgda.device = dev && *dev ? gin::IbgdaConfig::Device::Auto : soft;
   } else {
     cfg->transport = o.transport == "proxy" ? gin::TransportChoice::Proxy : gin::TransportChoice::Lsa;
   }
+}
+
+// sendrecv's FIFOs and moe's layer take more signal ids than the default
+// may hold (2 x channels x ranks; moe::signalsNeeded).
+void sizeSignals(const Options& o, int ranks, bool gpu, gin::CommConfig* cfg) {
+  uint64_t need = 0;
+  if (o.op == Op::SendRecv) {
+    gin::p2p::Config pc;
+    pc.nChannels = uint32_t(srMaxChannels(o, gpu));
+    need = gin::p2p::signalsNeeded(pc, ranks);
+  } else if (o.op == Op::Moe) {
+    for (const bool ll : moeModes(o)) need = std::max<uint64_t>(need, moe::signalsNeeded(moeShape(o, ranks, gpu, ll)));
+  }
+  cfg->nSignals = int(std::max<uint64_t>(uint64_t(cfg->nSignals), need + 8));
 }
 
 Setup decide(const Options& o) {
@@ -2394,6 +3133,8 @@ void runOp(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report*
     case Op::Barrier: runBarrier(comm, e, o, s, mine, where); break;
     case Op::MsgRate: runMsgRate(comm, e, o, s, mine, where); break;
     case Op::AllReduce: runAllReduce(comm, e, o, s, mine, where); break;
+    case Op::SendRecv: runSendRecv(comm, e, o, s, mine, where); break;
+    case Op::Moe: runMoe(comm, e, o, s, mine, where); break;
   }
 }
 
@@ -2412,6 +3153,7 @@ int run(const Options& o, const Setup& s, Report& rep) {
         cfg.device = s.gpu ? gin::DeviceKind::Gpu : gin::DeviceKind::Cpu;
         if (s.gpu) cfg.cudaDevice = r % s.gpus;
         setTransport(o, &cfg);
+        sizeSignals(o, s.ranks, s.gpu, &cfg);
         gin::Comm comm(group.rank(r), cfg);
         comm.makeCurrent();
         std::unique_ptr<Engine> e = makeEngine(comm, s);
@@ -2458,6 +3200,7 @@ int runProcess(const Options& o, Setup s, Report& rep) {
   gin::CommConfig cfg;
   cfg.device = s.gpu ? gin::DeviceKind::Gpu : gin::DeviceKind::Cpu;
   setTransport(o, &cfg);
+  sizeSignals(o, s.ranks, s.gpu, &cfg);
   const int r = bs->rank();
   try {
     gin::Comm comm(*bs, cfg);  // GPU: LOCAL_RANK (modulo the visible GPUs)

@@ -276,6 +276,21 @@ GIN_HD void llDispatchExpert(const Layer& l, int e, Coop coop) {
   net.putValue(world, d, l.counts, countAt, uint64_t(p), gin::SignalAdd{l.sig.llCount(e % L, l.dc.rank), 1}, coop);
 }
 
+// Low-latency mode: wait until every (local expert, source) count arrived,
+// i.e. every token dispatched to this rank is here (each count follows its
+// payloads on one context). llExpertAndCombine waits for the same signals
+// itself; this lets a caller (gin-bench moe) end a timed dispatch phase at
+// the moment the dispatch is complete, before any expert runs.
+template <class Coop>
+GIN_HD bool llWaitDispatch(const Layer& l, Coop coop) {
+  const int L = l.shape.localExperts(), R = l.shape.ranks;
+  gin::Net<> net(l.dc, 0);
+  bool ok = true;
+  for (int i = coop.rank(); i < L * R && ok; i += coop.size())
+    ok = net.waitSignal(gin::CoopThread{}, l.sig.llCount(i / R, i % R), 1);
+  return coop.syncAll(ok);
+}
+
 // The receiving side for (local expert el, source src), once its count
 // signal arrived: run the expert on each token and send the output back to
 // the source's combine[t][k], with a SignalInc there.

@@ -67,6 +67,32 @@ inline size_t mismatches(const std::vector<float>& out, const std::vector<double
 
 // ---- host side shared by CpuLayer and GpuLayer ----------------------------------
 
+// What one layer of this rank puts to each rank (itself included), in units:
+// normal mode sends each (token, destination rank) once (metadata + token),
+// low-latency mode each (token, expert) ({t, k} record + token); combine
+// returns one float row of H per unit received. units[d] * dispatchUnitBytes
+// is what the dispatch puts to d, and d's combine puts as many rows back.
+// gin-bench moe counts the bytes moved with it and gives an NCCL all-to-all
+// the same bytes per peer.
+inline std::vector<uint64_t> dispatchUnits(const Shape& sh, const Inputs& in, bool ll) {
+  std::vector<uint64_t> units(size_t(sh.ranks), 0);
+  const int L = sh.localExperts();
+  for (size_t t = 0; t < size_t(sh.tokens); ++t) {
+    uint64_t hit = 0;  // normal mode: one unit per destination rank (ranks <= 64)
+    for (size_t k = 0; k < size_t(sh.topk); ++k) {
+      const int d = in.idx[t * size_t(sh.topk) + k] / L;
+      if (ll)
+        units[size_t(d)] += 1;
+      else
+        hit |= 1ull << d;
+    }
+    for (int d = 0; !ll && d < sh.ranks; ++d) units[size_t(d)] += (hit >> d) & 1;
+  }
+  return units;
+}
+inline size_t dispatchUnitBytes(const Shape& sh, bool ll) { return ll ? llSlotBytes(sh) : sh.slotBytes(); }
+inline size_t combineUnitBytes(const Shape& sh) { return size_t(sh.hidden) * 4; }
+
 inline uint32_t signalsNeeded(const Shape& sh) {
   const uint32_t normal = 2 + uint32_t(2 * sh.ranks * sh.channels);
   const uint32_t ll = 2 + uint32_t(sh.localExperts() * sh.ranks);
@@ -187,7 +213,10 @@ class CpuLayer {
     gin::Net<> net(l_.dc, 0);
     for (uint32_t s = l_.sig.base; s < l_.sig.base + signalsNeeded(sh_); ++s) net.resetSignal(s);
     comm_.bootstrap().barrier();  // every rank reset before anyone signals
+    t0_ = Clock::now();
     std::vector<float> out = ll_ ? runLowLatency(in, p) : runNormal(p);
+    timing_.combineS = seconds(t1_, Clock::now());
+    timing_.dispatchS = seconds(t0_, t1_);
     // Everything this rank pushed has been carried out (proxy) before the
     // next layer's resets: nothing arrives late into a reset signal.
     for (int c = 0; c < l_.dc.nContexts; ++c) gin::Net<>(l_.dc, c).flush(gin::CoopThread{});
@@ -196,11 +225,26 @@ class CpuLayer {
     return out;
   }
 
+  // Seconds of the last run()'s phases on this rank's thread: dispatch (from
+  // the start, after the resets, until every token sent to this rank is
+  // here) and combine (experts, the returns, the weighted sums).
+  struct Timing {
+    double dispatchS = 0, combineS = 0;
+  };
+  const Timing& timing() const { return timing_; }
+
  private:
+  using Clock = std::chrono::steady_clock;
   gin::Comm& comm_;
   Shape sh_;
   bool ll_;
   Layer l_;
+  Clock::time_point t0_, t1_;
+  Timing timing_;
+
+  static double seconds(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration<double>(b - a).count();
+  }
   std::vector<uint16_t> recvX_;
   std::vector<char> recvMeta_;
 
@@ -264,6 +308,7 @@ class CpuLayer {
         std::this_thread::yield();
       }
     }
+    t1_ = Clock::now();
     // Experts, then combine straight into the sources' buffers.
     float* partial = static_cast<float*>(comm_.localPointer(l_.partial));
     for (size_t pos = 0; pos < base; ++pos) {
@@ -283,6 +328,8 @@ class CpuLayer {
     const Shape& sh = sh_;
     const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), K = size_t(sh.topk);
     for (int e = 0; e < sh.experts; ++e) llDispatchExpert(l_, e, gin::CoopThread{});
+    if (!llWaitDispatch(l_, gin::CoopThread{})) fail("low-latency dispatch");
+    t1_ = Clock::now();
     for (int el = 0; el < sh.localExperts(); ++el)
       for (int src = 0; src < sh.ranks; ++src)
         if (!llExpertAndCombine(l_, el, src, gin::CoopThread{})) fail("low-latency dispatch");

@@ -140,6 +140,11 @@ __global__ void reduceKernel(Layer l, uint64_t want, const int* rows, int rowStr
 
 __global__ void llDispatchKernel(Layer l) { llDispatchExpert(l, int(blockIdx.x), gin::CoopBlock{}); }
 
+// Ends once every token dispatched to this rank is here (see llWaitDispatch).
+__global__ void llWaitKernel(Layer l, int* failed) {
+  if (!llWaitDispatch(l, gin::CoopBlock{}) && threadIdx.x == 0) atomicAdd(failed, 1);
+}
+
 __global__ void llExpertKernel(Layer l, int* failed) {
   const int el = int(blockIdx.x) / l.shape.ranks, src = int(blockIdx.x) % l.shape.ranks;
   if (!llExpertAndCombine(l, el, src, gin::CoopBlock{}) && threadIdx.x == 0) atomicAdd(failed, 1);
@@ -176,6 +181,32 @@ class GpuLayer {
     recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
     l_.topkIdx = idx_;
     l_.topkW = w_;
+    // Load every kernel now: with CUDA's lazy loading a kernel's first launch
+    // may wait for the device to go idle, which must not happen while a
+    // kernel of this or another rank spins on this one (nor inside a timed
+    // region of a caller).
+    cudaFuncAttributes a{};
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::countKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::layoutKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::dispatchKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::expertCombineKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::reduceKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::llDispatchKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::llWaitKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::llExpertKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::resetKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::flushKernel));
+    // The dispatch kernel's senders and receivers wait on each other (and on
+    // other ranks' CTAs): all C + R x C CTAs must be resident at once, or the
+    // layer stalls until the timeout. Refuse a shape that cannot be.
+    int dev = 0, sms = 0, perSm = 0;
+    MOE_CUDA(cudaGetDevice(&dev));
+    MOE_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::dispatchKernel, kThreads, 0));
+    if (!lowLatency && int(C + R * C) > perSm * sms)
+      throw std::invalid_argument("moe: the dispatch kernel needs " + std::to_string(C + R * C) +
+                                  " resident CTAs (channels + ranks x channels) but this GPU holds " +
+                                  std::to_string(perSm * sms) + "; use fewer channels");
   }
   GpuLayer(const GpuLayer&) = delete;
   GpuLayer& operator=(const GpuLayer&) = delete;
@@ -200,15 +231,26 @@ class GpuLayer {
       MOE_CUDA(cudaMemcpyAsync(rows_, plan_.rows.data(), T * 4, cudaMemcpyHostToDevice, st_));
     }
     MOE_CUDA(cudaStreamSynchronize(st_));
-    // Signals back to zero on every rank before anyone sends.
-    gpu::resetKernel<<<1, 256, 0, st_>>>(l_, 0, signalsNeeded(sh));
+    rearm();
+  }
+
+  // Signals back to zero on every rank before anyone sends (collective).
+  // prepare() does it; after finish() or wait(), rearm() and launch() run
+  // the same inputs again (gin-bench moe times layers that way).
+  void rearm() {
+    gpu::resetKernel<<<1, 256, 0, st_>>>(l_, 0, signalsNeeded(sh_));
+    MOE_CUDA(cudaGetLastError());
     MOE_CUDA(cudaStreamSynchronize(st_));
     comm_.bootstrap().barrier();
   }
 
   // Dispatch, experts, combine, reduce: kernels on the stream. Call prepare()
-  // first (on every rank); finish() waits and checks.
-  void launch() {
+  // (or rearm()) first on every rank; finish() or wait() waits and checks.
+  // `dispatched`, when given, is recorded on the stream once every token
+  // sent to this rank has arrived and before any expert runs (low-latency
+  // mode adds a kernel that waits for that), so a caller can time dispatch
+  // and combine apart.
+  void launch(cudaEvent_t dispatched = nullptr) {
     const Shape& sh = sh_;
     const int R = sh.ranks, C = sh.channels;
     MOE_CUDA(cudaMemsetAsync(failed(), 0, 4, st_));
@@ -216,11 +258,16 @@ class GpuLayer {
       gpu::countKernel<<<1, 64, 0, st_>>>(l_, cnt_);
       gpu::layoutKernel<<<1, 1, 0, st_>>>(l_, rs_, srcOf_, total(), failed());
       gpu::dispatchKernel<<<C + R * C, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_, failed());
+      if (dispatched) MOE_CUDA(cudaEventRecord(dispatched, st_));
       gpu::expertCombineKernel<<<132, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
       gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(
           l_, plan_.combineArrivals, rows_, sh.maxDests(), nullptr, out_, failed());
     } else {
       gpu::llDispatchKernel<<<sh.experts, kThreads, 0, st_>>>(l_);
+      if (dispatched) {
+        gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
+        MOE_CUDA(cudaEventRecord(dispatched, st_));
+      }
       gpu::llExpertKernel<<<sh.localExperts() * R, kThreads, 0, st_>>>(l_, failed());
       gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, plan_.combineArrivals, nullptr,
                                                                                      sh.topk, w_, out_, failed());
@@ -229,16 +276,21 @@ class GpuLayer {
     MOE_CUDA(cudaGetLastError());
   }
 
-  std::vector<float> finish() {
+  // Waits for the layer and checks it; out[T][H] stays on the GPU.
+  void wait() {
     const cudaError_t e = cudaStreamSynchronize(st_);
     comm_.check();
     MOE_CUDA(e);
     int f = 0;
     MOE_CUDA(cudaMemcpy(&f, failed(), 4, cudaMemcpyDeviceToHost));
     if (f) throw std::runtime_error("moe: a wait gave up on rank " + std::to_string(comm_.rank()));
+    comm_.bootstrap().barrier();  // nobody resets signals for the next layer while a peer still signals
+  }
+
+  std::vector<float> finish() {
+    wait();
     std::vector<float> out(size_t(sh_.tokens) * sh_.hidden);
     MOE_CUDA(cudaMemcpy(out.data(), out_, out.size() * 4, cudaMemcpyDeviceToHost));
-    comm_.bootstrap().barrier();  // nobody resets signals for the next layer while a peer still signals
     return out;
   }
 
