@@ -160,9 +160,10 @@ class Comm {
                   std::to_string(cfg.nContexts) + ", " + std::to_string(cfg.nBarriers) + ", " +
                   std::to_string(cfg.nSignals) + ", " + std::to_string(cfg.nCounters) + ")");
     if (cfg.proxy.ringSlots < 2 || (cfg.proxy.ringSlots & (cfg.proxy.ringSlots - 1)) != 0 ||
-        cfg.proxy.ringSlots > kProxyMaxSlots || cfg.proxy.batch < 1)
-      throw Error("CommConfig::proxy: ringSlots must be a power of two in [2, 2^15] and batch >= 1 (got " +
-                  std::to_string(cfg.proxy.ringSlots) + ", " + std::to_string(cfg.proxy.batch) + ")");
+        cfg.proxy.ringSlots > kProxyMaxSlots || cfg.proxy.batch < 1 || cfg.proxy.threads < 1)
+      throw Error("CommConfig::proxy: ringSlots must be a power of two in [2, 2^15], batch and threads >= 1 (got " +
+                  std::to_string(cfg.proxy.ringSlots) + ", " + std::to_string(cfg.proxy.batch) + ", " +
+                  std::to_string(cfg.proxy.threads) + ")");
     if (cfg_.timeoutNs == 0) cfg_.timeoutNs = detail::envTimeoutNs();
     cfg_.transport = detail::envTransport(cfg_.transport);
     cfg_.proxy.wire = detail::envProxyWire(cfg_.proxy.wire);
@@ -176,6 +177,13 @@ class Comm {
         problem = e.what();
       }
       agreeOnSize("proxy engine CPUs", 0, problem.empty() ? nullptr : problem.c_str());
+      problem.clear();
+      try {
+        cfg_.proxy.threads = engineThreads();
+      } catch (const Error& e) {
+        problem = e.what();
+      }
+      agreeOnSize("proxy engine threads", 0, problem.empty() ? nullptr : problem.c_str());
     }
     buildState();
     bs_.barrier();  // every rank's signals and inboxes are zero before anyone uses them
@@ -417,9 +425,9 @@ class Comm {
   HostMappedBuffer proxyCounters_;
   void* proxySignalsRegistered_ = nullptr;  // cudaHostRegister'd (unregistered in the destructor)
   WindowDirectory dir_;
-  std::vector<int> engineCpus_;  // the engine thread's CPUs (empty: not pinned)
+  std::vector<int> engineCpus_;  // the engine threads' CPUs (empty: not pinned)
 #if GIN_WITH_CUDA
-  std::unique_ptr<GpuCopier> copier_;      // the engine thread's copies
+  std::vector<std::unique_ptr<GpuCopier>> copiers_;  // [engine thread]: its copies
   std::unique_ptr<GpuCopier> hostReader_;  // host threads' reads and writes of device words (quiesce, abort flag)
   std::mutex hostReaderMu_;
 #endif
@@ -428,7 +436,7 @@ class Comm {
 #if GIN_COMM_VERBS
   std::unique_ptr<VerbsWire> verbs_;  // likewise (its receiver thread applies signals)
 #endif
-  std::unique_ptr<Wire> wire_;
+  std::vector<std::unique_ptr<Wire>> wires_;  // [engine thread]
   std::unique_ptr<ProxyEngine> engine_;
   // ibgda transport (only when some peer uses it); its NIC writes into peers'
   // memory, so it goes first too.
@@ -757,17 +765,25 @@ class Comm {
         throw Error(std::string("cannot pin the proxy engine thread: ") + std::strerror(e));
     };
     hooks.threadInit = pin;
+    // One wire per engine thread: its local part (on GPUs with a copier of
+    // its own, so complete() waits for that thread's copies only) and the
+    // network wires, which every thread shares.
+    const size_t nThreads = cfg_.proxy.threads;
+    wires_.resize(nThreads);
 #if GIN_WITH_CUDA
     if (gpu_) {
-      copier_ = std::make_unique<GpuCopier>(cudaDev_);
-      wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_, copier_.get());
+      for (size_t t = 0; t < nThreads; ++t) {
+        copiers_.push_back(std::make_unique<GpuCopier>(cudaDev_));
+        wires_[t] =
+            std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_, copiers_[t].get());
+      }
       std::vector<const uint64_t*> heads;
       for (const auto& r : rings) heads.push_back(r.head);
       hooks.head = [this, heads](int ctx) {
         std::lock_guard<std::mutex> lk(hostReaderMu_);
         return hostReader_->load64(heads[size_t(ctx)]);
       };
-      hooks.threadInit = [c = copier_.get(), pin] {
+      hooks.threadInit = [c = copiers_[0].get(), pin] {  // every copier is of the same GPU
         pin();
         c->bind();
       };
@@ -777,18 +793,30 @@ class Comm {
       hooks.counters = static_cast<uint64_t*>(proxyCounters_.host());
     }
 #endif
-    if (!wire_) wire_ = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_);
     Wire* network[2] = {tcp_.get(), nullptr};
 #if GIN_COMM_VERBS
     network[1] = verbs_.get();
 #endif
-    if (network[0] || network[1])
-      wire_ = std::make_unique<RoutedWire>(std::move(wire_), network[0], network[1], wireOf_);  // tcp_wire.hpp
-    engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), *wire_, dir_, nSignalWords_, cfg_.proxy,
-                                            std::move(hooks));
+    std::vector<Wire*> wires;
+    for (auto& w : wires_) {
+      if (!w) w = std::make_unique<LocalWire>(dir_, rank_ - dev_.lsaRank, lsaSignalPtrs_, nSignalWords_);
+      if (network[0] || network[1])
+        w = std::make_unique<RoutedWire>(std::move(w), network[0], network[1], wireOf_);  // tcp_wire.hpp
+      wires.push_back(w.get());
+    }
+    engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), std::move(wires), dir_, nSignalWords_,
+                                            cfg_.proxy, std::move(hooks));
   }
 
-  // The CPUs the engine thread runs on (empty: not pinned). GIN_PROXY_CPUS,
+  // Engine threads: GIN_PROXY_THREADS, else CommConfig::proxy.threads; at
+  // most one per context ring (more would have nothing to consume).
+  uint32_t engineThreads() const {
+    uint32_t n = cfg_.proxy.threads;
+    if (const char* e = std::getenv("GIN_PROXY_THREADS"); e && *e) n = parseThreadCount(e, "GIN_PROXY_THREADS");
+    return std::min(n, uint32_t(cfg_.nContexts));
+  }
+
+  // The CPUs the engine threads run on (empty: not pinned). GIN_PROXY_CPUS,
   // then CommConfig::proxy.cpus, then (GPU ranks) the CPUs sysfs says are
   // local to the GPU; "none" turns pinning off. A list given by the user must
   // name CPUs this process may use; the GPU's list is narrowed to them.
@@ -964,8 +992,9 @@ class Comm {
              (verbs_->roce() ? " (RoCE, GID index " + std::to_string(verbs_->gidIndex()) + ")" : " (InfiniBand)");
 #endif
       if (gpu_) s += "; GPU: copy-engine copies, signals and counters in host memory";
-      s += engineCpus_.empty() ? std::string("; engine not pinned")
-                               : "; engine on " + std::to_string(engineCpus_.size()) + " CPU(s) from " +
+      s += "; " + std::to_string(cfg_.proxy.threads) + " engine thread(s)";
+      s += engineCpus_.empty() ? std::string(", not pinned")
+                               : ", on " + std::to_string(engineCpus_.size()) + " CPU(s) from " +
                                      std::to_string(engineCpus_.front()) + " to " + std::to_string(engineCpus_.back());
     }
     if (ibgda_)

@@ -1,26 +1,30 @@
-// gin/host/proxy.hpp — the proxy transport, host side: ProxyEngine, a thread
-// that pops descriptors from every context ring of one communicator and carries
-// them out on a Wire, and LocalWire, the wire for targets mapped in this
-// process.
+// gin/host/proxy.hpp — the proxy transport, host side: ProxyEngine, the
+// threads (one by default) that pop descriptors from the context rings of one
+// communicator and carry them out on a Wire, and LocalWire, the wire for
+// targets mapped in this process.
 //
-// The engine executes a ring's descriptors in ticket order. Payloads may still
-// be in flight when a put returns (GPU windows move through copy-engine copies
-// on the engine's stream); the engine calls Wire::complete() before any signal
-// or counter action and before it publishes the consumer index, so per-(context,
-// peer) order (payload before signal, earlier puts before later signals) holds
-// and a flushed source may be reused. A descriptor the engine cannot carry out
+// Every ring has exactly one consumer thread (ring c: thread c % threads),
+// which executes its descriptors in ticket order. Payloads may still be in
+// flight when a put returns (GPU windows move through copy-engine copies on
+// the thread's stream); the thread calls its wire's complete() before any
+// signal or counter action and before it publishes the consumer index, so
+// per-(context, peer) order (payload before signal, earlier puts before later
+// signals) holds and a flushed source may be reused. A descriptor the engine cannot carry out
 // (unknown window, range past its end, bad signal or counter id) writes
 // nothing: it is recorded in the device error record as Op::BadArgument and
 // skipped.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -51,9 +55,13 @@ struct ProxyConfig {
   uint32_t yieldPolls = 256;  // ... then yielding the core ...
   uint32_t sleepUs = 50;      // ... then sleeping this long between passes
   uint32_t batch = 64;        // descriptors taken from one ring before looking at the next (fairness)
-  // CPUs the engine thread may run on, as a Linux cpulist ("0-7,16"). Empty:
-  // the CPUs local to the GPU (sysfs local_cpulist) on GPU ranks, no pinning
-  // on CPU ranks. GIN_PROXY_CPUS overrides; "none" turns pinning off.
+  // Engine threads; ring c is consumed by thread c % threads. More than the
+  // number of contexts is clamped to it. GIN_PROXY_THREADS overrides.
+  uint32_t threads = 1;
+  // CPUs the engine threads may run on (all of them the same list), as a
+  // Linux cpulist ("0-7,16"). Empty: the CPUs local to the GPU (sysfs
+  // local_cpulist) on GPU ranks, no pinning on CPU ranks. GIN_PROXY_CPUS
+  // overrides; "none" turns pinning off.
   std::string cpus;
   ProxyWire wire = ProxyWire::Auto;
 };
@@ -93,13 +101,31 @@ inline std::vector<int> parseCpuList(const std::string& list, const std::string&
   return cpus;
 }
 
+// An engine thread count ("1", "4"); throws gin::Error naming `what` on
+// anything else, 0 included.
+inline uint32_t parseThreadCount(const std::string& text, const std::string& what) {
+  uint64_t v = 0;
+  bool ok = !text.empty() && text.size() <= 7;
+  for (char c : text) {
+    if (c < '0' || c > '9') ok = false;
+    v = v * 10 + uint64_t(c & 15);
+  }
+  if (!ok || v == 0)
+    throw Error(what + "=\"" + text +
+                "\" is not a thread count; write a whole number of proxy engine threads >= 1, like 2 (more than "
+                "the number of contexts is clamped to it)");
+  return uint32_t(v);
+}
+
 // The windows of a communicator by id: what the engine resolves descriptor
-// window ids against. The Comm adds and removes entries; the engine holds the
-// mutex while it executes a batch, so a window never disappears under a copy.
+// window ids against. The Comm adds and removes entries; each engine thread
+// holds mutex() shared (engineLock()) while it executes a batch, so a window
+// never disappears under a copy and the threads do not serialise on it.
 // Network receivers (the tcp wire's thread) look windows up under
-// receiveMutex() instead: the engine may block in a send while it holds
+// receiveMutex() instead: an engine thread may block in a send while it holds
 // mutex(), and a receiver waiting for that mutex would stop draining the
-// socket its peer's engine is blocked on (a cycle). add/remove take both.
+// socket its peer's engine is blocked on (a cycle). add/remove take both,
+// mutex() exclusively.
 class WindowDirectory {
  public:
   struct Entry {
@@ -108,23 +134,44 @@ class WindowDirectory {
     std::vector<char*> lsaBases;  // [lsaSize] every lsa member's buffer, mapped here
   };
   void add(uint32_t id, Entry e) {
-    std::scoped_lock lk(mu_, rxMu_);
+    Writer w(*this);
     map_[id] = std::move(e);
   }
   void remove(uint32_t id) {
-    std::scoped_lock lk(mu_, rxMu_);
+    Writer w(*this);
     map_.erase(id);
   }
-  std::mutex& mutex() { return mu_; }
+  std::shared_mutex& mutex() { return mu_; }
   std::mutex& receiveMutex() { return rxMu_; }
-  // Caller holds mutex() or receiveMutex().
+  // mutex() shared, once no add/remove is waiting: the rwlock prefers readers,
+  // and busy engine threads overlapping their batches would starve a writer.
+  std::shared_lock<std::shared_mutex> engineLock() {
+    while (writers_.load(std::memory_order_acquire)) std::this_thread::yield();
+    return std::shared_lock<std::shared_mutex>(mu_);
+  }
+  // Caller holds mutex() (shared or not) or receiveMutex().
   const Entry* find(uint32_t id) const {
     auto it = map_.find(id);
     return it == map_.end() ? nullptr : &it->second;
   }
 
  private:
-  std::mutex mu_, rxMu_;
+  struct Writer {
+    WindowDirectory& d;
+    explicit Writer(WindowDirectory& dir) : d(dir) {
+      d.writers_.fetch_add(1, std::memory_order_acq_rel);
+      d.mu_.lock();
+      d.rxMu_.lock();
+    }
+    ~Writer() {
+      d.rxMu_.unlock();
+      d.mu_.unlock();
+      d.writers_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  };
+  std::shared_mutex mu_;
+  std::mutex rxMu_;
+  std::atomic<int> writers_{0};
   std::map<uint32_t, Entry> map_;
 };
 
@@ -133,11 +180,13 @@ struct WireReject {
   uint64_t id = 0, value = 0, limit = 0;
 };
 
-// Where the bytes go: LocalWire below, TcpWire (gin/host/tcp_wire.hpp); verbs
-// later. Both calls validate first and write nothing when they return false.
-// The engine calls them from its thread with the directory's mutex() held;
-// when put returns, the source has been consumed (the engine then counts a
-// CounterInc).
+// Where the bytes go: LocalWire below, TcpWire and RoutedWire
+// (gin/host/tcp_wire.hpp), VerbsWire (gin/host/verbs_wire.hpp). Both calls
+// validate first and write nothing when they return false. Each engine thread
+// has a Wire object of its own (which may share a network wire with the
+// others, so those must take calls from several threads at once) and calls it
+// with the directory's mutex() held shared; when put returns, the source has
+// been consumed (the engine then counts a CounterInc).
 class Wire {
  public:
   virtual ~Wire() = default;
@@ -151,18 +200,20 @@ class Wire {
     return put(peer, dstWindow, dstOffset, bytes, n, why);
   }
   virtual bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) = 0;
-  // Every put accepted so far is complete: its bytes are at the target and
-  // its source was read. Called by the engine thread before a signal or
-  // counter action and before it publishes the consumer index.
+  // Every put this object accepted so far (so: every put of the calling
+  // engine thread) is complete: its bytes are at the target and its source
+  // was read. Called by the engine thread before a signal or counter action
+  // and before it publishes the consumer index.
   virtual void complete() {}
 };
 
 #if GIN_WITH_CUDA
-// Copies into and between GPU windows for the engine thread: copy-engine
+// Copies into and between GPU windows for one engine thread: copy-engine
 // copies on a non-blocking stream of the rank's GPU (so they run next to the
 // user's kernels, which may be waiting for them), and a pinned staging area
-// for values that live in the descriptor. Only the engine thread uses it,
-// after bind().
+// for values that live in the descriptor. Only that thread uses it, after
+// bind(); each engine thread has its own, so complete() waits for that
+// thread's copies only.
 class GpuCopier {
  public:
   static constexpr size_t kStageSlots = 256;  // 8-byte values in flight before complete()
@@ -323,8 +374,10 @@ struct ProxyHooks {
   uint64_t* counters = nullptr;
 };
 
-// One communicator's proxy thread. It owns nothing it polls: the rings, the
-// directory and the wire belong to the Comm, which destroys the engine first.
+// One communicator's proxy engine: one thread per Wire it is given (the Comm
+// gives one per ProxyConfig::threads), ring c consumed by thread c % threads
+// only. It owns nothing it polls: the rings, the directory and the wires
+// belong to the Comm, which destroys the engine first.
 class ProxyEngine {
  public:
   // A context ring as the host sees it (host addresses).
@@ -337,45 +390,64 @@ class ProxyEngine {
 
   // `dev` is the rank's DevComm (counters, error record, sizes); the engine
   // keeps a copy. nSignalWords: signal words a remote action may name.
-  ProxyEngine(const DevComm& dev, std::vector<Ring> rings, Wire& wire, WindowDirectory& dir, uint32_t nSignalWords,
-              ProxyConfig cfg, ProxyHooks hooks = {})
+  // wires: one per thread, 1 to rings.size() of them; wires[t] is used by
+  // thread t only.
+  ProxyEngine(const DevComm& dev, std::vector<Ring> rings, std::vector<Wire*> wires, WindowDirectory& dir,
+              uint32_t nSignalWords, ProxyConfig cfg, ProxyHooks hooks = {})
       : dev_(dev),
         rings_(std::move(rings)),
-        next_(rings_.size(), 0),
-        wire_(wire),
         dir_(dir),
         nSignalWords_(nSignalWords),
         cfg_(cfg),
         hooks_(std::move(hooks)),
         counters_(hooks_.counters ? hooks_.counters : dev_.counters) {
-    thread_ = std::thread([this] { run(); });
+    if (wires.empty() || wires.size() > std::max<size_t>(rings_.size(), 1))
+      throw Error("ProxyEngine: " + std::to_string(wires.size()) + " wires (threads) for " +
+                  std::to_string(rings_.size()) + " rings; give 1 to " + std::to_string(rings_.size()));
+    for (size_t t = 0; t < wires.size(); ++t) {
+      workers_.push_back(std::make_unique<Worker>());
+      workers_.back()->wire = wires[t];
+    }
+    for (size_t c = 0; c < rings_.size(); ++c) workers_[c % wires.size()]->rings.push_back({c, 0});
+    try {
+      for (auto& w : workers_) w->thread = std::thread([this, p = w.get()] { run(*p); });
+    } catch (...) {
+      stopAndJoin();
+      throw;
+    }
   }
+  // One thread, one wire.
+  ProxyEngine(const DevComm& dev, std::vector<Ring> rings, Wire& wire, WindowDirectory& dir, uint32_t nSignalWords,
+              ProxyConfig cfg, ProxyHooks hooks = {})
+      : ProxyEngine(dev, std::move(rings), std::vector<Wire*>{&wire}, dir, nSignalWords, cfg, std::move(hooks)) {}
   // Drains what is published, then joins.
-  ~ProxyEngine() {
-    stop_.store(true, std::memory_order_release);
-    if (thread_.joinable()) thread_.join();
-  }
+  ~ProxyEngine() { stopAndJoin(); }
   ProxyEngine(const ProxyEngine&) = delete;
   ProxyEngine& operator=(const ProxyEngine&) = delete;
 
   // Test hook: a paused engine consumes nothing (so producers see a full ring
   // and flush times out) until resumed. Stopping drains even when paused.
-  // pause(true) returns once the engine has parked, so nothing pushed after
-  // it returns is consumed: the engine may be in the middle of a pass when
-  // the flag goes up, and only a park that starts after it proves the pass
-  // is over.
+  // pause(true) returns once every thread has parked, so nothing pushed after
+  // it returns is consumed: a thread may be in the middle of a pass when the
+  // flag goes up, and only a park that starts after it proves the pass is
+  // over.
   void pause(bool p) {
-    const uint64_t seen = parks_.load(std::memory_order_acquire);
+    std::vector<uint64_t> seen;
+    for (auto& w : workers_) seen.push_back(w->parks.load(std::memory_order_acquire));
     paused_.store(p, std::memory_order_seq_cst);
     if (!p) return;
-    while (parks_.load(std::memory_order_acquire) == seen && !done_.load(std::memory_order_acquire))
-      std::this_thread::yield();
+    for (size_t t = 0; t < workers_.size(); ++t)
+      while (workers_[t]->parks.load(std::memory_order_acquire) == seen[t] &&
+             !workers_[t]->done.load(std::memory_order_acquire))
+        std::this_thread::yield();
   }
-  bool running() const { return !done_.load(std::memory_order_acquire); }
-  // The engine thread (for inspecting its CPU affinity).
-  std::thread::native_handle_type nativeHandle() { return thread_.native_handle(); }
-  uint64_t executed() const { return executed_.load(std::memory_order_relaxed); }
-  uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  // False once any thread has stopped (after a failure all of them do).
+  bool running() const { return exited_.load(std::memory_order_acquire) == 0; }
+  int threadCount() const { return int(workers_.size()); }
+  // Engine thread i (for inspecting its CPU affinity).
+  std::thread::native_handle_type nativeHandle(int i = 0) { return workers_.at(size_t(i))->thread.native_handle(); }
+  uint64_t executed() const { return sum(&Worker::executed); }
+  uint64_t rejected() const { return sum(&Worker::rejected); }
 
   // Wait until every ticket claimed so far on every ring has been consumed,
   // at most timeoutNs. False on timeout (or a stopped engine with work left).
@@ -385,7 +457,7 @@ class ProxyEngine {
       const Ring& r = rings_[i];
       const uint64_t target = hooks_.head ? hooks_.head(int(i)) : atomicLoad(r.head, MemoryOrder::Relaxed);
       while (!rollingLessEqual(target, atomicLoad(r.consumed, MemoryOrder::Acquire))) {
-        if (nowNs() - start > timeoutNs || done_.load(std::memory_order_acquire)) return false;
+        if (nowNs() - start > timeoutNs || !running()) return false;
         std::this_thread::yield();
       }
     }
@@ -393,34 +465,60 @@ class ProxyEngine {
   }
 
  private:
+  struct RingState {
+    size_t index;
+    uint64_t next;  // next ticket to consume
+  };
+  // One thread and what only it touches; counters on lines of their own.
+  struct alignas(64) Worker {
+    std::thread thread;
+    Wire* wire = nullptr;
+    std::vector<RingState> rings;
+    alignas(64) std::atomic<uint64_t> executed{0}, rejected{0}, parks{0};
+    std::atomic<bool> done{false};
+  };
+
   DevComm dev_;
   std::vector<Ring> rings_;
-  std::vector<uint64_t> next_;  // per ring: next ticket to consume (only the engine thread touches it)
-  Wire& wire_;
   WindowDirectory& dir_;
   uint32_t nSignalWords_;
   ProxyConfig cfg_;
   ProxyHooks hooks_;
   uint64_t* counters_;
-  std::atomic<bool> stop_{false}, paused_{false}, done_{false};
-  std::atomic<uint64_t> executed_{0}, rejected_{0}, parks_{0};
-  std::thread thread_;
+  std::atomic<bool> stop_{false}, paused_{false}, failed_{false};
+  std::atomic<int> exited_{0};
+  std::vector<std::unique_ptr<Worker>> workers_;
 
-  void run() {
+  void stopAndJoin() {
+    stop_.store(true, std::memory_order_release);
+    for (auto& w : workers_)
+      if (w->thread.joinable()) w->thread.join();
+  }
+
+  uint64_t sum(std::atomic<uint64_t> Worker::*m) const {
+    uint64_t n = 0;
+    for (auto& w : workers_) n += ((*w).*m).load(std::memory_order_relaxed);
+    return n;
+  }
+
+  void run(Worker& w) {
     try {
       if (hooks_.threadInit) hooks_.threadInit();
       uint64_t idle = 0;
       for (;;) {
+        // Another thread died: its rings are stuck and the error record has
+        // stopped every wait, so this one stops too rather than carry on alone.
+        if (failed_.load(std::memory_order_acquire)) break;
         const bool stopping = stop_.load(std::memory_order_acquire);
         if (!stopping && paused_.load(std::memory_order_seq_cst)) {
-          parks_.fetch_add(1, std::memory_order_release);
+          w.parks.fetch_add(1, std::memory_order_release);
           std::this_thread::sleep_for(std::chrono::microseconds(100));
           continue;
         }
         size_t did = 0;
         {
-          std::lock_guard<std::mutex> lk(dir_.mutex());
-          for (size_t i = 0; i < rings_.size(); ++i) did += drain(int(i));
+          auto lk = dir_.engineLock();
+          for (RingState& r : w.rings) did += drain(w, r);
         }
         if (did) {
           idle = 0;
@@ -438,30 +536,38 @@ class ProxyEngine {
     } catch (const std::exception& e) {
       // Nothing may escape a thread; the record makes every wait stop and
       // Comm::check() throw.
-      std::fprintf(stderr, "gin: rank %d: proxy engine stopped: %s\n", dev_.rank, e.what());
+      failed_.store(true, std::memory_order_release);
+      std::fprintf(stderr, "gin: rank %d: proxy engine thread %zu stopped: %s\n", dev_.rank, threadIndex(w), e.what());
       fail(Op::ProxyEngine, -1, -1, 0, 0, 0);
     }
-    done_.store(true, std::memory_order_release);
+    exited_.fetch_add(1, std::memory_order_acq_rel);
+    w.done.store(true, std::memory_order_release);
+  }
+
+  size_t threadIndex(const Worker& w) const {
+    for (size_t t = 0; t < workers_.size(); ++t)
+      if (workers_[t].get() == &w) return t;
+    return 0;
   }
 
   // Up to `batch` published descriptors of one ring, then one release of the
   // consumer index once everything they started is complete: a producer that
   // sees it may overwrite the slots and reuse the sources.
-  size_t drain(int ctx) {
-    Ring& r = rings_[size_t(ctx)];
-    uint64_t& next = next_[size_t(ctx)];
+  size_t drain(Worker& w, RingState& rs) {
+    Ring& r = rings_[rs.index];
+    const int ctx = int(rs.index);
     size_t did = 0;
     while (did < cfg_.batch) {
       // The producer does not touch the slot again until `consumed` passes it.
       ProxyDesc d;
-      if (!proxyUnpack(r.slots + (next & (r.nSlots - 1)), next, &d)) break;
-      execute(ctx, d);
-      ++next;
+      if (!proxyUnpack(r.slots + (rs.next & (r.nSlots - 1)), rs.next, &d)) break;
+      execute(w, ctx, d);
+      ++rs.next;
       ++did;
     }
     if (did) {
-      wire_.complete();
-      atomicStore(r.consumed, next, MemoryOrder::Release);
+      w.wire->complete();
+      atomicStore(r.consumed, rs.next, MemoryOrder::Release);
     }
     return did;
   }
@@ -473,53 +579,55 @@ class ProxyEngine {
       recordError(dev_, op, peer, ctx, id, expected, observed);
   }
 
-  void reject(int ctx, const ProxyDesc& d, uint64_t id, uint64_t value, uint64_t limit) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
+  void reject(Worker& w, int ctx, const ProxyDesc& d, uint64_t id, uint64_t value, uint64_t limit) {
+    w.rejected.fetch_add(1, std::memory_order_relaxed);
     fail(Op::BadArgument, d.peer, ctx, id, value, limit);
   }
 
   // Validate everything first, so a rejected descriptor writes nothing.
-  void execute(int ctx, const ProxyDesc& d) {
-    if (d.peer < 0 || d.peer >= dev_.nRanks) return reject(ctx, d, uint64_t(d.peer), uint64_t(d.peer), dev_.nRanks);
+  void execute(Worker& w, int ctx, const ProxyDesc& d) {
+    if (d.peer < 0 || d.peer >= dev_.nRanks)
+      return reject(w, ctx, d, uint64_t(d.peer), uint64_t(d.peer), dev_.nRanks);
     const auto action = ProxyAction(d.action);
     if (action != ProxyAction::None) {
       if (action != ProxyAction::Add && action != ProxyAction::Set)
-        return reject(ctx, d, d.signalId, d.action, uint64_t(ProxyAction::Set));
-      if (d.signalId >= nSignalWords_) return reject(ctx, d, d.signalId, d.signalId, nSignalWords_);
+        return reject(w, ctx, d, d.signalId, d.action, uint64_t(ProxyAction::Set));
+      if (d.signalId >= nSignalWords_) return reject(w, ctx, d, d.signalId, d.signalId, nSignalWords_);
     }
     if (d.counterId != kProxyNoCounter && d.counterId >= uint32_t(dev_.nCounters))
-      return reject(ctx, d, d.counterId, d.counterId, uint64_t(dev_.nCounters));
+      return reject(w, ctx, d, d.counterId, d.counterId, uint64_t(dev_.nCounters));
+    Wire& wire = *w.wire;
     WireReject why;
     switch (ProxyOp(d.op)) {
       case ProxyOp::Put: {
         const WindowDirectory::Entry* src = dir_.find(d.srcWindow);
-        if (!src) return reject(ctx, d, d.srcWindow, d.srcOffset, 0);
+        if (!src) return reject(w, ctx, d, d.srcWindow, d.srcOffset, 0);
         if (d.srcOffset > src->bytes || d.bytes > src->bytes - d.srcOffset)
-          return reject(ctx, d, d.srcWindow, d.srcOffset + d.bytes, src->bytes);
-        if (!wire_.put(d.peer, d.dstWindow, d.dstOffset, src->local + d.srcOffset, d.bytes, &why))
-          return reject(ctx, d, why.id, why.value, why.limit);
+          return reject(w, ctx, d, d.srcWindow, d.srcOffset + d.bytes, src->bytes);
+        if (!wire.put(d.peer, d.dstWindow, d.dstOffset, src->local + d.srcOffset, d.bytes, &why))
+          return reject(w, ctx, d, why.id, why.value, why.limit);
         break;
       }
       case ProxyOp::PutValue: {
-        if (d.bytes < 1 || d.bytes > 8) return reject(ctx, d, d.dstWindow, d.bytes, 8);
+        if (d.bytes < 1 || d.bytes > 8) return reject(w, ctx, d, d.dstWindow, d.bytes, 8);
         unsigned char v[8];
         for (size_t i = 0; i < 8; ++i) v[i] = static_cast<unsigned char>(d.srcOffset >> (8 * i));
-        if (!wire_.putInline(d.peer, d.dstWindow, d.dstOffset, v, d.bytes, &why))
-          return reject(ctx, d, why.id, why.value, why.limit);
+        if (!wire.putInline(d.peer, d.dstWindow, d.dstOffset, v, d.bytes, &why))
+          return reject(w, ctx, d, why.id, why.value, why.limit);
         break;
       }
       case ProxyOp::Signal:
-        if (action == ProxyAction::None) return reject(ctx, d, d.signalId, d.action, uint64_t(ProxyAction::Set));
+        if (action == ProxyAction::None) return reject(w, ctx, d, d.signalId, d.action, uint64_t(ProxyAction::Set));
         break;
-      default: return reject(ctx, d, d.op, d.op, uint64_t(ProxyOp::Signal));
+      default: return reject(w, ctx, d, d.op, d.op, uint64_t(ProxyOp::Signal));
     }
-    // The payload (and every earlier one) lands before the signal, and the
-    // source has been read before the counter moves.
-    if (action != ProxyAction::None || d.counterId != kProxyNoCounter) wire_.complete();
-    if (action != ProxyAction::None && !wire_.signal(d.peer, d.signalId, action, d.signalValue, &why))
-      return reject(ctx, d, why.id, why.value, why.limit);
+    // The payload (and every earlier one of this thread) lands before the
+    // signal, and the source has been read before the counter moves.
+    if (action != ProxyAction::None || d.counterId != kProxyNoCounter) wire.complete();
+    if (action != ProxyAction::None && !wire.signal(d.peer, d.signalId, action, d.signalValue, &why))
+      return reject(w, ctx, d, why.id, why.value, why.limit);
     if (d.counterId != kProxyNoCounter) atomicAdd<Scope::System>(counters_ + d.counterId, 1, MemoryOrder::Release);
-    executed_.fetch_add(1, std::memory_order_relaxed);
+    w.executed.fetch_add(1, std::memory_order_relaxed);
   }
 };
 

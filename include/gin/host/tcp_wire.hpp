@@ -19,7 +19,8 @@
 //  - put() returns once the source has been handed to the kernel's socket
 //    buffer: the engine's CounterInc then counts a consumed source.
 //  - GPU windows (TcpGpu): the sender copies each chunk of the source into a
-//    pinned staging buffer (copy engine, waited for) before it sends it; the
+//    pinned staging buffer (copy engine, waited for; one buffer per engine
+//    thread sending at that moment) before it sends it; the
 //    receiver copies each checked payload into the window and waits for that
 //    copy before it applies the frame's action, so signal-after-payload holds.
 //    Failures go through TcpGpu::fail (the host path of the error record).
@@ -196,8 +197,11 @@ inline std::string tcpWireAddress(const Bootstrap& bs, bool peersOnOtherHosts) {
 
 // ---- the wire --------------------------------------------------------------------
 //
-// Threads: the proxy engine sends (put, signal); the Comm's thread sends
-// fences and goodbyes; one receiver thread per wire reads every connection.
+// Threads: the proxy engine's threads send (put, signal; several at once, each
+// frame whole under its connection's lock); the Comm's thread sends fences
+// and goodbyes; one receiver thread per wire reads every connection. put
+// returns once its frames are in the socket buffer, so complete() has nothing
+// to wait for, and one engine thread's frames to a peer keep their order.
 // The receiver is a thread of its own, not part of the engine's polling loop,
 // because the engine blocks in send() when a peer's socket buffer is full: if
 // the same thread had to drain our sockets, two engines sending to each other
@@ -226,10 +230,7 @@ class TcpWire final : public Wire {
         timeoutNs_(timeoutNs),
         gpu_(std::move(gpu)) {
 #if GIN_WITH_CUDA
-    if (gpu_.device >= 0) {
-      sendCopier_ = std::make_unique<GpuCopier>(gpu_.device);
-      sendStage_ = HostMappedBuffer(true, size_t(kTcpMaxPayload));
-    }
+    if (gpu_.device >= 0) stages_.push_back(newStage());  // the one engine thread's, unless there are more
 #else
     if (gpu_.device >= 0) throw Error("tcp wire: GPU windows need the CUDA runtime");
 #endif
@@ -293,13 +294,14 @@ class TcpWire final : public Wire {
     if (dstOffset > e->bytes || bytes > e->bytes - dstOffset)
       return reject(why, dstWindow, dstOffset + bytes, e->bytes);
     const char* s = static_cast<const char*>(src);
+    StagedSource staged(*this, stage);
     for (uint64_t done = 0; done < bytes;) {
       const uint64_t n = std::min(bytes - done, kTcpMaxPayload);
       TcpFrame h = frame(TcpFrameType::Data);
       h.window = dstWindow;
       h.offset = dstOffset + done;
       h.length = n;
-      if (!send(peer, h, stage ? staged(s + done, n) : s + done)) return reject(why, uint64_t(peer), 0, 0);
+      if (!send(peer, h, staged.bytes(s + done, n))) return reject(why, uint64_t(peer), 0, 0);
       done += n;
     }
     return true;
@@ -410,9 +412,17 @@ class TcpWire final : public Wire {
   uint64_t timeoutNs_;
   TcpGpu gpu_;
 #if GIN_WITH_CUDA
-  std::unique_ptr<GpuCopier> sendCopier_;  // the engine thread's device-to-staging copies
-  HostMappedBuffer sendStage_;
-  std::unique_ptr<GpuCopier> recvCopier_;  // the receiver thread's staging-to-device copies
+  // A sender's device-to-staging copies: its own copier (a wait covers only
+  // its copy) and pinned buffer. Engine threads take one for a put from the
+  // free ones (the wire does not know the engine's threads); there are at
+  // most as many as threads that ever sent at once.
+  struct SendStage {
+    std::unique_ptr<GpuCopier> copier;
+    HostMappedBuffer buf;
+  };
+  std::mutex stagesMu_;
+  std::vector<std::unique_ptr<SendStage>> stages_;  // free ones
+  std::unique_ptr<GpuCopier> recvCopier_;           // the receiver thread's staging-to-device copies
 #endif
   int rank_ = 0, nRanks_ = 0, port_ = 0;
   std::vector<std::unique_ptr<Peer>> peers_;
@@ -426,19 +436,61 @@ class TcpWire final : public Wire {
 
   bool isTcpPeer(int peer) const { return peer >= 0 && peer < nRanks_ && peers_[size_t(peer)]->tcp; }
 
-  // The n bytes at `src` as the socket may read them: GPU window memory is
-  // first copied into the pinned staging buffer (engine thread only).
-  const char* staged(const char* src, uint64_t n) {
 #if GIN_WITH_CUDA
-    if (sendCopier_) {
-      sendCopier_->copy(sendStage_.host(), src, size_t(n));
-      sendCopier_->complete();
-      return static_cast<const char*>(sendStage_.host());
-    }
-#endif
-    (void)n;
-    return src;
+  std::unique_ptr<SendStage> newStage() {
+    auto st = std::make_unique<SendStage>();
+    st->copier = std::make_unique<GpuCopier>(gpu_.device);
+    st->buf = HostMappedBuffer(true, size_t(kTcpMaxPayload));
+    return st;
   }
+#endif
+  // The source of one put as the socket may read it: GPU window memory
+  // (`gpuSource` on a GPU rank) goes through a staging buffer held for the
+  // put, one chunk at a time.
+  class StagedSource {
+   public:
+    StagedSource(TcpWire& w, bool gpuSource) : w_(w) {
+#if GIN_WITH_CUDA
+      if (!gpuSource || w_.gpu_.device < 0) return;
+      {
+        std::lock_guard<std::mutex> lk(w_.stagesMu_);
+        if (!w_.stages_.empty()) {
+          st_ = std::move(w_.stages_.back());
+          w_.stages_.pop_back();
+        }
+      }
+      if (!st_) st_ = w_.newStage();
+#else
+      (void)gpuSource;
+#endif
+    }
+    ~StagedSource() {
+#if GIN_WITH_CUDA
+      if (!st_) return;
+      std::lock_guard<std::mutex> lk(w_.stagesMu_);
+      w_.stages_.push_back(std::move(st_));
+#endif
+    }
+    StagedSource(const StagedSource&) = delete;
+    StagedSource& operator=(const StagedSource&) = delete;
+    const char* bytes(const char* src, uint64_t n) {
+#if GIN_WITH_CUDA
+      if (st_) {
+        st_->copier->copy(st_->buf.host(), src, size_t(n));
+        st_->copier->complete();
+        return static_cast<const char*>(st_->buf.host());
+      }
+#endif
+      (void)n;
+      return src;
+    }
+
+   private:
+    TcpWire& w_;
+#if GIN_WITH_CUDA
+    std::unique_ptr<SendStage> st_;
+#endif
+  };
   // Into this rank's window: a copy the receiver waits for on GPUs.
   void deliver(char* dst, const char* src, uint64_t n) {
 #if GIN_WITH_CUDA

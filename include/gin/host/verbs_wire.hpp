@@ -120,8 +120,11 @@ struct VerbsWireConfig {
   std::function<void(int peer, const std::string&)> onAsyncError;
 };
 
-// The wire. Threads: put/putInline/signal/complete run on the proxy engine
-// thread only; registerWindow/deregisterWindow on the thread that owns the
+// The wire. Threads: put/putInline/signal/complete run on the proxy engine's
+// threads, one call at a time (engineMu_: the queue pairs, the send CQ and
+// their counts are shared, so with several engine threads the calls take
+// turns and complete() waits for every thread's work requests, which is more
+// than it must); registerWindow/deregisterWindow on the thread that owns the
 // Comm (they may overlap engine calls: a mutex guards the window table); one
 // receiver thread of the wire's own polls the receive CQ and applies signals.
 //
@@ -220,6 +223,7 @@ class VerbsWire final : public Wire {
 
   bool put(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* src, uint64_t bytes,
            WireReject* why) override {
+    std::lock_guard<std::mutex> engine(engineMu_);
     Qp* q = qpFor(peer, why);
     if (!q) return false;
     uint64_t raddr = 0;
@@ -240,6 +244,7 @@ class VerbsWire final : public Wire {
   bool putInline(int peer, uint32_t dstWindow, uint64_t dstOffset, const void* bytes, uint64_t n,
                  WireReject* why) override {
     if (n > 8) return reject(why, dstWindow, n, 8);
+    std::lock_guard<std::mutex> engine(engineMu_);
     Qp* q = qpFor(peer, why);
     if (!q) return false;
     uint64_t raddr = 0;
@@ -255,6 +260,7 @@ class VerbsWire final : public Wire {
   }
 
   bool signal(int peer, uint32_t id, ProxyAction op, uint64_t value, WireReject* why) override {
+    std::lock_guard<std::mutex> engine(engineMu_);
     Qp* q = qpFor(peer, why);
     if (!q) return false;
     if (op != ProxyAction::Add && op != ProxyAction::Set)
@@ -271,6 +277,7 @@ class VerbsWire final : public Wire {
   // signaled one on their QP (a send queue completes in order), so a QP with
   // an unsignaled tail gets a signaled zero-length RDMA WRITE first.
   void complete() override {
+    std::lock_guard<std::mutex> engine(engineMu_);
     throwAsyncError();
     for (auto& q : qps_)
       if (q->uncovered && !q->broken)
@@ -357,6 +364,7 @@ class VerbsWire final : public Wire {
   Own<ibv_mr> mailboxMr_;
   std::vector<std::unique_ptr<Qp>> qps_;
   std::vector<int> qpOf_;  // [nRanks]: index into qps_, -1 for ranks not on this wire
+  std::mutex engineMu_;  // put/putInline/signal/complete: one engine thread at a time
   std::mutex winMu_;
   std::map<uint32_t, Window> windows_;
   std::atomic<bool> gpuWindows_{false}, stop_{false}, asyncFailed_{false};
