@@ -1,8 +1,14 @@
 // tests/common/net_checks.hpp — checks every transport's tests share.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "ranks.hpp"
 
@@ -219,6 +225,224 @@ inline void signalAfterPayload(gin::Comm& comm) {
   comm.bootstrap().barrier();
   comm.deregisterWindow(dst);
   comm.deregisterWindow(src);
+}
+
+// ---- several producers and engine threads at once -------------------------
+
+namespace detail {
+inline uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+// Message k of pusher t of rank s to rank p, as both ends derive it. Kinds:
+// 0 put with the signal (and a CounterInc), 1 putValue with the signal, 2 put
+// then the signal alone, 3 putValue then a put with the signal. The put's
+// bytes (mostly 1..159, a quarter of them up to the slot's size) sit at `mis`
+// in the slot (the same in the source slot), the value in the slot's last 8
+// bytes.
+struct StressMsg {
+  int kind;
+  size_t mis, bytes;
+  int width;  // 1, 2, 4, 8
+  uint64_t value, h;
+};
+inline StressMsg stressMsg(uint64_t seed, int s, int t, int p, int k, size_t slot) {
+  const uint64_t h = mix64(seed ^ mix64((uint64_t(s) << 48) | (uint64_t(t) << 32) | (uint64_t(p) << 16) | uint64_t(k)));
+  StressMsg m{};
+  m.h = h;
+  m.kind = int(h & 3);
+  m.mis = size_t((h >> 8) % 24);
+  m.bytes = 1 + size_t((h >> 16) % ((h >> 44) % 4 == 0 ? slot - 40 : 159));  // ends before the value
+  m.width = 1 << ((h >> 28) & 3);
+  m.value = mix64(h) & (m.width == 8 ? ~uint64_t(0) : (uint64_t(1) << (8 * m.width)) - 1);
+  return m;
+}
+inline bool stressHasPut(const StressMsg& m) { return m.kind != 1; }
+inline bool stressHasValue(const StressMsg& m) { return m.kind == 1 || m.kind == 3; }
+inline int stressDescriptors(const StressMsg& m) { return m.kind >= 2 ? 2 : 1; }
+inline uint8_t stressByte(const StressMsg& m, size_t i) { return uint8_t(mix64(m.h + i)); }
+}  // namespace detail
+
+// Every rank runs `pushers` threads (pusher t on context t % nContexts, so
+// some rings have several producers); each sends `perPeer` messages to every
+// rank (itself included) into slots of `slot` bytes (>= 192), a random mix of
+// puts (misaligned; most short, some up to the slot's size; bigger ones keep a
+// signal that overtook its payload visible longer),
+// putValues of every width and signals (SignalInc or SignalAdd 1, with the
+// payload or after it). Pusher t of rank s counts its messages to rank p on
+// p's signal 100 + s * pushers + t, so while the messages arrive this rank's
+// own thread checks: whenever that signal reads v, messages 0..v-1 are
+// entirely there (payload before signal, earlier puts before later signals,
+// per context and peer) and nothing else of their slots was written. Then:
+// every signal exactly perPeer (none ran twice), each pusher's CounterInc
+// count exact after its flush, the engine executed exactly the descriptors
+// this rank pushed (a ring consumed by two threads would run some twice),
+// nothing rejected, every ring consumed up to its head. Signals and counters
+// it used are reset, its windows freed.
+inline void engineStress(gin::Comm& comm, uint64_t seed, int pushers, int perPeer, size_t slot = 192) {
+  using namespace gin;
+  const size_t kStressSlot = slot, kStressValueAt = slot - 8;
+  const DevComm dc = comm.devComm();
+  const int n = comm.nRanks(), me = comm.rank(), C = dc.nContexts;
+  expect(100 + n * pushers <= dc.nSignals && 100 + pushers <= dc.nCounters, "engineStress: too few signals");
+  const size_t msgs = size_t(n) * size_t(pushers) * size_t(perPeer);
+  // Destination slot [s][t][k] (from rank s's pusher t), source slot [t][p][k].
+  Window dst = comm.allocWindow(msgs * kStressSlot);
+  Window src = comm.allocWindow(msgs * kStressSlot);
+  auto* d = static_cast<uint8_t*>(comm.localPointer(dst));
+  auto* sb = static_cast<uint8_t*>(comm.localPointer(src));
+  std::memset(d, kPoisonByte, msgs * kStressSlot);
+  auto srcSlot = [&](int t, int p, int k) {
+    return ((size_t(t) * size_t(n) + size_t(p)) * size_t(perPeer) + size_t(k)) * kStressSlot;
+  };
+  auto dstSlot = [&](int s, int t, int k) {
+    return ((size_t(s) * size_t(pushers) + size_t(t)) * size_t(perPeer) + size_t(k)) * kStressSlot;
+  };
+  for (int t = 0; t < pushers; ++t)
+    for (int p = 0; p < n; ++p)
+      for (int k = 0; k < perPeer; ++k) {
+        const auto m = detail::stressMsg(seed, me, t, p, k, slot);
+        for (size_t i = 0; i < m.bytes; ++i) sb[srcSlot(t, p, k) + m.mis + i] = detail::stressByte(m, i);
+      }
+  comm.bootstrap().barrier();
+
+  ProxyEngine* e = comm.proxyEngine();
+  expect(e != nullptr, "engineStress: no proxy engine");
+  const uint64_t executedBefore = e->executed(), rejectedBefore = e->rejected();
+  std::mutex errMu;
+  std::string err;
+  std::atomic<bool> failed{false};
+  auto report = [&](const std::string& what) {
+    std::lock_guard<std::mutex> lk(errMu);
+    if (err.empty()) err = what;
+    failed.store(true);
+  };
+  std::vector<uint64_t> pushed(size_t(pushers), 0), counted(size_t(pushers), 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < pushers; ++t)
+    threads.emplace_back([&, t] {
+      Net net(dc, t % C);
+      const Team world = teamWorld(dc);
+      const uint32_t sig = uint32_t(100 + me * pushers + t), cnt = uint32_t(100 + t);
+      for (int k = 0; k < perPeer; ++k)
+        for (int q = 0; q < n; ++q) {
+          const int p = (me + q + t + k) % n;
+          const auto m = detail::stressMsg(seed, me, t, p, k, slot);
+          const size_t at = dstSlot(me, t, k), from = srcSlot(t, p, k);
+          auto value = [&](auto signal) {
+            const size_t off = at + kStressValueAt;
+            switch (m.width) {
+              case 1: net.putValue(world, p, dst, off, uint8_t(m.value), signal); break;
+              case 2: net.putValue(world, p, dst, off, uint16_t(m.value), signal); break;
+              case 4: net.putValue(world, p, dst, off, uint32_t(m.value), signal); break;
+              default: net.putValue(world, p, dst, off, m.value, signal); break;
+            }
+          };
+          const bool add = (m.h >> 40) & 1;
+          switch (m.kind) {
+            case 0:
+              if (add)
+                net.put(world, p, dst, at + m.mis, src, from + m.mis, m.bytes, SignalAdd{sig, 1}, CounterInc{cnt});
+              else
+                net.put(world, p, dst, at + m.mis, src, from + m.mis, m.bytes, SignalInc{sig}, CounterInc{cnt});
+              ++counted[size_t(t)];
+              break;
+            case 1:
+              if (add)
+                value(SignalAdd{sig, 1});
+              else
+                value(SignalInc{sig});
+              break;
+            case 2:
+              net.put(world, p, dst, at + m.mis, src, from + m.mis, m.bytes);
+              net.signal(world, p, SignalInc{sig});
+              break;
+            default:
+              value(None{});
+              net.put(world, p, dst, at + m.mis, src, from + m.mis, m.bytes, SignalInc{sig});
+              break;
+          }
+          pushed[size_t(t)] += uint64_t(detail::stressDescriptors(m));
+        }
+      if (!net.flush(CoopThread{})) return report("pusher " + std::to_string(t) + ": flush gave up");
+      const uint64_t c = net.readCounter(cnt);
+      if (c != counted[size_t(t)])
+        report("pusher " + std::to_string(t) + ": counter after flush " + std::to_string(c) + ", expected " +
+               std::to_string(counted[size_t(t)]));
+    });
+
+  // Meanwhile: check each message once its signal covers it.
+  std::vector<int> checked(size_t(n) * size_t(pushers), 0);
+  const Net net(dc, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (bool all = false; !all && !failed.load();) {
+    all = true;
+    for (int s = 0; s < n; ++s)
+      for (int t = 0; t < pushers; ++t) {
+        int& done = checked[size_t(s) * size_t(pushers) + size_t(t)];
+        const uint64_t v = net.readSignal(uint32_t(100 + s * pushers + t));
+        if (v > uint64_t(perPeer))
+          report("signal from rank " + std::to_string(s) + " pusher " + std::to_string(t) +
+                 " overshot: " + std::to_string(v));
+        // Newest first: it had the least time to land.
+        const int upTo = int(std::min<uint64_t>(v, uint64_t(perPeer)));
+        for (int k = upTo - 1; k >= done; --k) {
+          const auto m = detail::stressMsg(seed, s, t, me, k, slot);
+          const uint8_t* at = d + dstSlot(s, t, k);
+          for (size_t i = 0; i < kStressSlot; ++i) {
+            uint8_t want = kPoisonByte;
+            if (detail::stressHasPut(m) && i >= m.mis && i < m.mis + m.bytes) want = detail::stressByte(m, i - m.mis);
+            if (detail::stressHasValue(m) && i >= kStressValueAt && i < kStressValueAt + size_t(m.width))
+              want = uint8_t(m.value >> (8 * (i - kStressValueAt)));
+            if (at[i] != want) {
+              report("rank " + std::to_string(me) + ": message " + std::to_string(k) + " (kind " +
+                     std::to_string(m.kind) + ") from rank " + std::to_string(s) + " pusher " + std::to_string(t) +
+                     ": byte " + std::to_string(i) + " is " + std::to_string(at[i]) + ", expected " +
+                     std::to_string(want) + " when signal " + std::to_string(v) + " was seen");
+              break;
+            }
+          }
+        }
+        done = std::max(done, upTo);
+        all = all && done == perPeer;
+      }
+    if (std::chrono::steady_clock::now() > deadline) report("messages missing after 60 s: " + checkMessage(comm));
+    if (!all) std::this_thread::yield();
+  }
+  for (auto& th : threads) th.join();
+  expect(err.empty(), err);
+  comm.check();
+  // Everyone's engine is done with everything: an extra signal would show now.
+  comm.bootstrap().barrier();
+  for (int c = 0; c < C; ++c) expect(Net(dc, c).flush(CoopThread{}), "flush");
+  if (comm.tcpWire()) expect(comm.tcpWire()->fence(10'000'000'000ull), "fence: " + checkMessage(comm));
+  comm.bootstrap().barrier();
+  for (int s = 0; s < n; ++s)
+    for (int t = 0; t < pushers; ++t) {
+      const uint64_t v = net.readSignal(uint32_t(100 + s * pushers + t));
+      expect(v == uint64_t(perPeer), "signal from rank " + std::to_string(s) + " pusher " + std::to_string(t) + " is " +
+                                         std::to_string(v) + ", expected " + std::to_string(perPeer));
+    }
+  uint64_t total = 0;
+  for (uint64_t p : pushed) total += p;
+  const uint64_t executed = e->executed() - executedBefore, rejected = e->rejected() - rejectedBefore;
+  expect(executed == total && rejected == 0,
+         "rank " + std::to_string(me) + ": the engine executed " + std::to_string(executed) + " and rejected " +
+             std::to_string(rejected) + " descriptors; " + std::to_string(total) + " were pushed");
+  for (int c = 0; c < C; ++c) {
+    const uint64_t head = *dc.proxyRings[c].head, consumed = *dc.proxyRings[c].consumed;
+    expect(head == consumed,
+           "ring " + std::to_string(c) + ": consumed " + std::to_string(consumed) + " of " + std::to_string(head));
+  }
+  comm.bootstrap().barrier();
+  Net r(dc, 0);
+  for (int s = 0; s < n; ++s)
+    for (int t = 0; t < pushers; ++t) r.resetSignal(uint32_t(100 + s * pushers + t));
+  for (int t = 0; t < pushers; ++t) r.resetCounter(uint32_t(100 + t));
+  comm.deregisterWindow(src);
+  comm.deregisterWindow(dst);
 }
 
 }  // namespace gintest

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch_get_random_seed.hpp>
 #include <catch2/catch_test_macros.hpp>
@@ -34,6 +35,34 @@ CommConfig proxyConfig(uint64_t timeoutNs = 20'000'000'000ull, uint32_t ringSlot
   c.proxy.ringSlots = ringSlots;
   return c;
 }
+
+// The engine threads a Comm built with `cfg` runs: GIN_PROXY_THREADS (the
+// whole suite runs again with it set, see tests/meson.build) overrides.
+int expectedThreads(const CommConfig& cfg) {
+  const char* e = std::getenv("GIN_PROXY_THREADS");
+  const uint32_t n = e && *e ? parseThreadCount(e, "GIN_PROXY_THREADS") : cfg.proxy.threads;
+  return int(std::min<uint32_t>(n, uint32_t(cfg.nContexts)));
+}
+
+struct EnvVar {  // sets (or, with nullptr, unsets) a variable for a scope
+  std::string name, old;
+  bool had;
+  EnvVar(const char* n, const char* v) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    if (v)
+      ::setenv(n, v, 1);
+    else
+      ::unsetenv(n);
+  }
+  ~EnvVar() {
+    if (had)
+      ::setenv(name.c_str(), old.c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+};
 
 // The operations really went through this rank's engine (not the lsa path).
 void expectEngineRan(Comm& comm, uint64_t atLeast) {
@@ -540,6 +569,11 @@ struct ThrowingWire final : Wire {
   }
   bool signal(int, uint32_t, ProxyAction, uint64_t, WireReject*) override { return true; }
 };
+// A wire that accepts everything and writes nothing.
+struct NullWire final : Wire {
+  bool put(int, uint32_t, uint64_t, const void*, uint64_t, WireReject*) override { return true; }
+  bool signal(int, uint32_t, ProxyAction, uint64_t, WireReject*) override { return true; }
+};
 }  // namespace
 
 TEST_CASE("proxy: an engine that fails internally stops, records proxyEngine and makes waits give up",
@@ -591,7 +625,7 @@ TEST_CASE("proxy: CPU lists parse, and bad ones are refused with the knob's name
                       ContainsSubstring("GIN_PROXY_CPUS") && ContainsSubstring("is not a CPU list"));
 }
 
-TEST_CASE("proxy: GIN_PROXY_CPUS pins the engine thread; a CPU the process may not use stops every rank",
+TEST_CASE("proxy: GIN_PROXY_CPUS pins every engine thread; a CPU the process may not use stops every rank",
           "[proxy][cpus]") {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
@@ -603,23 +637,28 @@ TEST_CASE("proxy: GIN_PROXY_CPUS pins the engine thread; a CPU the process may n
   const char* old = std::getenv("GIN_PROXY_CPUS");
   const std::string saved = old ? old : "";
   ::setenv("GIN_PROXY_CPUS", std::to_string(first).c_str(), 1);
+  CommConfig cfg = proxyConfig();
+  cfg.proxy.threads = GENERATE(1u, 3u);
   CHECK_NOTHROW(runRanks(
       2,
-      [first](Comm& comm) {
+      [first, want = expectedThreads(cfg)](Comm& comm) {
         ProxyEngine* e = comm.proxyEngine();
         expect(e != nullptr, "no engine");
-        // The engine pins itself when its thread starts: give it a moment.
-        cpu_set_t set;
-        bool pinned = false;
-        for (int i = 0; i < 2000 && !pinned; ++i) {
-          CPU_ZERO(&set);
-          expect(pthread_getaffinity_np(e->nativeHandle(), sizeof set, &set) == 0, "getaffinity");
-          pinned = CPU_COUNT(&set) == 1 && CPU_ISSET(first, &set);
-          if (!pinned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        expect(e->threadCount() == want, "engine threads: " + std::to_string(e->threadCount()));
+        for (int t = 0; t < e->threadCount(); ++t) {
+          // Each thread pins itself when it starts: give it a moment.
+          cpu_set_t set;
+          bool pinned = false;
+          for (int i = 0; i < 2000 && !pinned; ++i) {
+            CPU_ZERO(&set);
+            expect(pthread_getaffinity_np(e->nativeHandle(t), sizeof set, &set) == 0, "getaffinity");
+            pinned = CPU_COUNT(&set) == 1 && CPU_ISSET(first, &set);
+            if (!pinned) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          expect(pinned, "engine thread " + std::to_string(t) + " is not pinned to CPU " + std::to_string(first));
         }
-        expect(pinned, "the engine thread is not pinned to CPU " + std::to_string(first));
       },
-      proxyConfig()));
+      cfg));
   ::setenv("GIN_PROXY_CPUS", "100000", 1);
   CHECK_THROWS_WITH(runRanks(
                         2, [](Comm&) {}, proxyConfig()),
@@ -628,4 +667,190 @@ TEST_CASE("proxy: GIN_PROXY_CPUS pins the engine thread; a CPU the process may n
     ::setenv("GIN_PROXY_CPUS", saved.c_str(), 1);
   else
     ::unsetenv("GIN_PROXY_CPUS");
+}
+
+// ---- several engine threads --------------------------------------------------
+
+TEST_CASE(
+    "proxy: 2, 3 and 4 engine threads: random puts, values and signals from many threads of every rank, "
+    "data there whenever its signal is, every descriptor run exactly once",
+    "[proxy][threads]") {
+  const int threads = GENERATE(2, 3, 4);
+  const uint64_t seed = Catch::getSeed() + uint64_t(threads);
+  CAPTURE(threads, seed);
+  CommConfig cfg = proxyConfig(20'000'000'000ull, 16);  // small rings: full rings and many laps
+  cfg.nContexts = 5;                                    // uneven: some threads consume two rings
+  cfg.proxy.threads = uint32_t(threads);
+  const int want = expectedThreads(cfg);
+  REQUIRE_NOTHROW(runRanks(
+      6,
+      [&](Comm& comm) {
+        expect(comm.proxyEngine()->threadCount() == want,
+               "engine threads: " + std::to_string(comm.proxyEngine()->threadCount()));
+        expect(comm.config().proxy.threads == uint32_t(want), "config().proxy.threads");
+        gintest::engineStress(comm, seed, 7, 20, 8192);  // 7 pushers on 5 contexts: rings with two producers
+        gintest::engineStress(comm, seed + 1, 3, 12);
+      },
+      cfg));
+}
+
+TEST_CASE("proxy: pause(true) parks every engine thread; nothing on any ring is consumed until resumed",
+          "[proxy][threads]") {
+  CommConfig cfg = proxyConfig();
+  cfg.proxy.threads = 4;
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [&](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        ProxyEngine* e = comm.proxyEngine();
+        Window w = comm.allocWindow(64);
+        comm.bootstrap().barrier();
+        e->pause(true);
+        const int peer = 1 - comm.rank();
+        for (int c = 0; c < dc.nContexts; ++c)
+          Net(dc, c).putValue(teamWorld(dc), peer, w, 8 * size_t(c), uint64_t(c + 1), SignalInc{0});
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+        for (int c = 0; c < dc.nContexts; ++c)
+          expect(*dc.proxyRings[c].consumed == 0, "ring " + std::to_string(c) + " was consumed while paused");
+        expect(e->executed() == 0, "executed while paused");
+        e->pause(false);
+        Net net(dc, 0);
+        expect(net.waitSignal(CoopThread{}, 0, uint64_t(dc.nContexts)), "signals after resuming");
+        const auto* got = static_cast<const uint64_t*>(comm.localPointer(w));
+        for (int c = 0; c < dc.nContexts; ++c) expect(got[c] == uint64_t(c + 1), "value " + std::to_string(c));
+        for (int c = 0; c < dc.nContexts; ++c) expect(Net(dc, c).flush(CoopThread{}), "flush");
+        expect(e->executed() == uint64_t(dc.nContexts), "executed " + std::to_string(e->executed()));
+        comm.check();
+        comm.bootstrap().barrier();
+      },
+      cfg));
+}
+
+TEST_CASE(
+    "proxy: GIN_PROXY_THREADS overrides CommConfig::proxy.threads, clamps to the contexts; bad values and 0 "
+    "are errors on every rank",
+    "[proxy][threads][env]") {
+  auto threadsOf = [](const CommConfig& cfg) {
+    std::atomic<int> got{-1};
+    runRanks(
+        2, [&](Comm& comm) { got = comm.proxyEngine()->threadCount(); }, cfg);
+    return got.load();
+  };
+  CommConfig cfg = proxyConfig();
+  cfg.nContexts = 3;
+  {
+    EnvVar unset("GIN_PROXY_THREADS", nullptr);
+    CHECK(threadsOf(cfg) == 1);  // the default
+    cfg.proxy.threads = 2;
+    CHECK(threadsOf(cfg) == 2);
+    cfg.proxy.threads = 7;
+    CHECK(threadsOf(cfg) == 3);  // one per ring at most
+  }
+  {
+    EnvVar env("GIN_PROXY_THREADS", "3");
+    cfg.proxy.threads = 1;
+    CHECK(threadsOf(cfg) == 3);
+  }
+  {
+    EnvVar env("GIN_PROXY_THREADS", "64");
+    CHECK(threadsOf(cfg) == 3);
+  }
+  {
+    EnvVar env("GIN_PROXY_THREADS", "");  // empty: unset
+    cfg.proxy.threads = 2;
+    CHECK(threadsOf(cfg) == 2);
+  }
+  for (const char* bad : {"0", "abc", "-1", "2x", " 2", "1.5", "99999999999", "+3"}) {
+    CAPTURE(bad);
+    EnvVar env("GIN_PROXY_THREADS", bad);
+    for (const std::string& msg : gintest::rankErrors(2, cfg)) {
+      CHECK_THAT(msg, ContainsSubstring("proxy engine threads") &&
+                          ContainsSubstring(std::string("GIN_PROXY_THREADS=\"") + bad + "\"") &&
+                          ContainsSubstring("write a whole number of proxy engine threads >= 1"));
+    }
+  }
+  {
+    EnvVar unset("GIN_PROXY_THREADS", nullptr);
+    cfg.proxy.threads = 0;
+    CHECK_THROWS_WITH(runRanks(
+                          1, [](Comm&) {}, cfg),
+                      ContainsSubstring("CommConfig::proxy") && ContainsSubstring("threads >= 1"));
+  }
+}
+
+TEST_CASE("proxy: an engine thread that fails stops every thread and records proxyEngine once", "[proxy][threads]") {
+  DevComm c{};
+  c.nRanks = 2;
+  c.nContexts = 3;
+  c.nCounters = 4;
+  c.timeoutNs = 5'000'000'000ull;
+  DeviceErrorRecord rec{};
+  uint32_t claimAndAbort[2] = {0, 0};
+  c.error = &rec;
+  c.errorClaim = &claimAndAbort[0];
+  c.abortFlag = &claimAndAbort[1];
+  std::vector<ProxySlot> slots(3 * 8);
+  uint64_t head[3] = {0, 0, 0}, consumed[3] = {0, 0, 0}, hint[3][2] = {};
+  ProxyRingDev ringDev[3];
+  std::vector<ProxyEngine::Ring> rings;
+  for (int i = 0; i < 3; ++i) {
+    ringDev[i] = ProxyRingDev{slots.data() + 8 * i, &head[i], &consumed[i], hint[i], 8, 0};
+    rings.push_back(ProxyEngine::Ring{slots.data() + 8 * i, &consumed[i], &head[i], 8});
+  }
+  c.proxyRings = ringDev;
+  std::vector<char> buf(64);
+  WindowDirectory dir;
+  dir.add(1, WindowDirectory::Entry{64, buf.data(), {buf.data(), buf.data()}});
+  NullWire good0, good2;
+  ThrowingWire bad;
+  ProxyEngine engine(c, rings, std::vector<Wire*>{&good0, &bad, &good2}, dir, 16, ProxyConfig{});
+  REQUIRE(engine.threadCount() == 3);
+  ProxyDesc sig{};
+  sig.op = uint8_t(ProxyOp::Signal);
+  sig.action = uint8_t(ProxyAction::Add);
+  sig.peer = 1;
+  sig.counterId = kProxyNoCounter;
+  // Ring i is thread i's: rings 0 and 2 work while ring 1 has nothing.
+  REQUIRE(proxy::push(c, 0, sig, true));
+  REQUIRE(proxy::push(c, 2, sig, true));
+  REQUIRE(engine.quiesce(5'000'000'000ull));
+  CHECK(engine.executed() == 2);
+  ProxyDesc put{};
+  put.op = uint8_t(ProxyOp::Put);
+  put.peer = 1;
+  put.dstWindow = put.srcWindow = 1;
+  put.bytes = 8;
+  put.counterId = kProxyNoCounter;
+  REQUIRE(proxy::push(c, 1, put, true));  // thread 1's wire throws
+  const auto t0 = std::chrono::steady_clock::now();
+  while (engine.running() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK_FALSE(engine.running());
+  CHECK(rec.state == 2u);
+  CHECK(rec.op == uint32_t(Op::ProxyEngine));
+  // The other threads stop too: what is pushed on their rings now stays.
+  claimAndAbort[1] = 0;  // let the pushes through
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(proxy::push(c, 0, sig, true));
+  REQUIRE(proxy::push(c, 2, sig, true));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(consumed[0] == 1);
+  CHECK(consumed[2] == 1);
+  CHECK(engine.executed() == 2);
+  CHECK_FALSE(engine.quiesce(10'000'000ull));
+}
+
+TEST_CASE("proxy: a ProxyEngine refuses more threads (wires) than rings, and none", "[proxy][threads]") {
+  DevComm c{};
+  c.nRanks = 1;
+  c.nContexts = 1;
+  std::vector<ProxySlot> slots(8);
+  uint64_t head = 0, consumed = 0;
+  WindowDirectory dir;
+  NullWire a, b;
+  const std::vector<ProxyEngine::Ring> rings{ProxyEngine::Ring{slots.data(), &consumed, &head, 8}};
+  CHECK_THROWS_WITH(ProxyEngine(c, rings, std::vector<Wire*>{&a, &b}, dir, 16, ProxyConfig{}),
+                    ContainsSubstring("2 wires (threads) for 1 rings"));
+  CHECK_THROWS_WITH(ProxyEngine(c, rings, std::vector<Wire*>{}, dir, 16, ProxyConfig{}),
+                    ContainsSubstring("0 wires (threads)"));
 }

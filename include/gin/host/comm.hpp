@@ -804,8 +804,8 @@ class Comm {
         w = std::make_unique<RoutedWire>(std::move(w), network[0], network[1], wireOf_);  // tcp_wire.hpp
       wires.push_back(w.get());
     }
-    engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), std::move(wires), dir_, nSignalWords_,
-                                            cfg_.proxy, std::move(hooks));
+    engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), std::move(wires), dir_, nSignalWords_, cfg_.proxy,
+                                            std::move(hooks));
   }
 
   // Engine threads: GIN_PROXY_THREADS, else CommConfig::proxy.threads; at

@@ -586,8 +586,7 @@ class ProxyEngine {
 
   // Validate everything first, so a rejected descriptor writes nothing.
   void execute(Worker& w, int ctx, const ProxyDesc& d) {
-    if (d.peer < 0 || d.peer >= dev_.nRanks)
-      return reject(w, ctx, d, uint64_t(d.peer), uint64_t(d.peer), dev_.nRanks);
+    if (d.peer < 0 || d.peer >= dev_.nRanks) return reject(w, ctx, d, uint64_t(d.peer), uint64_t(d.peer), dev_.nRanks);
     const auto action = ProxyAction(d.action);
     if (action != ProxyAction::None) {
       if (action != ProxyAction::Add && action != ProxyAction::Set)

@@ -364,7 +364,7 @@ class VerbsWire final : public Wire {
   Own<ibv_mr> mailboxMr_;
   std::vector<std::unique_ptr<Qp>> qps_;
   std::vector<int> qpOf_;  // [nRanks]: index into qps_, -1 for ranks not on this wire
-  std::mutex engineMu_;  // put/putInline/signal/complete: one engine thread at a time
+  std::mutex engineMu_;    // put/putInline/signal/complete: one engine thread at a time
   std::mutex winMu_;
   std::map<uint32_t, Window> windows_;
   std::atomic<bool> gpuWindows_{false}, stop_{false}, asyncFailed_{false};
