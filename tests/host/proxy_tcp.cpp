@@ -380,6 +380,30 @@ TEST_CASE("tcp wire (threads): many threads on every context push at once; nothi
       4, [](Comm& comm) { contention(comm, 8, 40); }, tcpConfig(20'000'000'000ull, 16)));
 }
 
+TEST_CASE(
+    "tcp wire (threads): 2, 3 and 4 engine threads send to every peer at once: data there whenever its "
+    "signal is, every descriptor run exactly once",
+    "[tcp][threads]") {
+  const int threads = GENERATE(2, 3, 4);
+  const uint64_t seed = freshSeed();
+  CAPTURE(threads, seed);
+  CommConfig cfg = tcpConfig(20'000'000'000ull, 16);
+  cfg.nContexts = 5;
+  cfg.proxy.threads = uint32_t(threads);
+  const char* env = std::getenv("GIN_PROXY_THREADS");
+  const int want = int(std::min<uint32_t>(env && *env ? parseThreadCount(env, "GIN_PROXY_THREADS") : threads, 5));
+  REQUIRE_NOTHROW(runRanks(
+      4,
+      [&](Comm& comm) {
+        expectTcpToOthers(comm);
+        expect(comm.proxyEngine()->threadCount() == want,
+               "engine threads: " + std::to_string(comm.proxyEngine()->threadCount()));
+        gintest::engineStress(comm, seed, 7, 16, 8192);
+        gintest::engineStress(comm, seed + 1, 4, 6, 3 << 19);  // frames of 1 MiB from several threads to one peer
+      },
+      cfg));
+}
+
 // ---- malformed frames ----
 
 namespace {
@@ -728,6 +752,23 @@ TEST_CASE("tcp wire (4 processes over loopback): random multi-MB puts, values, s
     });
   });
   CHECK(status == std::vector<int>{0, 0, 0, 0});
+}
+
+TEST_CASE("tcp wire (3 processes, 3 engine threads each): random puts, values and signals from many threads",
+          "[tcp][processes][threads]") {
+  const UniqueId id = makeUniqueId();
+  const uint64_t seed = freshSeed();
+  CAPTURE(seed);
+  CommConfig cfg = tcpConfig(20'000'000'000ull, 32);
+  cfg.proxy.threads = 3;
+  auto status = forkRanks(3, [&](int r) {
+    return processRank(id, r, 3, cfg, seed, nullptr, [&](Comm& comm) {
+      expectTcpToOthers(comm);
+      gintest::engineStress(comm, seed, 6, 16, 32768);
+      contention(comm, 6, 24);
+    });
+  });
+  CHECK(status == std::vector<int>{0, 0, 0});
 }
 
 TEST_CASE("tcp wire (2 processes): put+signal ordering stress between processes", "[tcp][processes][ordering]") {
