@@ -932,6 +932,7 @@ class Comm {
       // signal words are host memory (proxySignals_) and failures take the
       // host path of the error record.
       gpu.device = cudaDev_;
+      gpu.senders = int(cfg_.proxy.threads);
       gpu.fail = [this](Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed) {
         hostRecordError(op, peer, ctx, id, expected, observed);
       };

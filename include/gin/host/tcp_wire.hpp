@@ -213,6 +213,11 @@ inline std::string tcpWireAddress(const Bootstrap& bs, bool peersOnOtherHosts) {
 struct TcpGpu {
   int device = -1;  // -1: windows are host memory (CPU ranks)
   std::function<void(Op op, int peer, int ctx, uint64_t id, uint64_t expected, uint64_t observed)> fail;
+  // Engine threads that may send at once: a staging buffer and copier each,
+  // made up front (a CUDA allocation mid-run may wait behind the user's
+  // kernels, which may be waiting for this very put). More senders than
+  // this still work; the extra stages are made when first needed.
+  int senders = 1;
 };
 
 class TcpWire final : public Wire {
@@ -230,7 +235,8 @@ class TcpWire final : public Wire {
         timeoutNs_(timeoutNs),
         gpu_(std::move(gpu)) {
 #if GIN_WITH_CUDA
-    if (gpu_.device >= 0) stages_.push_back(newStage());  // the one engine thread's, unless there are more
+    if (gpu_.device >= 0)
+      for (int i = 0; i < std::max(gpu_.senders, 1); ++i) stages_.push_back(newStage());
 #else
     if (gpu_.device >= 0) throw Error("tcp wire: GPU windows need the CUDA runtime");
 #endif
@@ -414,8 +420,7 @@ class TcpWire final : public Wire {
 #if GIN_WITH_CUDA
   // A sender's device-to-staging copies: its own copier (a wait covers only
   // its copy) and pinned buffer. Engine threads take one for a put from the
-  // free ones (the wire does not know the engine's threads); there are at
-  // most as many as threads that ever sent at once.
+  // free ones (the wire does not know which thread calls it).
   struct SendStage {
     std::unique_ptr<GpuCopier> copier;
     HostMappedBuffer buf;
@@ -486,7 +491,7 @@ class TcpWire final : public Wire {
     }
 
    private:
-    TcpWire& w_;
+    [[maybe_unused]] TcpWire& w_;
 #if GIN_WITH_CUDA
     std::unique_ptr<SendStage> st_;
 #endif
