@@ -336,6 +336,9 @@ GIN_HD inline bool shiftSendRecv(const gin::DevComm& dc, const gin::p2p::Fifo& f
 template <unsigned B, class Coop>
 __global__ void putKernel(gin::DevComm dc, Window dst, Window src, size_t bytes, int iters, uint32_t sig) {
   for (int i = 0; i < iters; ++i) putShare<B>(dc, dst, src, bytes, int(blockIdx.x), int(gridDim.x), sig, Coop{});
+  // Over the proxy a put returns once queued: the kernel (and the timer) ends
+  // when the engine has carried every put out and applied its signal.
+  (void)gin::Net<B>(dc, 0).flush(Coop{});
 }
 
 // Lane 0 of every warp is a producer, on context (global warp index) % nContexts.

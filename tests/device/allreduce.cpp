@@ -175,7 +175,8 @@ TEST_CASE("ring AllReduce: the Hopper auto-tuning table", "[allreduce][plan]") {
   coll::RingWorkspace ws{};
   ws.tmpBytes = 32ull << 20;
   ws.maxBlocks = 16;
-  const coll::RingTuning t{};
+  coll::RingTuning t{};
+  t.wideBlocks = 0;  // the table as written
   auto plan = [&](int n, uint64_t bytes) { return coll::planRingAllReduce(n, ws, bytes / 4, 4, t); };
   // 4 KiB on 8 ranks: 512 B per rank -> depth 1, 8 chunks of 512 B, 1 x 384, bidirectional.
   coll::RingPlan p = plan(8, 4 << 10);
@@ -215,6 +216,20 @@ TEST_CASE("ring AllReduce: the Hopper auto-tuning table", "[allreduce][plan]") {
   // Tiny: the minimum shard size (16 B).
   p = plan(8, 32);
   CHECK(p.chunkBytes == 16);
+  // gin's default from 1 MiB: 16 blocks, chunk = bytes / (n x 16) in [64 KiB, 512 KiB].
+  t = coll::RingTuning{};
+  p = plan(2, 1ull << 30);
+  CHECK((p.nBlocks == 16 && p.chunkBytes == (512 << 10) && p.slots == 4));
+  p = plan(8, 48 << 20);
+  CHECK((p.nBlocks == 16 && p.chunkBytes == (384 << 10)));  // 16 units of 8 x 384 KiB
+  p = plan(2, 2 << 20);
+  CHECK((p.nBlocks == 16 && p.chunkBytes == (64 << 10)));
+  p = plan(2, 1 << 20);  // 64 KiB chunks at least: 8 units, 8 blocks
+  CHECK((p.nBlocks == 8 && p.chunkBytes == (64 << 10)));
+  p = plan(2, 512 << 10);  // below 1 MiB: the table
+  CHECK((p.nBlocks == 2 && p.chunkBytes == (128 << 10)));
+  t.blocks = 6;
+  CHECK(plan(2, 1ull << 30).nBlocks == 6);  // an exact block count still wins
 }
 
 TEST_CASE("ring AllReduce: environment overrides", "[allreduce][env]") {
@@ -343,6 +358,15 @@ TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only", 
       [&](Comm& comm) {
         const coll::RingWorkspace w = coll::createRingWorkspace(comm);
         expect(coll::planRingAllReduce(comm, w, 16, 4).ll == 0, "LL planned over the proxy");
+        // A plan made without the Comm (LL) is refused before anything runs.
+        const coll::RingPlan llPlan = coll::planRingAllReduce(2, w, 16, 4, coll::RingTuning{});
+        expect(llPlan.ll == 1, "the generic planner did not take LL");
+        try {
+          coll::runRingAllReduce<float, coll::Sum>(comm, w, llPlan, w.tmp, 0, w.tmp, 0);
+          expect(false, "an LL plan ran over the proxy");
+        } catch (const gin::Error& e) {
+          expect(std::string(e.what()).find("needs every peer reached by lsa") != std::string::npos, e.what());
+        }
         comm.bootstrap().barrier();
         coll::destroyRingWorkspace(comm, w);
       },

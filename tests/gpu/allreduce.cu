@@ -41,7 +41,7 @@ void gpuCase(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, const B
   GPU_CHECK(cudaMemcpy(comm.localPointer(b.send), h.data(), b.bytes, cudaMemcpyHostToDevice));
   GPU_CHECK(cudaMemset(comm.localPointer(b.recv), kPoison, b.bytes));
   const Window rw = inPlace ? b.send : b.recv;
-  const coll::RingPlan plan = coll::planRingAllReduce(comm.nRanks(), ws, count, sizeof(T), tune);
+  const coll::RingPlan plan = coll::planRingAllReduce(comm, ws, count, sizeof(T), tune);  // LL only over lsa
   GPU_CHECK(cudaDeviceSynchronize());
   comm.bootstrap().barrier();
   coll::launchRingAllReduce<T, Op>(comm, ws, plan, b.send, kHead, rw, kHead, st);
@@ -103,10 +103,12 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes) {
         tiny.chunkBytes = 48;  // rounded to 48: 16-byte vectors, pieces that wrap the slots many times
         tiny.blocks = 3;
         tiny.bidirAgMaxBytes = -1;
+        tiny.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 64 KiB over lsa)
         coll::RingTuning oneWay;
         oneWay.chunkBytes = 4096;
         oneWay.blocks = 2;
         oneWay.bidirAgMaxBytes = 0;
+        oneWay.llMaxBytes = 0;
         const struct {
           const char* name;
           coll::RingTuning t;

@@ -303,12 +303,14 @@ void p2pRingTest(int n, uint64_t seed) {
   });
 }
 
-// All-to-all on n channels: block p sends to rank p on channel p, block n + p
-// receives from rank p on channel p, all at once (block coops).
+// All-to-all on n channels, all at once (block coops): block p sends to rank
+// p, block n + p receives from rank p, and a pair's transfer uses the
+// sender's rank as its channel (both ends must name the same one).
 __global__ void p2pAllToAll(DevComm dc, p2p::Fifo fifo, Window src, size_t slot, size_t bytes, uint8_t* dst,
                             int* failed) {
   const int n = dc.nRanks, p = blockIdx.x % n;
-  p2p::Endpoint ep(Net<kBackendLsa | kBackendProxy>(dc, p % dc.nContexts), fifo, p);
+  const int channel = int(blockIdx.x) < n ? dc.rank : p;
+  p2p::Endpoint ep(Net<kBackendLsa | kBackendProxy>(dc, p % dc.nContexts), fifo, channel);
   const bool ok = blockIdx.x < n ? ep.send(CoopBlock{}, p, src, size_t(p) * slot, bytes)
                                  : ep.recv(CoopBlock{}, p, dst + size_t(p) * slot, bytes);
   if (!ok && threadIdx.x == 0) atomicAdd(failed, 1);

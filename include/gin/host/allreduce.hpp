@@ -15,7 +15,11 @@
 //   lowered so chunkBytes x numChunks <= max BDP (32 MiB), raised to the
 //   minimum shard size (16 B), rounded up to the element size and to 16 B;
 //   blocks x threads by chunk: < 16 KiB: 1 x 384, < 128 KiB: 1 x 512,
-//   < 512 KiB: 2 x 512, else 4 x 512 (never more blocks than units);
+//   < 512 KiB: 2 x 512, else 4 x 512 (never more blocks than units) -- except
+//   that from 1 MiB gin uses 16 x 512 blocks with chunk = bytes / (nRanks x
+//   16) kept in [64 KiB, 512 KiB] (the "wide" plan: a CTA of gin's lsa puts
+//   moves ~30 GB/s, so 2-4 blocks could not reach NCCL's bandwidth;
+//   RingTuning::wideBlocks = 0 restores the table);
 //   bidirectional AllGather for messages of at most 4 MiB.
 // The workspace's temporary bytes are split evenly among the blocks; each
 // block gets min(8, region / chunkBytes) slots, at least 2 (chunkBytes is
@@ -68,6 +72,13 @@ struct RingTuning {
   // Messages up to this size take the one-shot LL16 path when every peer is
   // reached by lsa (and the workspace has an LL buffer that large); 0: never.
   uint64_t llMaxBytes = 64ull << 10;
+  // Messages of wideMinBytes or more: wideBlocks blocks (0: keep the
+  // table), chunk = bytes / (nRanks x wideBlocks) within [64 KiB,
+  // wideChunkBytes]; capped like any block count by maxBlocks, the workspace
+  // and the number of units.
+  uint32_t wideBlocks = 16;
+  uint64_t wideChunkBytes = 512ull << 10;
+  uint64_t wideMinBytes = 1ull << 20;
 };
 
 namespace detail {
@@ -235,6 +246,20 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
   chunk = roundChunk(std::max(chunk, t.minShardBytes));
   uint32_t blocks = chunk < (16u << 10) ? 1 : chunk < (128u << 10) ? 1 : chunk < (512u << 10) ? 2 : 4;
   p.blockSize = chunk < (16u << 10) ? 384 : 512;
+  // Wide (gin's change to the table): from wideMinBytes on, wideBlocks
+  // blocks, each with one unit while the chunk stays in [64 KiB,
+  // wideChunkBytes]. One CTA moves ~30 GB/s through gin's lsa puts (2 H200s,
+  // 2026-11-23), so the table's 2-4 blocks capped the ring at ~120 GB/s busBw;
+  // 16 blocks reached 283-313 GB/s from 64 MiB, and 16 blocks of 64-256 KiB
+  // chunks beat 2-4 blocks of 512 KiB from 2 to 8 MiB.
+  // An explicit chunk size or chunk count keeps the table's shape.
+  if (t.chunkBytes == 0 && t.numChunks == 0 && t.wideBlocks > 0 && total >= t.wideMinBytes) {
+    chunk = std::clamp<uint64_t>(total / (n * t.wideBlocks), 64u << 10, std::max<uint64_t>(t.wideChunkBytes, 64u << 10));
+    chunk = std::min<uint64_t>(chunk, std::max<uint64_t>(1, t.maxBdpBytes / p.numChunks));
+    chunk = roundChunk(std::max(chunk, t.minShardBytes));
+    blocks = t.wideBlocks;
+    p.blockSize = 512;
+  }
   if (t.maxBlocks) blocks = std::min(blocks, t.maxBlocks);
   if (t.blocks) blocks = t.blocks;
   if (t.blockSize) p.blockSize = t.blockSize;
@@ -265,6 +290,16 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
   return p;
 }
 
+namespace detail {
+inline void checkLlPlan(const Comm& comm, const RingPlan& plan, const char* call) {
+  if (plan.ll && !lsaOnly(comm))
+    throw Error(std::string(call) +
+                ": the plan takes the LL16 path, which needs every peer reached by lsa, but this communicator "
+                "uses the proxy or ibgda; make the plan with planRingAllReduce(comm, ...) or set "
+                "RingTuning::llMaxBytes = 0");
+}
+}  // namespace detail
+
 // The plan for this communicator with the environment's overrides applied to
 // `base`; the LL path only when every peer is reached by lsa.
 inline RingPlan planRingAllReduce(const Comm& comm, const RingWorkspace& ws, uint64_t count, size_t eltBytes,
@@ -294,6 +329,7 @@ template <class T, class Op>
 void runRingAllReduce(Comm& comm, const RingWorkspace& ws, const RingPlan& plan, Window sendWin, size_t sendOffset,
                       Window recvWin, size_t recvOffset, Op op = Op{}) {
   if (comm.onGpu()) throw Error("runRingAllReduce runs on CPU ranks; on a GPU use launchRingAllReduce (nvcc)");
+  detail::checkLlPlan(comm, plan, "runRingAllReduce");
   bool ok = true;
   for (uint32_t b = 0; b < plan.nBlocks; ++b)
     ok = ringAllReduceBlock<T, Op, true>(CoopThread{}, comm.devComm(), ws, plan, sendWin, sendOffset, recvWin,
@@ -338,6 +374,7 @@ void launchRingAllReduce(const Comm& comm, const RingWorkspace& ws, const RingPl
     (void)ws;
     return;
   }
+  detail::checkLlPlan(comm, plan, "launchRingAllReduce");
   const DevComm& dc = comm.devComm();
   const dim3 grid(plan.nBlocks), block(plan.blockSize);
   if (lsaOnly(comm)) {
