@@ -3,6 +3,7 @@
 // the CPU tests and, through gpu_common.cuh, by the GPU suite.
 #pragma once
 
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <random>
@@ -87,6 +88,30 @@ struct Failure : std::runtime_error {
 inline void expect(bool ok, const std::string& what) {
   if (!ok) throw Failure(what);
 }
+
+// Sets (or, with nullptr, unsets) an environment variable for one scope and
+// restores what was there before.
+struct EnvVar {
+  std::string name, old;
+  bool had;
+  EnvVar(const char* n, const char* v) : name(n) {
+    const char* o = std::getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    if (v)
+      ::setenv(n, v, 1);
+    else
+      ::unsetenv(n);
+  }
+  ~EnvVar() {
+    if (had)
+      ::setenv(name.c_str(), old.c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
+  }
+  EnvVar(const EnvVar&) = delete;
+  EnvVar& operator=(const EnvVar&) = delete;
+};
 
 // Deterministic per-(seed, rank, index) byte pattern (host and device).
 GIN_HD inline uint8_t pattern(uint64_t seed, int rank, size_t i) {

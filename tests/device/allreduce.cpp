@@ -147,12 +147,6 @@ void allTypes(int n, const std::vector<size_t>& counts, CommConfig cfg, bool eve
       cfg));
 }
 
-// Sets an environment variable for the scope.
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~ScopedEnv() { unsetenv(name.c_str()); }
-};
 }  // namespace
 
 TEST_CASE("ring AllReduce: every type and op, counts 0, 1, primes, 1..8 ranks, three tunings", "[allreduce]") {
@@ -237,7 +231,7 @@ TEST_CASE("ring AllReduce: environment overrides", "[allreduce][env]") {
   ws.tmpBytes = 32ull << 20;
   ws.maxBlocks = 16;
   {
-    ScopedEnv a("GIN_ALLREDUCE_RING_CHUNK_SIZE", "64K"), b("GIN_ALLREDUCE_RING_MAX_BLOCKS", "1"),
+    gintest::EnvVar a("GIN_ALLREDUCE_RING_CHUNK_SIZE", "64K"), b("GIN_ALLREDUCE_RING_MAX_BLOCKS", "1"),
         c("GIN_ALLREDUCE_RING_BLOCK_SIZE", "256"), d("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", "-1");
     const coll::RingPlan p = coll::planRingAllReduce(8, ws, 64 << 20, 4, coll::ringTuningFromEnv());
     CHECK(p.chunkBytes == (64 << 10));
@@ -246,7 +240,7 @@ TEST_CASE("ring AllReduce: environment overrides", "[allreduce][env]") {
     CHECK(p.bidir == 1);
   }
   {
-    ScopedEnv a("GIN_ALLREDUCE_RING_NUM_CHUNKS", "4"), b("GIN_ALLREDUCE_RING_MAX_BDP", "1M"),
+    gintest::EnvVar a("GIN_ALLREDUCE_RING_NUM_CHUNKS", "4"), b("GIN_ALLREDUCE_RING_MAX_BDP", "1M"),
         c("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", "0"), d("GIN_ALLREDUCE_RING_NUM_BLOCKS", "12");
     const coll::RingPlan p = coll::planRingAllReduce(8, ws, 64 << 20, 4, coll::ringTuningFromEnv());
     CHECK(p.nBlocks == 12);
@@ -255,7 +249,7 @@ TEST_CASE("ring AllReduce: environment overrides", "[allreduce][env]") {
     CHECK(p.bidir == 0);
   }
   {
-    ScopedEnv a("GIN_ALLREDUCE_RING_MIN_SHARD_SIZE", "1K"), b("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", "1K");
+    gintest::EnvVar a("GIN_ALLREDUCE_RING_MIN_SHARD_SIZE", "1K"), b("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", "1K");
     const coll::RingPlan p = coll::planRingAllReduce(8, ws, 64, 4, coll::ringTuningFromEnv());
     CHECK(p.chunkBytes == 1024);
     CHECK(p.bidir == 1);
@@ -277,7 +271,7 @@ TEST_CASE("ring AllReduce: bad environment values are errors that say what is al
   };
   for (const auto& b : bad) {
     CAPTURE(b.name, b.value);
-    ScopedEnv e(b.name, b.value);
+    gintest::EnvVar e(b.name, b.value);
     try {
       (void)coll::ringTuningFromEnv();
       FAIL("no error for " << b.name << "=" << b.value);
@@ -336,16 +330,16 @@ TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only", 
   CHECK(plan(8, 2 << 10).ll == 0);
   CHECK(plan(8, 1 << 10).ll == 1);
   {
-    ScopedEnv e("GIN_ALLREDUCE_LL_MAX_SIZE", "0");
+    gintest::EnvVar e("GIN_ALLREDUCE_LL_MAX_SIZE", "0");
     CHECK(coll::planRingAllReduce(8, ws, 16, 4, coll::ringTuningFromEnv()).ll == 0);
   }
   {
-    ScopedEnv e("GIN_ALLREDUCE_LL_MAX_SIZE", "512");
+    gintest::EnvVar e("GIN_ALLREDUCE_LL_MAX_SIZE", "512");
     CHECK(coll::planRingAllReduce(8, ws, 128, 4, coll::ringTuningFromEnv()).ll == 1);
     CHECK(coll::planRingAllReduce(8, ws, 129, 4, coll::ringTuningFromEnv()).ll == 0);
   }
   for (const char* bad : {"-1", "2G", "x"}) {
-    ScopedEnv e("GIN_ALLREDUCE_LL_MAX_SIZE", bad);
+    gintest::EnvVar e("GIN_ALLREDUCE_LL_MAX_SIZE", bad);
     CHECK_THROWS_WITH(coll::ringTuningFromEnv(), Catch::Matchers::ContainsSubstring("GIN_ALLREDUCE_LL_MAX_SIZE=") &&
                                                      Catch::Matchers::ContainsSubstring("expected"));
   }

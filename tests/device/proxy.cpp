@@ -44,25 +44,6 @@ int expectedThreads(const CommConfig& cfg) {
   return int(std::min<uint32_t>(n, uint32_t(cfg.nContexts)));
 }
 
-struct EnvVar {  // sets (or, with nullptr, unsets) a variable for a scope
-  std::string name, old;
-  bool had;
-  EnvVar(const char* n, const char* v) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    if (v)
-      ::setenv(n, v, 1);
-    else
-      ::unsetenv(n);
-  }
-  ~EnvVar() {
-    if (had)
-      ::setenv(name.c_str(), old.c_str(), 1);
-    else
-      ::unsetenv(name.c_str());
-  }
-};
 
 // The operations really went through this rank's engine (not the lsa path).
 void expectEngineRan(Comm& comm, uint64_t atLeast) {
@@ -739,7 +720,7 @@ TEST_CASE(
   CommConfig cfg = proxyConfig();
   cfg.nContexts = 3;
   {
-    EnvVar unset("GIN_PROXY_THREADS", nullptr);
+    gintest::EnvVar unset("GIN_PROXY_THREADS", nullptr);
     CHECK(threadsOf(cfg) == 1);  // the default
     cfg.proxy.threads = 2;
     CHECK(threadsOf(cfg) == 2);
@@ -747,22 +728,22 @@ TEST_CASE(
     CHECK(threadsOf(cfg) == 3);  // one per ring at most
   }
   {
-    EnvVar env("GIN_PROXY_THREADS", "3");
+    gintest::EnvVar env("GIN_PROXY_THREADS", "3");
     cfg.proxy.threads = 1;
     CHECK(threadsOf(cfg) == 3);
   }
   {
-    EnvVar env("GIN_PROXY_THREADS", "64");
+    gintest::EnvVar env("GIN_PROXY_THREADS", "64");
     CHECK(threadsOf(cfg) == 3);
   }
   {
-    EnvVar env("GIN_PROXY_THREADS", "");  // empty: unset
+    gintest::EnvVar env("GIN_PROXY_THREADS", "");  // empty: unset
     cfg.proxy.threads = 2;
     CHECK(threadsOf(cfg) == 2);
   }
   for (const char* bad : {"0", "abc", "-1", "2x", " 2", "1.5", "99999999999", "+3"}) {
     CAPTURE(bad);
-    EnvVar env("GIN_PROXY_THREADS", bad);
+    gintest::EnvVar env("GIN_PROXY_THREADS", bad);
     for (const std::string& msg : gintest::rankErrors(2, cfg)) {
       CHECK_THAT(msg, ContainsSubstring("proxy engine threads") &&
                           ContainsSubstring(std::string("GIN_PROXY_THREADS=\"") + bad + "\"") &&
@@ -770,7 +751,7 @@ TEST_CASE(
     }
   }
   {
-    EnvVar unset("GIN_PROXY_THREADS", nullptr);
+    gintest::EnvVar unset("GIN_PROXY_THREADS", nullptr);
     cfg.proxy.threads = 0;
     CHECK_THROWS_WITH(runRanks(
                           1, [](Comm&) {}, cfg),

@@ -15,7 +15,6 @@
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <cstdlib>
-#include <optional>
 
 #include "../common/net_checks.hpp"
 
@@ -26,24 +25,6 @@ using gintest::runRanks;
 
 namespace {
 
-// Sets (or unsets, with nullopt) an environment variable for one scope.
-struct ScopedEnv {
-  std::string name;
-  std::optional<std::string> old;
-  ScopedEnv(const char* n, std::optional<std::string> v) : name(n) {
-    if (const char* o = std::getenv(n)) old = o;
-    if (v)
-      ::setenv(n, v->c_str(), 1);
-    else
-      ::unsetenv(n);
-  }
-  ~ScopedEnv() {
-    if (old)
-      ::setenv(name.c_str(), old->c_str(), 1);
-    else
-      ::unsetenv(name.c_str());
-  }
-};
 
 void resetFake() {
   fakeverbs::ctl.devicePresent = true;
@@ -94,7 +75,7 @@ void requireEveryRank(const std::vector<std::string>& msgs, const std::vector<st
 TEST_CASE("ibgda on mlx5: a QP per (context, peer) from the device; the tables point at what mlx5dv_init_obj gave",
           "[ibgda][mlx5]") {
   resetFake();
-  ScopedEnv noDev("GIN_IB_DEVICE", std::nullopt);
+  gintest::EnvVar noDev("GIN_IB_DEVICE", nullptr);
   REQUIRE_NOTHROW(runRanks(
       3,
       [](Comm& comm) {
@@ -167,12 +148,12 @@ TEST_CASE("ibgda on mlx5: a waiter that sees the signal sees the payload; a smal
 TEST_CASE("ibgda on mlx5: GIN_IB_DEVICE names the device; a missing one is an error on every rank", "[ibgda][mlx5]") {
   resetFake();
   {
-    ScopedEnv dev("GIN_IB_DEVICE", "fake0:1");
+    gintest::EnvVar dev("GIN_IB_DEVICE", "fake0:1");
     REQUIRE_NOTHROW(runRanks(
         2, [](Comm& comm) { expect(comm.ibgda()->mlx5()->port() == 1, "port 1"); }, mlx5Config()));
   }
   {
-    ScopedEnv dev("GIN_IB_DEVICE", "mlx5_9");
+    gintest::EnvVar dev("GIN_IB_DEVICE", "mlx5_9");
     requireEveryRank(gintest::rankErrors(3, mlx5Config()), {"ibgda (mlx5): setting up the mlx5 NIC failed on rank",
                                                             "GIN_IB_DEVICE=mlx5_9: no such device", "found: fake0"});
   }
@@ -182,7 +163,7 @@ TEST_CASE("ibgda on mlx5: GIN_IB_DEVICE names the device; a missing one is an er
 TEST_CASE("ibgda on mlx5: no RDMA device, or none that is mlx5: a clear error on every rank, no hang",
           "[ibgda][mlx5]") {
   resetFake();
-  ScopedEnv noDev("GIN_IB_DEVICE", std::nullopt);
+  gintest::EnvVar noDev("GIN_IB_DEVICE", nullptr);
   fakeverbs::ctl.devicePresent = false;
   requireEveryRank(gintest::rankErrors(3, mlx5Config()),
                    {"no RDMA device found", "GIN_TRANSPORT=proxy", "GIN_IBGDA_DEVICE=soft"});
@@ -190,7 +171,7 @@ TEST_CASE("ibgda on mlx5: no RDMA device, or none that is mlx5: a clear error on
   fakeverbs::ctl.mlx5 = false;
   requireEveryRank(gintest::rankErrors(2, mlx5Config()), {"no mlx5 device among the RDMA devices found (fake0)"});
   {
-    ScopedEnv dev("GIN_IB_DEVICE", "fake0");
+    gintest::EnvVar dev("GIN_IB_DEVICE", "fake0");
     requireEveryRank(gintest::rankErrors(2, mlx5Config()), {"GIN_IB_DEVICE=fake0 is not a mlx5 device"});
   }
   requireModelClean();
@@ -198,7 +179,7 @@ TEST_CASE("ibgda on mlx5: no RDMA device, or none that is mlx5: a clear error on
 
 TEST_CASE("ibgda on mlx5: a GID index outside the table is an error on every rank", "[ibgda][mlx5]") {
   resetFake();
-  ScopedEnv gid("GIN_IB_GID_INDEX", "9");
+  gintest::EnvVar gid("GIN_IB_GID_INDEX", "9");
   requireEveryRank(gintest::rankErrors(2, mlx5Config()),
                    {"GIN_IB_GID_INDEX=9 is not an index of the GID table (0..3)"});
   requireModelClean();

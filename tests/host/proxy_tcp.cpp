@@ -241,25 +241,6 @@ std::string captureStderr(const std::function<void()>& f) {
   return ss.str();
 }
 
-struct EnvVar {  // sets a variable for a scope, restores it after
-  std::string name, old;
-  bool had;
-  EnvVar(const char* n, const char* v) : name(n) {
-    const char* o = std::getenv(n);
-    had = o != nullptr;
-    if (had) old = o;
-    if (v)
-      ::setenv(n, v, 1);
-    else
-      ::unsetenv(n);
-  }
-  ~EnvVar() {
-    if (had)
-      ::setenv(name.c_str(), old.c_str(), 1);
-    else
-      ::unsetenv(name.c_str());
-  }
-};
 }  // namespace
 
 // ---- format ----
@@ -303,7 +284,7 @@ TEST_CASE("tcp wire: a sealed frame carries both checksums; any flipped header b
 TEST_CASE("tcp wire (threads): forcing tcp uses it for every other rank and a copy for oneself; GIN_DEBUG shows it",
           "[tcp][select]") {
   std::string out = captureStderr([] {
-    EnvVar dbg("GIN_DEBUG", "1");
+    gintest::EnvVar dbg("GIN_DEBUG", "1");
     runRanks(
         3, [](Comm& comm) { expectTcpToOthers(comm); }, tcpConfig());
   });
@@ -311,7 +292,7 @@ TEST_CASE("tcp wire (threads): forcing tcp uses it for every other rank and a co
                       ContainsSubstring("proxy wires: 0=local 1=tcp 2=tcp") && ContainsSubstring("tcp wire on port"));
   // The environment overrides the config; a bad value is an error naming it.
   {
-    EnvVar w("GIN_PROXY_WIRE", "local");
+    gintest::EnvVar w("GIN_PROXY_WIRE", "local");
     CHECK_NOTHROW(runRanks(
         2,
         [](Comm& comm) {
@@ -320,7 +301,7 @@ TEST_CASE("tcp wire (threads): forcing tcp uses it for every other rank and a co
         tcpConfig()));
   }
   {
-    EnvVar w("GIN_PROXY_WIRE", "smoke-signals");
+    gintest::EnvVar w("GIN_PROXY_WIRE", "smoke-signals");
     CHECK_THROWS_WITH(runRanks(
                           2, [](Comm&) {}, tcpConfig()),
                       ContainsSubstring("GIN_PROXY_WIRE=smoke-signals"));
@@ -792,7 +773,7 @@ TEST_CASE(
   CommConfig cfg = gintest::cpuConfig();  // transport and wire: auto
   std::vector<int> status;
   const std::string table = captureStderr([&] {
-    EnvVar dbg("GIN_DEBUG", "1");
+    gintest::EnvVar dbg("GIN_DEBUG", "1");
     status = forkRanks(4, [&](int r) {
       return processRank(id, r, 4, cfg, seed, r < 2 ? "host-a" : "host-b", [&](Comm& comm) {
         expect(comm.lsaSize() == 2 && comm.railSize() == 2, "topology");
