@@ -43,9 +43,8 @@
 //
 // Small messages (at most 64 KiB by default) on lsa-only communicators go
 // one shot with LL16 packets (gin/device/allreduce.hpp): one hop of latency
-// instead of 2(n - 1) signalled steps. The threshold is not tuned on
-// multi-GPU hardware yet (no 2-GPU machine was available): see
-// docs/performance.md.
+// instead of 2(n - 1) signalled steps. On 2 H200s it beat the ring at every
+// size up to 64 KiB and NCCL up to 16 KiB (docs/performance.md).
 #pragma once
 
 #include <algorithm>
