@@ -53,6 +53,14 @@ def title_of(op, reps):
     return t
 
 
+def save(fig, title, out):
+    """Title the figure, write it to `out` and free it."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
 def tag(rep, many):
     """Series suffix when several reports share one plot."""
     return f" ({rep.get('ranks')} ranks, {rep.get('transport')})" if many else ""
@@ -85,10 +93,7 @@ def curves(op, reps, out, y_left, y_right):
             ax.set_yscale("log")
         ax.set_ylabel(label)
         ax.legend()
-    fig.suptitle(title_of(op, reps))
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, title_of(op, reps), out)
 
 
 def plot_allreduce(reps, out):
@@ -114,10 +119,7 @@ def plot_put_bw(reps, out):
         size_axis(ax, [r["bytes"] for r in rows])
     ax.set_ylabel("GB/s")
     ax.legend()
-    fig.suptitle(title_of("put-bw", reps))
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, title_of("put-bw", reps), out)
 
 
 def bars(ax, groups, series, ylabel):
@@ -153,10 +155,7 @@ def plot_moe(reps, out):
             series_t[who], series_b[who] = t, b
     bars(axes[0], groups, list(series_t.items()), "time per phase (us)")
     bars(axes[1], groups, list(series_b.items()), "GB/s (bytes crossing ranks per rank)")
-    fig.suptitle(title_of("moe", reps))
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, title_of("moe", reps), out)
 
 
 def plot_barrier(reps, out):
@@ -169,10 +168,7 @@ def plot_barrier(reps, out):
             nccl.append(r.get("nccl_us_per_sync"))
     series = [("gin", gin)] + ([("nccl", nccl)] if any(v is not None for v in nccl) else [])
     bars(ax, groups, series, "us per sync (emulated: per iteration)")
-    fig.suptitle(title_of("barrier", reps))
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, title_of("barrier", reps), out)
 
 
 def plot_signal_lat(reps, out):
@@ -185,10 +181,7 @@ def plot_signal_lat(reps, out):
         res = rep.get("results") or {}
         series.append((f"gin{tag(rep, len(reps) > 1)}", [res.get(k) for k, _ in modes]))
     bars(ax, [m for _, m in modes], series, "us per round trip")
-    fig.suptitle(title_of("signal-lat", reps))
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, title_of("signal-lat", reps), out)
 
 
 def plot_msg_rate(reps, out):
@@ -203,10 +196,7 @@ def plot_msg_rate(reps, out):
     lat = reps[0].get("latency_us_median")
     if lat is not None:
         ax.set_title(f"post-to-consume latency {lat:.3g} us", fontsize=9)
-    fig.suptitle(title_of("msg-rate", reps))
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    save(fig, title_of("msg-rate", reps), out)
 
 
 PLOTS = {
