@@ -63,6 +63,7 @@ import json, os, re, sys
 testlog, consumers = sys.argv[1], sys.argv[2]
 passed = failed = skipped = 0
 bad = []
+logs = []  # (name, stdout) of each failed meson test
 if os.path.exists(testlog):
     with open(testlog) as f:
         for line in f:
@@ -78,6 +79,7 @@ if os.path.exists(testlog):
             else:  # FAIL, TIMEOUT, UNEXPECTEDPASS, ERROR, INTERRUPT, ...
                 failed += 1
                 bad.append(f"{t.get('name', '?')} ({r})")
+                logs.append((t.get("name", "?"), t.get("stdout") or ""))
 with open(consumers) as f:
     for line in f:
         m = re.match(r"^consumer (\S+): (PASS|FAIL)$", line.strip())
@@ -87,6 +89,19 @@ with open(consumers) as f:
             else:
                 failed += 1
                 bad.append(f"consumer {m.group(1)}")
+# CI keeps only the tail of this script's output: the lines around each
+# failed assertion come last, next to the summary, so a rare failure can be
+# read from the CI record.
+for name, out in logs[:3]:
+    lines = out.splitlines()
+    keep = set()
+    for i, line in enumerate(lines):
+        if "FAILED" in line or "due to unexpected exception" in line or "Error" in line:
+            keep.update(range(max(0, i - 2), min(len(lines), i + 8)))
+    shown = [lines[i] for i in sorted(keep)][:60] or lines[-30:]
+    print(f"--- {name}: the lines around its failures ---", file=sys.stderr)
+    for line in shown:
+        print("  " + line[:300], file=sys.stderr)
 for b in bad:
     print(f"FAILED: {b}", file=sys.stderr)
 print(passed, failed, skipped)

@@ -26,6 +26,34 @@ inline std::string checkMessage(const gin::Comm& comm) {
   return "";
 }
 
+// allocWindow returns on a rank while its peers may still be registering the
+// window: a put issued at once must still land (a tcp receiver or a NIC that
+// does not know the window yet would refuse it). `rounds` fresh windows, each
+// written by every rank on every peer right away, checked, freed. Uses signal 7.
+inline void putRightAfterAlloc(gin::Comm& comm, int rounds) {
+  using namespace gin;
+  const DevComm dc = comm.devComm();
+  const int n = comm.nRanks(), me = comm.rank();
+  for (int round = 0; round < rounds; ++round) {
+    Window w = comm.allocWindow(8 * size_t(n));
+    Net net(dc, round % dc.nContexts);
+    for (int q = 1; q <= n; ++q)
+      net.putValue(teamWorld(dc), (me + q) % n, w, 8 * size_t(me), (uint64_t(round + 1) << 8) | uint64_t(me),
+                   SignalInc{7});
+    if (!net.waitSignal(CoopThread{}, 7, uint64_t(n) * uint64_t(round + 1)))
+      expect(false, "round " + std::to_string(round) + ": " + checkMessage(comm));
+    const auto* got = static_cast<const uint64_t*>(comm.localPointer(w));
+    for (int s = 0; s < n; ++s)
+      expect(got[s] == ((uint64_t(round + 1) << 8) | uint64_t(s)),
+             "round " + std::to_string(round) + ": the value from rank " + std::to_string(s) + " is missing");
+    expect(net.flush(CoopThread{}), "flush");
+    comm.deregisterWindow(w);
+  }
+  comm.check();
+  Net(dc, 0).resetSignal(7);
+  comm.bootstrap().barrier();
+}
+
 // Every rank puts `bytes` of random data (at `srcMis` in its source window)
 // to every peer (rotated order) on every context with SignalInc and
 // CounterInc, into slot [ctx][me] of the peer's destination at `dstMis`.

@@ -119,6 +119,11 @@ TEST_CASE("ibgda put: every byte arrives, nothing around it is touched, signal a
       ibgdaConfig(20'000'000'000ull, 64, 4096)));
 }
 
+TEST_CASE("ibgda put: a put issued as soon as allocWindow returns lands on every peer", "[ibgda]") {
+  REQUIRE_NOTHROW(runRanks(
+      4, [](Comm& comm) { gintest::putRightAfterAlloc(comm, 40); }, ibgdaConfig()));
+}
+
 TEST_CASE("ibgda put: 8 ranks, several contexts, a put larger than the whole queue", "[ibgda]") {
   // 8 ranks x 4 contexts; depth 8 and 1 KiB WQEs: a 20000-byte put is 20
   // WQEs, more than the queue holds, posted in batches.

@@ -385,6 +385,12 @@ TEST_CASE(
       cfg));
 }
 
+TEST_CASE("tcp wire (threads): a put issued as soon as allocWindow returns is applied on every peer",
+          "[tcp][window]") {
+  REQUIRE_NOTHROW(runRanks(
+      4, [](Comm& comm) { gintest::putRightAfterAlloc(comm, 60); }, tcpConfig()));
+}
+
 // ---- malformed frames ----
 
 namespace {

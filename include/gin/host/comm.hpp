@@ -247,7 +247,9 @@ class Comm {
   const DevComm& devComm() const { return dev_; }
 
   // Symmetric allocation: `bytes` of zeroed memory on every rank, mapped on
-  // every lsa peer. Collective; every rank passes the same size.
+  // every lsa peer. Collective; every rank passes the same size. Once it has
+  // returned on one rank, that rank may put into the window on any peer at
+  // once (the same holds for registerWindow).
   Window allocWindow(size_t bytes) {
     agreeOnSize("allocWindow", bytes, bytes == 0 ? "bytes must be greater than 0" : nullptr);
     auto rec = std::make_unique<WindowRecord>();
@@ -1066,6 +1068,11 @@ class Comm {
 #endif
     const Window w = rec->handle();
     windows_.emplace(w.dev, std::move(rec));
+    // Every rank must know the window before any rank returns: a peer's put
+    // may follow at once, and a tcp receiver refuses a frame for a window it
+    // has not added yet (failing the communicator). lsa, verbs and ibgda need
+    // no barrier: what a put's target checks is registered before the exchange.
+    if (tcp_) bs_.barrier();
     return w;
   }
 
