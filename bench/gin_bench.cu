@@ -1927,7 +1927,23 @@ void runSignalLat(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
   rep->json.set("nccl", J::obj().set("measured", J::boolean(false)).set("reason", nccl));
 }
 
-// ---- barrier ----
+// ---- NCCL, the baseline of barrier, allreduce, sendrecv and moe ----
+
+// Why NCCL is not measured next to gin in this run ("" when it is, as far as
+// the options and the build can tell). NCCL picks its own transport, so it is
+// compared only with gin's lsa unless `anyTransport`.
+std::string ncclSkipReason(const Options& o, bool gpu, bool anyTransport = false) {
+  if (!gpu) return "CPU emulation: NCCL runs on GPUs only";
+#if GIN_BENCH_NCCL
+  if (o.noNccl) return "disabled by --no-nccl";
+  if (!anyTransport && o.transport != "lsa")
+    return "not measured with --transport " + o.transport + " (NCCL picks its own transport)";
+  return "";
+#else
+  (void)o, (void)anyTransport;
+  return "this gin-bench was built without NCCL (libnccl was not found when configuring)";
+#endif
+}
 
 #if GIN_BENCH_NCCL
 #define BENCH_NCCL_TRY(call, what)                                                                              \
@@ -1945,6 +1961,24 @@ struct NcclSide {
   ncclComm_t comm = nullptr;
   ncclDevComm dev{};
   bool haveDev = false;
+  void* send = nullptr;  // the op's own buffers for NCCL (start's sizes), freed by close
+  void* recv = nullptr;
+
+  // An op's setup: when `why` is empty (nothing rules NCCL out), open the
+  // communicator with `barriers` device barriers (0: host only) and allocate
+  // the send and receive buffers (0 bytes: none); otherwise, or when that
+  // fails, `why` says why NCCL is not measured. Returns whether it is.
+  bool start(gin::Comm& g, std::string& why, int barriers, size_t sendBytes = 0, size_t recvBytes = 0) {
+    if (!why.empty()) return false;
+    open(g, barriers);
+    if (!ok) {
+      why = reason;
+      return false;
+    }
+    if (sendBytes) BENCH_CUDA(cudaMalloc(&send, sendBytes));
+    if (recvBytes) BENCH_CUDA(cudaMalloc(&recv, recvBytes));
+    return true;
+  }
 
   // Any rank's first failure, agreed by every rank.
   static std::string agree(gin::Comm& c, const std::string& mine) {
@@ -2007,9 +2041,14 @@ struct NcclSide {
     comm = nullptr;
     ok = false;
     haveDev = false;
+    if (send) cudaFree(send);
+    if (recv) cudaFree(recv);
+    send = recv = nullptr;
   }
 };
 #endif
+
+// ---- barrier ----
 
 void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
                 const std::vector<std::string>& where) {
@@ -2025,21 +2064,12 @@ void runBarrier(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
   Window w = comm.allocWindow(2 * size_t(kBarrierCtas[2]) * size_t(n) * sizeof(uint64_t));
   uint64_t checkBase = 0;  // values differ between checks, so a stale slot never passes
 
-  std::string ncclReason;
+  // NCCL's device barrier runs over any gin transport: only the GPU and the build matter.
+  std::string ncclReason = ncclSkipReason(o, gpu, /*anyTransport=*/true);
 #if GIN_BENCH_NCCL
   NcclSide nccl;
-  if (!gpu)
-    ncclReason = "CPU emulation: NCCL's device API runs on GPUs only";
-  else if (o.noNccl)
-    ncclReason = "disabled by --no-nccl";
-  else {
-    nccl.open(comm, kBarrierCtas[2]);
-    if (!nccl.ok) ncclReason = nccl.reason;
-  }
-  const bool withNccl = gpu && nccl.ok;
+  const bool withNccl = nccl.start(comm, ncclReason, kBarrierCtas[2]);
 #else
-  ncclReason = gpu ? "this gin-bench was built without NCCL (libnccl was not found when configuring)"
-                   : "CPU emulation: NCCL's device API runs on GPUs only";
   const bool withNccl = false;
 #endif
 
@@ -2414,28 +2444,12 @@ void runAllReduce(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
   Window send = comm.allocWindow(size_t(maxBytes + kGuard)), recv = comm.allocWindow(size_t(maxBytes + kGuard));
   uint64_t seed = 1;
 
-  std::string ncclReason;
+  std::string ncclReason = ncclSkipReason(o, gpu);
 #if GIN_BENCH_NCCL
   NcclSide nccl;
-  void *ncclSend = nullptr, *ncclRecv = nullptr;
-  if (!gpu)
-    ncclReason = "CPU emulation: NCCL runs on GPUs only";
-  else if (o.noNccl)
-    ncclReason = "disabled by --no-nccl";
-  else if (o.transport == "proxy")
-    ncclReason = "not measured with --transport proxy (NCCL picks its own transport)";
-  else {
-    nccl.open(comm, 0);
-    if (!nccl.ok) ncclReason = nccl.reason;
-  }
-  const bool withNccl = gpu && nccl.ok;
-  if (withNccl) {
-    BENCH_CUDA(cudaMalloc(&ncclSend, size_t(maxBytes)));
-    BENCH_CUDA(cudaMalloc(&ncclRecv, size_t(maxBytes + kGuard)));
-  }
+  const bool withNccl = nccl.start(comm, ncclReason, 0, size_t(maxBytes), size_t(maxBytes + kGuard));
+  float *ncclSend = static_cast<float*>(nccl.send), *ncclRecv = static_cast<float*>(nccl.recv);
 #else
-  ncclReason = gpu ? "this gin-bench was built without NCCL (libnccl was not found when configuring)"
-                   : "CPU emulation: NCCL runs on GPUs only";
   const bool withNccl = false;
 #endif
 
@@ -2501,8 +2515,6 @@ void runAllReduce(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
   comm.bootstrap().barrier();
 #if GIN_BENCH_NCCL
   nccl.close();
-  if (ncclSend) cudaFree(ncclSend);
-  if (ncclRecv) cudaFree(ncclRecv);
 #endif
   comm.deregisterWindow(send);
   comm.deregisterWindow(recv);
@@ -2608,17 +2620,6 @@ J runsJson(const std::vector<double>& secs) {
 }
 
 // Why NCCL is not measured next to gin (empty: it is), for sendrecv and moe.
-std::string ncclSkipReason(const Options& o, bool gpu) {
-  if (!gpu) return "CPU emulation: NCCL runs on GPUs only";
-#if GIN_BENCH_NCCL
-  if (o.noNccl) return "disabled by --no-nccl";
-  if (o.transport != "lsa") return "not measured with --transport " + o.transport + " (NCCL picks its own transport)";
-  return "";
-#else
-  (void)o;
-  return "this gin-bench was built without NCCL (libnccl was not found when configuring)";
-#endif
-}
 
 // ---- sendrecv ----
 
@@ -2667,16 +2668,8 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   std::string ncclReason = ncclSkipReason(o, gpu);
 #if GIN_BENCH_NCCL
   NcclSide nccl;
-  uint8_t *ncclSend = nullptr, *ncclRecv = nullptr;
-  if (ncclReason.empty()) {
-    nccl.open(comm, 0);
-    if (!nccl.ok) ncclReason = nccl.reason;
-  }
-  const bool withNccl = gpu && nccl.ok;
-  if (withNccl) {
-    BENCH_CUDA(cudaMalloc(&ncclSend, size_t(maxBytes)));
-    BENCH_CUDA(cudaMalloc(&ncclRecv, size_t(maxBytes + kGuard)));
-  }
+  const bool withNccl = nccl.start(comm, ncclReason, 0, size_t(maxBytes), size_t(maxBytes + kGuard));
+  auto *ncclSend = static_cast<uint8_t*>(nccl.send), *ncclRecv = static_cast<uint8_t*>(nccl.recv);
 #else
   const bool withNccl = false;
 #endif
@@ -2727,8 +2720,6 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   comm.bootstrap().barrier();
 #if GIN_BENCH_NCCL
   nccl.close();
-  if (ncclSend) cudaFree(ncclSend);
-  if (ncclRecv) cudaFree(ncclRecv);
 #endif
   comm.deregisterWindow(src);
   comm.deregisterWindow(dst);
@@ -2839,11 +2830,7 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
   std::string ncclReason = ncclSkipReason(o, gpu);
 #if GIN_BENCH_NCCL
   NcclSide nccl;
-  if (ncclReason.empty()) {
-    nccl.open(comm, 0);
-    if (!nccl.ok) ncclReason = nccl.reason;
-  }
-  const bool withNccl = gpu && nccl.ok;
+  const bool withNccl = nccl.start(comm, ncclReason, 0);
 #else
   const bool withNccl = false;
 #endif

@@ -79,7 +79,7 @@ if os.path.exists(testlog):
             else:  # FAIL, TIMEOUT, UNEXPECTEDPASS, ERROR, INTERRUPT, ...
                 failed += 1
                 bad.append(f"{t.get('name', '?')} ({r})")
-                logs.append((t.get("name", "?"), t.get("stdout") or ""))
+                logs.append((t.get("name", "?"), (t.get("stdout") or "") + (t.get("stderr") or "")))
 with open(consumers) as f:
     for line in f:
         m = re.match(r"^consumer (\S+): (PASS|FAIL)$", line.strip())
@@ -96,7 +96,7 @@ for name, out in logs[:3]:
     lines = out.splitlines()
     keep = set()
     for i, line in enumerate(lines):
-        if "FAILED" in line or "due to unexpected exception" in line or "Error" in line:
+        if "FAILED" in line or "unexpected exception" in line or "error" in line.lower():
             keep.update(range(max(0, i - 2), min(len(lines), i + 8)))
     shown = [lines[i] for i in sorted(keep)][:60] or lines[-30:]
     print(f"--- {name}: the lines around its failures ---", file=sys.stderr)

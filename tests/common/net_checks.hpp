@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -24,6 +25,14 @@ inline std::string checkMessage(const gin::Comm& comm) {
     return e.what();
   }
   return "";
+}
+
+// The engine threads a Comm built with `cfg` runs: GIN_PROXY_THREADS (suites
+// run again with it set, see tests/meson.build) overrides the config.
+inline int expectedThreads(const gin::CommConfig& cfg) {
+  const char* e = std::getenv("GIN_PROXY_THREADS");
+  const uint32_t n = e && *e ? gin::parseThreadCount(e, "GIN_PROXY_THREADS") : cfg.proxy.threads;
+  return int(std::min<uint32_t>(n, uint32_t(cfg.nContexts)));
 }
 
 // allocWindow returns on a rank while its peers may still be registering the

@@ -36,13 +36,7 @@ CommConfig proxyConfig(uint64_t timeoutNs = 20'000'000'000ull, uint32_t ringSlot
   return c;
 }
 
-// The engine threads a Comm built with `cfg` runs: GIN_PROXY_THREADS (the
-// whole suite runs again with it set, see tests/meson.build) overrides.
-int expectedThreads(const CommConfig& cfg) {
-  const char* e = std::getenv("GIN_PROXY_THREADS");
-  const uint32_t n = e && *e ? parseThreadCount(e, "GIN_PROXY_THREADS") : cfg.proxy.threads;
-  return int(std::min<uint32_t>(n, uint32_t(cfg.nContexts)));
-}
+using gintest::expectedThreads;
 
 
 // The operations really went through this rank's engine (not the lsa path).

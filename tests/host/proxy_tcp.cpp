@@ -371,8 +371,7 @@ TEST_CASE(
   CommConfig cfg = tcpConfig(20'000'000'000ull, 16);
   cfg.nContexts = 5;
   cfg.proxy.threads = uint32_t(threads);
-  const char* env = std::getenv("GIN_PROXY_THREADS");
-  const int want = int(std::min<uint32_t>(env && *env ? parseThreadCount(env, "GIN_PROXY_THREADS") : threads, 5));
+  const int want = gintest::expectedThreads(cfg);
   REQUIRE_NOTHROW(runRanks(
       4,
       [&](Comm& comm) {
