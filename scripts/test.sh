@@ -63,7 +63,7 @@ import json, os, re, sys
 testlog, consumers = sys.argv[1], sys.argv[2]
 passed = failed = skipped = 0
 bad = []
-logs = []  # (name, stdout) of each failed meson test
+logs = []  # (name, output) of each failed meson test
 if os.path.exists(testlog):
     with open(testlog) as f:
         for line in f:

@@ -1071,7 +1071,8 @@ class Comm {
     // Every rank must know the window before any rank returns: a peer's put
     // may follow at once, and a tcp receiver refuses a frame for a window it
     // has not added yet (failing the communicator). lsa, verbs and ibgda need
-    // no barrier: what a put's target checks is registered before the exchange.
+    // no barrier: what checks a put (the target's memory registration, or the
+    // initiator's soft NIC) is set up on every rank before the exchange ends.
     if (tcp_) bs_.barrier();
     return w;
   }
