@@ -1,6 +1,6 @@
 // MoE dispatch/combine (examples/moe) on CPU ranks: normal mode (counts,
 // per-channel rings whose head/tail are gin signals) and low-latency mode
-// (per-expert buffers), over lsa and over the proxy, for 1 to 8 ranks and
+// (per-expert buffers), over lsa, the proxy and ibgda (soft NIC), for 1 to 8 ranks and
 // token counts 0, 1 and primes; every output checked against a host
 // reference, two layers in a row (the second reuses reset signals).
 #include <catch2/catch_test_macros.hpp>
@@ -18,10 +18,13 @@ namespace {
 void check(const moe::Shape& sh, bool ll, TransportChoice tr) {
   CommConfig cfg = gintest::cpuConfig();
   cfg.transport = tr;
+  cfg.ibgda.device = IbgdaConfig::Device::Soft;  // used when tr is Ibgda
   cfg.nSignals = int(moe::signalsNeeded(sh)) + 4;
   gintest::runRanks(
       sh.ranks,
       [&](Comm& comm) {
+        expect(tr != TransportChoice::Ibgda || comm.ibgda() != nullptr, "the ibgda transport is not in use");
+        expect(tr != TransportChoice::Proxy || comm.proxyEngine() != nullptr, "the proxy transport is not in use");
         moe::CpuLayer layer(comm, sh, ll);
         for (int round = 0; round < 2; ++round) {
           const moe::Inputs in = moe::makeInputs(sh, comm.rank(), 77 + uint64_t(round));
@@ -76,6 +79,19 @@ TEST_CASE("moe over the proxy transport: both modes", "[moe][proxy]") {
   sh.slots = 3;
   CHECK_NOTHROW(check(sh, false, TransportChoice::Proxy));
   CHECK_NOTHROW(check(sh, true, TransportChoice::Proxy));
+}
+
+TEST_CASE("moe over the ibgda transport (soft NIC): both modes", "[moe][ibgda]") {
+  moe::Shape sh;
+  sh.ranks = 3;
+  sh.experts = 6;
+  sh.tokens = 23;
+  sh.hidden = 24;
+  sh.topk = 4;
+  sh.channels = 2;
+  sh.slots = 3;
+  CHECK_NOTHROW(check(sh, false, TransportChoice::Ibgda));
+  CHECK_NOTHROW(check(sh, true, TransportChoice::Ibgda));
 }
 
 TEST_CASE("moe rejects shapes it cannot run, with the reason", "[moe][errors]") {

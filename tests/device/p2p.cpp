@@ -2,7 +2,7 @@
 // gin/host/p2p.hpp on CPU ranks: ring exchanges, all-to-all pairs, self
 // sends, separate sender and receiver threads on several channels, random
 // sizes and data, poisoned destinations, many iterations that wrap the rings
-// (and the 64-bit step counters), over lsa and over the proxy transport.
+// (and the 64-bit step counters), over lsa, the proxy and ibgda (soft NIC).
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <cstring>
@@ -23,6 +23,12 @@ CommConfig lsaConfig(uint64_t timeoutNs = 20'000'000'000ull) { return gintest::c
 CommConfig proxyConfig(uint64_t timeoutNs = 20'000'000'000ull) {
   CommConfig c = gintest::cpuConfig(timeoutNs);
   c.transport = TransportChoice::Proxy;
+  return c;
+}
+CommConfig ibgdaConfig(uint64_t timeoutNs = 20'000'000'000ull) {
+  CommConfig c = gintest::cpuConfig(timeoutNs);
+  c.transport = TransportChoice::Ibgda;
+  c.ibgda.device = IbgdaConfig::Device::Soft;
   return c;
 }
 
@@ -264,6 +270,25 @@ TEST_CASE("p2p over the proxy transport: ring, all-to-all and threads per channe
           expect(comm.proxyEngine()->executed() > 0, "the proxy engine executed nothing");
         },
         proxyConfig()));
+  }
+}
+
+TEST_CASE("p2p over the ibgda transport (soft NIC): ring, all-to-all and threads per channel", "[p2p][ibgda]") {
+  p2p::Config cfg;
+  cfg.chunkBytes = 256;
+  for (int n : {1, 2, 4}) {
+    CAPTURE(n);
+    REQUIRE_NOTHROW(runRanks(
+        n,
+        [&](Comm& comm) {
+          expect(comm.ibgda() != nullptr, "ibgda transport not in use");
+          const uint64_t before = comm.ibgda()->nic().executed();
+          exchange(comm, cfg, 20, false, 21);
+          exchange(comm, cfg, 2 * n, true, 22);
+          threadsPerChannel(comm, 2, 3, 23);
+          expect(comm.ibgda()->nic().executed() > before, "the soft NIC executed nothing");
+        },
+        ibgdaConfig()));
   }
 }
 
