@@ -35,6 +35,7 @@
 #include "gin/core/error.hpp"
 #include "gin/device/comm.hpp"
 #include "gin/device/transport/proxy.hpp"
+#include "gin/host/idle.hpp"
 #include "gin/host/memory.hpp"
 
 namespace gin {
@@ -504,34 +505,24 @@ class ProxyEngine {
   void run(Worker& w) {
     try {
       if (hooks_.threadInit) hooks_.threadInit();
-      uint64_t idle = 0;
+      detail::IdleBackoff idle(cfg_.spinPolls, cfg_.yieldPolls, cfg_.sleepUs);
       for (;;) {
         // Another thread died: its rings are stuck and the error record has
         // stopped every wait, so this one stops too rather than carry on alone.
         if (failed_.load(std::memory_order_acquire)) break;
         const bool stopping = stop_.load(std::memory_order_acquire);
-        if (!stopping && paused_.load(std::memory_order_seq_cst)) {
-          w.parks.fetch_add(1, std::memory_order_release);
-          std::this_thread::sleep_for(std::chrono::microseconds(100));
-          continue;
-        }
+        if (!stopping && detail::parkIfPaused(paused_, w.parks)) continue;
         size_t did = 0;
         {
           auto lk = dir_.engineLock();
           for (RingState& r : w.rings) did += drain(w, r);
         }
         if (did) {
-          idle = 0;
+          idle.busy();
           continue;
         }
         if (stopping) break;  // nothing published is left
-        ++idle;
-        if (idle <= cfg_.spinPolls)
-          spinPause();
-        else if (idle <= uint64_t(cfg_.spinPolls) + cfg_.yieldPolls)
-          std::this_thread::yield();
-        else
-          std::this_thread::sleep_for(std::chrono::microseconds(cfg_.sleepUs));
+        idle.wait();
       }
     } catch (const std::exception& e) {
       // Nothing may escape a thread; the record makes every wait stop and

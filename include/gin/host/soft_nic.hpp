@@ -53,6 +53,7 @@
 #include "gin/core/clock.hpp"
 #include "gin/core/error.hpp"
 #include "gin/device/mlx5/prm.hpp"
+#include "gin/host/idle.hpp"
 
 namespace gin {
 
@@ -209,14 +210,10 @@ class SoftNic {
 
   void run() {
     try {
-      uint64_t idle = 0;
+      detail::IdleBackoff idle(2048, 256, 50);  // the proxy engine's defaults (ProxyConfig)
       for (;;) {
         const bool stopping = stop_.load(std::memory_order_acquire);
-        if (!stopping && paused_.load(std::memory_order_seq_cst)) {
-          parks_.fetch_add(1, std::memory_order_release);
-          std::this_thread::sleep_for(std::chrono::microseconds(100));
-          continue;
-        }
+        if (!stopping && detail::parkIfPaused(paused_, parks_)) continue;
         size_t did = 0;
         bool blocked = false;
         {
@@ -224,19 +221,13 @@ class SoftNic {
           for (QpState& q : qps_) did += drain(q, blocked);
         }
         if (did) {
-          idle = 0;
+          idle.busy();
           continue;
         }
         // Stopping: nothing consumable is left (a QP waiting for CQ room
         // would wait forever once its poller is gone).
         if (stopping) break;
-        ++idle;
-        if (idle <= 2048)
-          spinPause();
-        else if (idle <= 2048 + 256)
-          std::this_thread::yield();
-        else
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        idle.wait();
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "gin: soft NIC stopped: %s\n", e.what());
