@@ -6,7 +6,7 @@
 //
 //   gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX]
 //                [--iters K] [--json FILE] [--no-nccl] [--channels N]
-//                [--mode normal|ll|both] [--tokens T] [--hidden H]
+//                [--mode normal|ll|both] [--tokens T] [--hidden H] [--batch B]
 //   OP: put-bw | signal-lat | barrier | msg-rate | allreduce | sendrecv | moe
 //
 // Every op first checks that what it times did the right thing (bytes,
@@ -672,6 +672,7 @@ struct Options {
   int channels = 0;            // sendrecv: most channels; moe: normal mode's channels; 0: default
   std::string mode = "both";   // moe: normal, ll or both
   int tokens = 0, hidden = 0;  // moe: 0: default
+  int batch = 1;               // moe: normal mode's slots per tail/head signal
   bool modeGiven = false, tokensGiven = false;
 };
 
@@ -704,7 +705,9 @@ const char* kUsage =
     "                32, emulated 2); moe: channels of the normal mode (default 16, emulated 2)\n"
     "  --mode M      moe: normal (4096 tokens per rank), ll (low latency, 128 tokens) or both (default)\n"
     "  --tokens T    moe: tokens per rank (default by mode; emulated 256 normal, 32 ll)\n"
-    "  --hidden H    moe: hidden size in bf16 elements (default 7168, emulated 1024)\n";
+    "  --hidden H    moe: hidden size in bf16 elements (default 7168, emulated 1024)\n"
+    "  --batch B     moe: normal mode advances ring tails and heads every B slots (default 1:\n"
+    "                every token; at most the ring's 8 slots, emulated 4, are useful)\n";
 
 [[noreturn]] void usageError(const std::string& msg) {
   std::fprintf(stderr, "gin-bench: %s\n%s", msg.c_str(), kUsage);
@@ -806,6 +809,11 @@ Options parseArgs(int argc, char** argv) {
       const std::string v = value();
       if (!parseInt(v, 1, 64, &n)) usageError("--channels " + v + ": expected a whole number from 1 to 64");
       o.channels = int(n);
+    } else if (a == "--batch") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 1, 1024, &n)) usageError("--batch " + v + ": expected a whole number from 1 to 1024");
+      o.batch = int(n);
     } else if (a == "--mode") {
       o.mode = value();
       if (o.mode != "normal" && o.mode != "ll" && o.mode != "both")
@@ -856,8 +864,8 @@ Options parseArgs(int argc, char** argv) {
   if (o.sizesGiven && o.op != Op::PutBw && o.op != Op::AllReduce && o.op != Op::SendRecv)
     usageError("--sizes applies to put-bw, allreduce and sendrecv");
   if (o.channels && o.op != Op::SendRecv && o.op != Op::Moe) usageError("--channels applies to sendrecv and moe");
-  if ((o.modeGiven || o.tokensGiven || o.hidden) && o.op != Op::Moe)
-    usageError("--mode, --tokens and --hidden apply to moe");
+  if ((o.modeGiven || o.tokensGiven || o.hidden || o.batch != 1) && o.op != Op::Moe)
+    usageError("--mode, --tokens, --hidden and --batch apply to moe");
   if (o.op == Op::AllReduce && o.sizesGiven && o.minSize < 4)
     usageError("allreduce sizes are bytes of floats: MIN must be at least 4");
   if (o.op == Op::SignalLat && o.iters == 1) usageError("signal-lat needs --iters of at least 2");
@@ -2810,6 +2818,7 @@ moe::Shape moeShape(const Options& o, int ranks, bool gpu, bool ll) {
   sh.tokens = o.tokensGiven ? o.tokens : ll ? (gpu ? 128 : 32) : (gpu ? 4096 : 256);
   sh.channels = o.channels ? o.channels : gpu ? 16 : 2;
   sh.slots = gpu ? 8 : 4;
+  sh.batch = o.batch;
   return sh;
 }
 
@@ -2948,9 +2957,9 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
       fmt("gin: examples/moe (DeepEP-style) layer, %d experts (%d per rank), top-%d, hidden %d bf16, expert = x * (1 + "
           "e/64)",
           s0.experts, s0.localExperts(), s0.topk, s0.hidden),
-      fmt("  normal mode: counts, then %d channels stream tokens through per-(source, channel) rings of %d slots; "
-          "combine",
-          s0.channels, s0.slots),
+      fmt("  normal mode: counts, then %d channels stream tokens through per-(source, channel) rings of %d slots "
+          "(tails and heads advanced every %d slot(s)); combine",
+          s0.channels, s0.slots, s0.batch),
       "  puts float partials back, the source sums; low latency: per-expert buffers, one put per (token, expert),",
       "  combine returns each (token, k) row, the source reduces with the routing weights",
       gpu ? "  kernels of moe::GpuLayer on the rank's stream; dispatch = from the first kernel until every token sent "

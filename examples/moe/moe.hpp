@@ -8,9 +8,9 @@
 // then every channel (a CTA on a GPU) of every rank streams its tokens into a
 // per-(source, channel) circular buffer of S slots at each destination. The
 // buffer's tail (slots filled) is a gin signal at the destination, advanced by
-// the put that fills the slot (SignalAdd after the payload); its head (slots
-// freed) is a gin signal at the source, advanced by the destination after it
-// copied the slot out. Both are reset at the start of a layer, read with
+// the put that fills the slot (SignalAdd after the payload), or after every
+// Shape::batch slots; its head (slots freed) is a gin signal at the source,
+// advanced by the destination after it copied slots out. Both are reset at the start of a layer, read with
 // readSignal and advanced with SignalAdd, as in the NVSHMEM-to-GIN migration
 // of DeepEP. Combine puts each token's partial sum straight into the source's
 // combine buffer at (token, slot), with a SignalInc the source waits for.
@@ -43,6 +43,12 @@ struct Shape {
   int topk = 8;       // K <= E
   int channels = 4;   // C
   int slots = 8;      // S per (source, channel) ring
+  // Normal mode: ring slots per tail/head signal. 1: every token's put
+  // carries its tail SignalAdd and every copy-out frees its slot at once.
+  // B > 1: the sender advances a tail by up to B tokens at a time and the
+  // receiver frees up to B slots at a time (DeepEP's chunked tail/head
+  // updates); neither holds back a signal while it waits (see sendStep).
+  int batch = 1;
   GIN_HD int localExperts() const { return experts / ranks; }
   // Destinations per token are at most min(K, ranks).
   GIN_HD int maxDests() const { return topk < ranks ? topk : ranks; }
@@ -136,13 +142,33 @@ GIN_HD inline int destSlot(const Layer& l, int t, int d) {
 // rank can interleave channels); on a GPU every thread of the coop holds its
 // own copy and all copies move in step.
 struct SendState {
-  int token = 0;      // next token of this channel (index into the channel's list)
-  int dest = 0;       // next destination rank to consider for it
-  uint64_t sent[64];  // per destination: tokens put so far on this channel
+  int token = 0;             // next token of this channel (index into the channel's list)
+  int dest = 0;              // next destination rank to consider for it
+  uint64_t sent[64];         // per destination: tokens put so far on this channel
+  uint64_t unsignalled[64];  // per destination: of those, tokens its tail does not count yet
+  GIN_HD void reset() {
+    token = dest = 0;
+    for (int d = 0; d < 64; ++d) sent[d] = unsignalled[d] = 0;
+  }
 };
+
+// Advance every destination's tail over the tokens already in its ring
+// (batch > 1). Same context and peer as the puts, so each SignalAdd reaches
+// the destination after those payloads.
+template <class Coop>
+GIN_HD void signalTails(const Layer& l, int c, SendState& s, Coop coop) {
+  gin::Net<> net(l.dc, c % l.dc.nContexts);
+  for (int d = 0; d < l.shape.ranks; ++d)
+    if (s.unsignalled[d] != 0) {
+      net.signal(gin::teamWorld(l.dc), d, gin::SignalAdd{l.sig.tail(l.dc.rank, c), s.unsignalled[d]}, coop);
+      s.unsignalled[d] = 0;
+    }
+}
 
 // One step: put the next (token, dest) pair if its ring slot is free.
 // Returns 1 if it did something, 0 if it must wait, -1 when the channel is done.
+// With batch > 1, the tails are advanced before returning 0 or -1, so a
+// destination never waits for tokens that are already in its ring.
 template <class Coop>
 GIN_HD int sendStep(const Layer& l, int c, SendState& s, Coop coop) {
   const Shape& sh = l.shape;
@@ -150,7 +176,10 @@ GIN_HD int sendStep(const Layer& l, int c, SendState& s, Coop coop) {
   gin::Net<> net(l.dc, c % l.dc.nContexts);
   for (;;) {
     const int t = c + s.token * sh.channels;
-    if (t >= sh.tokens) return -1;
+    if (t >= sh.tokens) {
+      signalTails(l, c, s, coop);
+      return -1;
+    }
     if (s.dest >= sh.ranks) {
       s.token += 1;
       s.dest = 0;
@@ -167,15 +196,27 @@ GIN_HD int sendStep(const Layer& l, int c, SendState& s, Coop coop) {
     // thread keeps the same state (each thread has its own copy of `s`).
     const bool room =
         coop.syncAll(coop.rank() != 0 || s.sent[d] - net.readSignal(l.sig.head(d, c)) < uint64_t(sh.slots));
-    if (!room) return 0;
+    if (!room) {
+      signalTails(l, c, s, coop);
+      return 0;
+    }
     const size_t slot = (size_t(l.dc.rank) * sh.channels + c) * sh.slots + size_t(s.sent[d] % uint64_t(sh.slots));
     const size_t at = slot * sh.slotBytes();
     // Metadata, then the payload with the tail signal: the signal is ordered
     // after both (same context, same peer).
     net.put(world, d, l.ring, at, l.meta, (size_t(t) * sh.maxDests() + size_t(j)) * sh.metaBytes(), sh.metaBytes(),
             gin::None{}, gin::None{}, coop);
-    net.put(world, d, l.ring, at + sh.metaBytes(), l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(),
-            gin::SignalAdd{l.sig.tail(l.dc.rank, c), 1}, gin::None{}, coop);
+    if (sh.batch <= 1) {
+      net.put(world, d, l.ring, at + sh.metaBytes(), l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(),
+              gin::SignalAdd{l.sig.tail(l.dc.rank, c), 1}, gin::None{}, coop);
+    } else {
+      net.put(world, d, l.ring, at + sh.metaBytes(), l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(), gin::None{},
+              gin::None{}, coop);
+      if (++s.unsignalled[d] >= uint64_t(sh.batch)) {
+        net.signal(world, d, gin::SignalAdd{l.sig.tail(l.dc.rank, c), s.unsignalled[d]}, coop);
+        s.unsignalled[d] = 0;
+      }
+    }
     s.sent[d] += 1;
     s.dest += 1;
     return 1;
@@ -186,20 +227,39 @@ GIN_HD int sendStep(const Layer& l, int c, SendState& s, Coop coop) {
 // rank's receive list and frees them.
 struct RecvState {
   uint64_t got = 0;
-  uint64_t expect = 0;  // from the count exchange
-  uint64_t base = 0;    // first receive-list position of this (source, channel)
+  uint64_t expect = 0;    // from the count exchange
+  uint64_t base = 0;      // first receive-list position of this (source, channel)
+  uint64_t unfreed = 0;   // slots copied out that the source's head does not count yet (batch > 1)
 };
 
+// Free the slots copied out so far (batch > 1). signal() syncs the coop
+// first and releases: every thread's reads of them are done before the
+// source may overwrite them.
+template <class Coop>
+GIN_HD void freeSlots(const Layer& l, int src, int c, RecvState& s, Coop coop) {
+  if (s.unfreed == 0) return;
+  gin::Net<> net(l.dc, c % l.dc.nContexts);
+  net.signal(gin::teamWorld(l.dc), src, gin::SignalAdd{l.sig.head(l.dc.rank, c), s.unfreed}, coop);
+  s.unfreed = 0;
+}
+
 // recvX: [maxRecv][H] bf16, recvMeta: [maxRecv][metaBytes], where this rank
-// keeps what it received. Returns 1/0/-1 as sendStep.
+// keeps what it received. Returns 1/0/-1 as sendStep; with batch > 1 the
+// slots copied out are freed before returning 0 or -1.
 template <class Coop>
 GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, uint16_t* recvX, char* recvMeta, Coop coop) {
   const Shape& sh = l.shape;
-  if (s.got == s.expect) return -1;
+  if (s.got == s.expect) {
+    freeSlots(l, src, c, s, coop);
+    return -1;
+  }
   gin::Net<> net(l.dc, c % l.dc.nContexts);
   // One thread's acquire of the tail, then the coop's barrier: every thread
   // sees the slot's bytes.
-  if (!coop.syncAll(coop.rank() != 0 || net.readSignal(l.sig.tail(src, c)) > s.got)) return 0;
+  if (!coop.syncAll(coop.rank() != 0 || net.readSignal(l.sig.tail(src, c)) > s.got)) {
+    freeSlots(l, src, c, s, coop);
+    return 0;
+  }
   const size_t slot = (size_t(src) * sh.channels + c) * sh.slots + size_t(s.got % uint64_t(sh.slots));
   const char* p = static_cast<const char*>(gin::localPointer(l.ring, slot * sh.slotBytes()));
   const size_t pos = size_t(s.base + s.got);
@@ -208,10 +268,14 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, uint16_t* recv
   const uint16_t* tok = reinterpret_cast<const uint16_t*>(p + sh.metaBytes());
   for (size_t i = size_t(coop.rank()); i < size_t(sh.hidden); i += size_t(coop.size()))
     recvX[pos * size_t(sh.hidden) + i] = tok[i];
-  coop.sync();  // every thread's reads of the slot are done before it is freed
   s.got += 1;
-  // Release: our reads of the slot happen before the source may overwrite it.
-  net.signal(gin::teamWorld(l.dc), src, gin::SignalAdd{l.sig.head(l.dc.rank, c), 1}, coop);
+  if (sh.batch <= 1) {
+    coop.sync();  // every thread's reads of the slot are done before it is freed
+    // Release: our reads of the slot happen before the source may overwrite it.
+    net.signal(gin::teamWorld(l.dc), src, gin::SignalAdd{l.sig.head(l.dc.rank, c), 1}, coop);
+  } else if (++s.unfreed >= uint64_t(sh.batch)) {
+    freeSlots(l, src, c, s, coop);
+  }
   return 1;
 }
 

@@ -105,8 +105,8 @@ inline Layer openLayer(gin::Comm& comm, const Shape& sh, bool ll, uint32_t sigBa
   if (sh.ranks != comm.nRanks()) throw std::invalid_argument("moe: shape.ranks must be the communicator's size");
   if (sh.experts % sh.ranks != 0 || sh.topk < 1 || sh.topk > sh.experts || sh.topk > kMaxTopk)
     throw std::invalid_argument("moe: experts must be a multiple of ranks and 1 <= topk <= min(experts, 16)");
-  if (sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1)
-    throw std::invalid_argument("moe: tokens >= 0, hidden, channels and slots >= 1");
+  if (sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1 || sh.batch < 1)
+    throw std::invalid_argument("moe: tokens >= 0, hidden, channels, slots and batch >= 1");
   if (sh.ranks > 64) throw std::invalid_argument("moe: at most 64 ranks");
   if (sigBase + signalsNeeded(sh) > uint32_t(comm.devComm().nSignals))
     throw std::invalid_argument("moe: needs " + std::to_string(signalsNeeded(sh)) +
@@ -285,7 +285,7 @@ class CpuLayer {
     // Dispatch: every channel's sender and every (source, channel) receiver
     // stepped in turn until all are done.
     std::vector<SendState> ss(static_cast<size_t>(C));
-    for (auto& s : ss) std::fill(std::begin(s.sent), std::end(s.sent), 0);
+    for (auto& s : ss) s.reset();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(l_.dc.timeoutNs);
     for (;;) {
       bool busy = false, progress = false;

@@ -90,7 +90,7 @@ __global__ void dispatchKernel(Layer l, const RecvState* rs, uint16_t* recvX, ch
   if (int(blockIdx.x) < C) {
     const int c = int(blockIdx.x);
     SendState s;  // per thread; every thread's copy moves in step (see sendStep)
-    for (int d = 0; d < 64; ++d) s.sent[d] = 0;
+    s.reset();
     ok = spin(
         l.dc, [&] { return sendStep(l, c, s, gin::CoopBlock{}); }, gin::Op::WaitSignal, -1, uint64_t(c));
   } else {

@@ -43,6 +43,9 @@ void check(const moe::Shape& sh, bool ll, TransportChoice tr) {
 TEST_CASE("moe normal mode: dispatch and combine match the host reference", "[moe]") {
   const int ranks = GENERATE(1, 2, 3, 4, 8);
   const int tokens = GENERATE(0, 1, 37);
+  // Tail/head signals per token, every 2 slots (the ring's size), every 5
+  // (more than the ring holds: only the waits advance them).
+  const int batch = GENERATE(1, 2, 5);
   moe::Shape sh;
   sh.ranks = ranks;
   sh.experts = ranks == 3 ? 12 : 16;
@@ -51,7 +54,8 @@ TEST_CASE("moe normal mode: dispatch and combine match the host reference", "[mo
   sh.topk = 8;
   sh.channels = 3;
   sh.slots = 2;  // tiny rings: the head/tail flow control is exercised
-  CAPTURE(ranks, tokens);
+  sh.batch = batch;
+  CAPTURE(ranks, tokens, batch);
   CHECK_NOTHROW(check(sh, false, TransportChoice::Lsa));
 }
 
@@ -79,6 +83,8 @@ TEST_CASE("moe over the proxy transport: both modes", "[moe][proxy]") {
   sh.slots = 3;
   CHECK_NOTHROW(check(sh, false, TransportChoice::Proxy));
   CHECK_NOTHROW(check(sh, true, TransportChoice::Proxy));
+  sh.batch = 2;  // tails and heads advanced two slots at a time (the ring holds 3)
+  CHECK_NOTHROW(check(sh, false, TransportChoice::Proxy));
 }
 
 TEST_CASE("moe over the ibgda transport (soft NIC): both modes", "[moe][ibgda]") {
@@ -92,6 +98,8 @@ TEST_CASE("moe over the ibgda transport (soft NIC): both modes", "[moe][ibgda]")
   sh.slots = 3;
   CHECK_NOTHROW(check(sh, false, TransportChoice::Ibgda));
   CHECK_NOTHROW(check(sh, true, TransportChoice::Ibgda));
+  sh.batch = 2;  // tails and heads advanced two slots at a time (the ring holds 3)
+  CHECK_NOTHROW(check(sh, false, TransportChoice::Ibgda));
 }
 
 TEST_CASE("moe rejects shapes it cannot run, with the reason", "[moe][errors]") {
@@ -110,4 +118,15 @@ TEST_CASE("moe rejects shapes it cannot run, with the reason", "[moe][errors]") 
     }
   });
   CHECK(msg.find("multiple of ranks") != std::string::npos);
+  sh.experts = 8;
+  sh.batch = 0;
+  msg.clear();
+  gintest::runRanks(2, [&](Comm& comm) {
+    try {
+      moe::CpuLayer layer(comm, sh, false);
+    } catch (const std::invalid_argument& e) {
+      if (comm.rank() == 0) msg = e.what();
+    }
+  });
+  CHECK(msg.find("batch >= 1") != std::string::npos);
 }

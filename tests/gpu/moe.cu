@@ -46,11 +46,14 @@ TEST_CASE("GPU moe: normal and low-latency modes match the host reference", "[gp
       sh.topk = 8;
       sh.channels = 4;
       sh.slots = 4;
-      for (int tokens : {0, 1, 131}) {
-        sh.tokens = tokens;
-        CAPTURE(ranks, tokens, int(tr));
-        CHECK_NOTHROW(check(sh, false, tr));
-      }
+      for (int tokens : {0, 1, 131})
+        for (int batch : {1, 3, 6}) {  // tails/heads per token, every 3 slots, more than the ring's 4
+          sh.tokens = tokens;
+          sh.batch = batch;
+          CAPTURE(ranks, tokens, batch, int(tr));
+          CHECK_NOTHROW(check(sh, false, tr));
+        }
+      sh.batch = 1;
       sh.tokens = 128;
       CAPTURE(ranks, int(tr));
       CHECK_NOTHROW(check(sh, true, tr));
