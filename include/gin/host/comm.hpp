@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -27,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gin/device/comm.hpp"
@@ -361,11 +363,44 @@ class Comm {
   bool hasError() const { return atomicLoad<Scope::System>(&hostRecord_->state, MemoryOrder::Acquire) != 0u; }
 
   // Wait for this rank's GPU work (no-op on CPU ranks), then check().
+  //
+  // gin's device waits give up after the timeout, so GPU work that outlives
+  // it with nothing in the error record is stuck outside them (a barrier
+  // some threads skip, a loop of its own) or simply runs long. synchronize
+  // does not give up on it (a long kernel is not an error), but says so on
+  // stderr each time the timeout passes, naming the rank, instead of waiting
+  // in silence. The bounded part covers the legacy default stream and every
+  // blocking stream (work on cudaStreamNonBlocking streams is waited for by
+  // the final cudaDeviceSynchronize only).
   void synchronize() const {
 #if GIN_WITH_CUDA
     if (gpu_) {
       GIN_CUDA_CHECK(cudaSetDevice(cudaDev_));
-      const cudaError_t e = cudaDeviceSynchronize();
+      cudaEvent_t done = nullptr;
+      GIN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      cudaError_t e = cudaEventRecord(done, cudaStreamLegacy);
+      const uint64_t start = nowNs();
+      uint64_t nextNote = cfg_.timeoutNs;
+      while (e == cudaSuccess && (e = cudaEventQuery(done)) == cudaErrorNotReady) {
+        e = cudaSuccess;
+        const uint64_t waited = nowNs() - start;
+        if (nextNote && waited > nextNote) {
+          std::fprintf(stderr,
+                       "gin: rank %d: Comm::synchronize has waited %.0f s for this rank's GPU work; %s\n", rank_,
+                       double(waited) * 1e-9,
+                       hasError() ? "the error record is set: the kernels should stop soon"
+                                  : "nothing is in the error record, so a kernel is stuck outside gin's waits (a "
+                                    "__syncthreads that some threads skip, a loop of its own) or runs longer than "
+                                    "the timeout");
+          nextNote += cfg_.timeoutNs;
+        }
+        if (waited < 1'000'000)
+          std::this_thread::yield();  // short work: answer quickly
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      (void)cudaEventDestroy(done);
+      if (e == cudaSuccess) e = cudaDeviceSynchronize();
       check();
       GIN_CUDA_CHECK(e);
     }
