@@ -281,6 +281,26 @@ TEST_CASE("ring AllReduce: bad environment values are errors that say what is al
       CHECK_THAT(msg, Catch::Matchers::ContainsSubstring("expected"));
     }
   }
+  // The LL block count belongs to the workspace: createRingWorkspace reads it.
+  for (const char* v : {"0", "9", "two"}) {
+    CAPTURE(v);
+    gintest::EnvVar e("GIN_ALLREDUCE_LL_BLOCKS", v);
+    CHECK_THROWS_WITH(runRanks(1, [](Comm& comm) { (void)coll::createRingWorkspace(comm); }),
+                      Catch::Matchers::ContainsSubstring(std::string("GIN_ALLREDUCE_LL_BLOCKS=") + v) &&
+                          Catch::Matchers::ContainsSubstring("from 1 to 8"));
+  }
+  {
+    gintest::EnvVar e("GIN_ALLREDUCE_LL_BLOCKS", "5");
+    CHECK_NOTHROW(runRanks(1, [](Comm& comm) {
+      const coll::RingWorkspace ws = coll::createRingWorkspace(comm);
+      expect(ws.llBlocks == 5, "GIN_ALLREDUCE_LL_BLOCKS=5 gave " + std::to_string(ws.llBlocks));
+      coll::destroyRingWorkspace(comm, ws);
+    }));
+  }
+  coll::RingWorkspaceConfig tooMany;
+  tooMany.llBlocks = 9;
+  CHECK_THROWS_WITH(runRanks(1, [&](Comm& comm) { (void)coll::createRingWorkspace(comm, tooMany); }),
+                    Catch::Matchers::ContainsSubstring("llBlocks must be from 1 to 8"));
 }
 
 TEST_CASE("ring AllReduce: called again and again with changing plans on one workspace", "[allreduce]") {
@@ -343,6 +363,13 @@ TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only", 
     CHECK_THROWS_WITH(coll::ringTuningFromEnv(), Catch::Matchers::ContainsSubstring("GIN_ALLREDUCE_LL_MAX_SIZE=") &&
                                                      Catch::Matchers::ContainsSubstring("expected"));
   }
+  // Several LL blocks: each takes its share of the packets.
+  ws.llMaxBytes = 64 << 10;
+  ws.llBlocks = 4;
+  CHECK((plan(8, 4 << 10).nBlocks == 4 && plan(8, 4 << 10).blockSize == 128));
+  CHECK((plan(2, 64 << 10).nBlocks == 4 && plan(2, 64 << 10).blockSize == 512));
+  CHECK((plan(2, 4).nBlocks == 4 && plan(2, 4).blockSize == 64));  // one packet: three blocks have none
+  ws.llBlocks = 1;
   // A communicator with a forced network transport never plans LL.
   if (const char* tr = std::getenv("GIN_TRANSPORT"); tr && std::string(tr) != "proxy") return;
   CommConfig cfg = gintest::cpuConfig();
@@ -370,13 +397,17 @@ TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only", 
 TEST_CASE("LL AllReduce: back to back without barriers, both buffer halves, every rank checks every call",
           "[allreduce][ll]") {
   if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("LL runs over lsa only");
-  for (int n : {2, 3, 5}) {
-    CAPTURE(n);
+  // 1, 3 and 8 blocks per call (3 and 8: shares of different sizes, and
+  // blocks with no packet at all for the smallest counts).
+  for (auto [n, llBlocks] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{5, 1}, std::pair{2, 3}, std::pair{3, 8},
+                             std::pair{4, 3}}) {
+    CAPTURE(n, llBlocks);
     REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
       coll::RingWorkspaceConfig wc;
       wc.tmpBytes = 4096;
       wc.maxBlocks = 2;
       wc.llMaxBytes = 8 << 10;
+      wc.llBlocks = uint32_t(llBlocks);
       const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
       const size_t maxCount = 2048;  // 8 KiB of float: the LL maximum
       Window send = comm.allocWindow(maxCount * 4 + 64), recv = comm.allocWindow(maxCount * 4 + 64);
@@ -391,7 +422,8 @@ TEST_CASE("LL AllReduce: back to back without barriers, both buffer halves, ever
         for (size_t i = 0; i < count; ++i) in[i] = input<float, coll::Sum>(uint64_t(call), comm.rank(), i);
         out[count] = -7.0f;  // guard
         const coll::RingPlan plan = coll::planRingAllReduce(comm, ws, count, 4);
-        expect(plan.ll == 1, "call " + std::to_string(call) + " did not take the LL path");
+        expect(plan.ll == 1 && plan.nBlocks == uint32_t(llBlocks),
+               "call " + std::to_string(call) + " did not take the LL path with the workspace's blocks");
         coll::runRingAllReduce<float, coll::Sum>(comm, ws, plan, send, 0, inPlace ? send : recv, 0);
         check<float, coll::Sum>(inPlace ? in : out, n, count, uint64_t(call), "LL call " + std::to_string(call));
         expect(out[count] == -7.0f, "LL call " + std::to_string(call) + " wrote past the output");

@@ -82,7 +82,7 @@ void allOps(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, const Bu
   }
 }
 
-void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes) {
+void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes, uint32_t llBlocks = 1) {
   size_t maxCount = 0;
   for (size_t c : counts) maxCount = std::max(maxCount, c);
   std::vector<std::vector<uint8_t>> results(static_cast<size_t>(n), std::vector<uint8_t>{});
@@ -94,6 +94,7 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes) {
         wc.tmpBytes = tmpBytes;
         wc.maxBlocks = 4;
         wc.signalBase = 8;
+        wc.llBlocks = llBlocks;  // the "auto" tuning's LL16 calls (lsa, up to 64 KiB)
         const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
         Bufs b;
         b.bytes = kHead + maxCount * 8 + kTail;
@@ -146,6 +147,13 @@ TEST_CASE("GPU ring AllReduce: a small workspace (many units, 2 slots per block)
   for (int n : rankCounts()) {
     CAPTURE(n);
     REQUIRE_NOTHROW(run(n, {5, 65537, 300001}, 64u << 10));
+  }
+}
+
+TEST_CASE("GPU LL AllReduce with 4 blocks: counts from 1 to the 64 KiB LL limit", "[gpu][allreduce][ll]") {
+  for (int n : rankCounts()) {
+    CAPTURE(n);
+    REQUIRE_NOTHROW(run(n, {1, 3, 97, 4099, 8191}, 8u << 20, 4));
   }
 }
 

@@ -63,15 +63,19 @@
 // then gets false.
 //
 // Small messages (plan.ll, lsa-only communicators): one shot with LL16 packets
-// (gin/device/ll.hpp) instead of 2(n-1) signalled steps. One block writes its
-// whole input as packets into a slot of every peer's LL buffer (the
-// workspace's `ll` window), then reduces, packet by packet, the n
-// contributions in rank order (so every rank gets the same bits) as they
-// arrive. Each rank counts its LL calls in word 0 of its own buffer; call c
-// uses flag flagForRound(c) and buffer half c % 2. Two halves are enough with
-// no acknowledgement: a rank overwrites half c % 2 in call c + 2 only after
-// it read every peer's call c + 1 packets, and a peer writes those only after
-// its call c (which read that half) is over.
+// (gin/device/ll.hpp) instead of 2(n-1) signalled steps. The packets of the
+// message are split into the workspace's llBlocks contiguous ranges, one per
+// block; each block writes its range of the input as packets into a slot of
+// every peer's LL buffer (the workspace's `ll` window), then reduces its
+// range, packet by packet, the n contributions in rank order (so every rank
+// gets the same bits) as they arrive. Blocks never wait for each other. Each
+// block counts the rank's LL calls in word `block` of the rank's own buffer
+// (every block runs in every LL call, so the words stay equal); call c uses
+// flag flagForRound(c) and buffer half c % 2. Two halves are enough with no
+// acknowledgement: a rank overwrites half c % 2 in call c + 2 only after it
+// read peer packets of call c + 1 (its call c + 1 is over, stream order), and
+// a peer writes those only after its whole call c (which read that half) is
+// over.
 #pragma once
 
 #include <cstring>
@@ -219,10 +223,13 @@ struct RingWorkspace {
   uint32_t signalBase;  // ids [signalBase, signalBase + 4 * maxBlocks) belong to the AllReduce
   uint32_t maxBlocks;   // blocks a plan may use
   int32_t nRanks;
-  int32_t reserved;
-  Window ll;            // per rank: the LL call count, then 2 x nRanks LL16 slots (llSlotOffset); none if llMaxBytes == 0
+  uint32_t llBlocks;    // blocks of every LL call, 1 .. kLlMaxBlocks (0 reads as 1)
+  Window ll;            // per rank: LL call counts (a word per block), then 2 x nRanks LL16 slots (llSlotOffset);
+                        // none if llMaxBytes == 0
   uint64_t llMaxBytes;  // the largest message the LL path carries
 };
+// The LL buffer's first 64 bytes hold one call count per block.
+inline constexpr uint32_t kLlMaxBlocks = 8;
 static_assert(std::is_trivially_copyable_v<RingWorkspace>);
 
 // The LL buffer: bytes of one slot (a message of llMaxBytes as LL16 packets),
@@ -232,6 +239,8 @@ GIN_HD GIN_INLINE uint64_t llSlotOffset(const RingWorkspace& w, uint64_t parity,
   return 64 + (parity * uint64_t(w.nRanks) + uint64_t(src)) * llSlotBytes(w);
 }
 GIN_HD GIN_INLINE uint64_t llBufferBytes(const RingWorkspace& w) { return llSlotOffset(w, 2, 0); }
+// Blocks of an LL call on workspace w.
+GIN_HD GIN_INLINE uint32_t llBlocks(const RingWorkspace& w) { return w.llBlocks ? w.llBlocks : 1u; }
 
 // One call's shape (gin/host/allreduce.hpp: planRingAllReduce). Every rank
 // must use the same plan.
@@ -358,14 +367,15 @@ class RingBlock {
   GIN_HD bool valid(size_t eltBytes, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset) const {
     const uint64_t bytes = p_.count * p_.eltBytes;
     const bool ok = p_.nRanks == dc_.nRanks && ws_.nRanks == dc_.nRanks && p_.eltBytes == eltBytes && p_.nBlocks >= 1 &&
-                    p_.nBlocks <= ws_.maxBlocks && block_ < p_.nBlocks && p_.slots >= 2 &&
-                    fits(sendWin, sendOffset, bytes) && fits(recvWin, recvOffset, bytes) &&
-                    fits(ws_.tmp, 0, ws_.tmpBytes) && p_.chunkBytes >= eltBytes && p_.chunkBytes % eltBytes == 0 &&
-                    uint64_t(p_.slots) * p_.chunkBytes <= p_.regionBytes &&
-                    p_.regionBytes * p_.nBlocks <= ws_.tmpBytes &&
-                    uint64_t(ws_.signalBase) + 4ull * ws_.maxBlocks <= uint64_t(dc_.nSignals) &&
-                    (p_.ll == 0 || (p_.nBlocks == 1 && p_.count * eltBytes <= ws_.llMaxBytes &&
-                                    fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.proxyAll == 0 && dc_.ibgdaAll == 0));
+                    block_ < p_.nBlocks && fits(sendWin, sendOffset, bytes) && fits(recvWin, recvOffset, bytes) &&
+                    (p_.ll ? p_.nBlocks == llBlocks(ws_) && llBlocks(ws_) <= kLlMaxBlocks &&
+                                 p_.count * eltBytes <= ws_.llMaxBytes &&
+                                 fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.proxyAll == 0 && dc_.ibgdaAll == 0
+                           : p_.nBlocks <= ws_.maxBlocks && p_.slots >= 2 && fits(ws_.tmp, 0, ws_.tmpBytes) &&
+                                 p_.chunkBytes >= eltBytes && p_.chunkBytes % eltBytes == 0 &&
+                                 uint64_t(p_.slots) * p_.chunkBytes <= p_.regionBytes &&
+                                 p_.regionBytes * p_.nBlocks <= ws_.tmpBytes &&
+                                 uint64_t(ws_.signalBase) + 4ull * ws_.maxBlocks <= uint64_t(dc_.nSignals));
     if (!ok)
       recordError(dc_, gin::Op::BadArgument, -1, net_.context(), uint64_t(block_), uint64_t(p_.nBlocks),
                   uint64_t(ws_.maxBlocks));
@@ -490,8 +500,9 @@ class RingBlock {
 
  private:
   // The one-shot LL16 path (see the top of the file). A packet carries 8
-  // bytes, a whole number of elements; thread t handles packets t, t + size,
-  // ... in both phases, so in place it reads its input before overwriting it.
+  // bytes, a whole number of elements. This block's packets are [first,
+  // last); thread t handles first + t, first + t + size, ... in both phases,
+  // so in place it reads its input before overwriting it.
   template <class T, class Op, class Coop>
   GIN_HD bool runLL(Coop coop, const T* in, T* out, Op op) {
     using E = EltTraits<T>;
@@ -499,18 +510,21 @@ class RingBlock {
     constexpr size_t kPer = 8 / sizeof(T);
     const int n = dc_.nRanks, me = dc_.rank;
     const size_t bytes = size_t(p_.count) * sizeof(T), packets = ll::packetCount<P>(bytes);
-    uint64_t* calls = static_cast<uint64_t*>(localPointer(ws_.ll, 0));  // only this rank touches it
+    const size_t nb = size_t(p_.nBlocks), first = packets * block_ / nb, last = packets * (block_ + 1) / nb;
+    const size_t rangeBytes = first < last ? (last * 8 < bytes ? last * 8 : bytes) - first * 8 : 0;
+    uint64_t* calls = static_cast<uint64_t*>(localPointer(ws_.ll, 8 * size_t(block_)));  // only this block touches it
     const uint64_t call = volatileLoad(calls) + 1, half = call & 1;
     const uint32_t flag = ll::flagForRound(call);
-    bool ok = true;
-    for (int k = 1; ok && k < n; ++k)
-      ok = ll::putPacketsToPeer<P>(coop, dc_, teamWorld(dc_), (me + k) % n, ws_.ll,
-                                   size_t(llSlotOffset(ws_, half, me)), in, bytes, flag);
-    const P* slot0 = static_cast<const P*>(localPointer(ws_.ll, size_t(llSlotOffset(ws_, half, 0))));
-    const size_t slotPackets = size_t(llSlotBytes(ws_) / sizeof(P));
     const auto* inB = reinterpret_cast<const unsigned char*>(in);
     auto* outB = reinterpret_cast<unsigned char*>(out);
-    for (size_t i = size_t(coop.rank()); ok && i < packets; i += size_t(coop.size())) {
+    bool ok = true;
+    for (int k = 1; ok && k < n && rangeBytes > 0; ++k)
+      ok = ll::putPacketsToPeer<P>(coop, dc_, teamWorld(dc_), (me + k) % n, ws_.ll,
+                                   size_t(llSlotOffset(ws_, half, me)) + first * sizeof(P), inB + first * 8,
+                                   rangeBytes, flag);
+    const P* slot0 = static_cast<const P*>(localPointer(ws_.ll, size_t(llSlotOffset(ws_, half, 0))));
+    const size_t slotPackets = size_t(llSlotBytes(ws_) / sizeof(P));
+    for (size_t i = first + size_t(coop.rank()); ok && i < last; i += size_t(coop.size())) {
       const size_t off = i * 8, len = bytes - off < 8 ? bytes - off : 8, m = len / sizeof(T);
       typename E::Compute acc[kPer] = {};
       for (int j = 0; j < n; ++j) {

@@ -39,7 +39,9 @@
 //                                      still capped by the workspace's maxBlocks and the number of units
 //   GIN_ALLREDUCE_LL_MAX_SIZE          (gin's own) messages up to this size take the one-shot LL16 path
 //                                      when every peer is reached by lsa; 0: never (default 64K, capped
-//                                      by the workspace's llMaxBytes). The LL path uses one block.
+//                                      by the workspace's llMaxBytes)
+//   GIN_ALLREDUCE_LL_BLOCKS            (gin's own; read by createRingWorkspace) blocks of every LL call,
+//                                      1 .. 8 (default RingWorkspaceConfig::llBlocks = 1)
 //
 // Small messages (at most 64 KiB by default) on lsa-only communicators go
 // one shot with LL16 packets (gin/device/allreduce.hpp): one hop of latency
@@ -169,6 +171,10 @@ struct RingWorkspaceConfig {
   int64_t signalBase = -1;          // first signal id; -1: the top 4 x maxBlocks ids (p2p's default too: set
                                     // one of them explicitly when both are used)
   uint64_t llMaxBytes = 64ull << 10;  // largest LL message: an LL window of 64 + 2 x nRanks x 2 x this bytes; 0: none
+  // Blocks of every LL call, 1 .. kLlMaxBlocks (GIN_ALLREDUCE_LL_BLOCKS
+  // overrides): each writes and reduces its share of the packets. 1 is what
+  // was measured (docs/performance.md); more are tested on CPU ranks only so far.
+  uint32_t llBlocks = 1;
 };
 
 // Collective: allocates the temporary window and reserves the signal ids,
@@ -178,6 +184,13 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
   if (cfg.llMaxBytes > (1ull << 30))
     throw Error("createRingWorkspace: llMaxBytes " + std::to_string(cfg.llMaxBytes) +
                 " is larger than the 1 GiB the LL path allows; LL packets pay off for small messages only");
+  uint32_t llBlocks = cfg.llBlocks;
+  int64_t v = 0;
+  if (detail::envBytes("GIN_ALLREDUCE_LL_BLOCKS", 1, kLlMaxBlocks, "a whole number of blocks from 1 to 8", &v))
+    llBlocks = uint32_t(v);
+  if (llBlocks < 1 || llBlocks > kLlMaxBlocks)
+    throw Error("createRingWorkspace: llBlocks must be from 1 to " + std::to_string(kLlMaxBlocks) + " (got " +
+                std::to_string(llBlocks) + ")");
   if (cfg.tmpBytes < 64 || cfg.tmpBytes % 16 != 0 || cfg.maxBlocks < 1)
     throw Error("createRingWorkspace: tmpBytes must be a multiple of 16 of at least 64 and maxBlocks at least 1 (got " +
                 std::to_string(cfg.tmpBytes) + ", " + std::to_string(cfg.maxBlocks) + ")");
@@ -194,6 +207,7 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
   w.maxBlocks = cfg.maxBlocks;
   w.nRanks = comm.nRanks();
   w.llMaxBytes = cfg.llMaxBytes;
+  w.llBlocks = llBlocks;
   if (cfg.llMaxBytes) w.ll = comm.allocWindow(size_t(llBufferBytes(w)));
   return w;
 }
@@ -278,12 +292,13 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
   p.nUnits = units();
   p.nBlocks = blocks;
   p.bidir = t.bidirAgMaxBytes < 0 ? 1 : (t.bidirAgMaxBytes > 0 && total <= uint64_t(t.bidirAgMaxBytes)) ? 1 : 0;
-  // Small messages: one block writes LL16 packets to every peer (8 payload
-  // bytes per packet; up to 512 threads, one packet each while they last).
+  // Small messages: the workspace's llBlocks blocks write LL16 packets to
+  // every peer, each its share (8 payload bytes per packet; up to 512
+  // threads per block, one packet each while they last).
   if (n > 1 && total > 0 && total <= std::min(t.llMaxBytes, ws.llMaxBytes)) {
     p.ll = 1;
-    p.nBlocks = 1;
-    const uint64_t packets = (total + 7) / 8;
+    p.nBlocks = llBlocks(ws);
+    const uint64_t packets = ((total + 7) / 8 + p.nBlocks - 1) / p.nBlocks;
     p.blockSize = t.blockSize ? t.blockSize : uint32_t(std::clamp<uint64_t>((packets + 31) / 32 * 32, 64, 512));
   }
   return p;
