@@ -327,7 +327,8 @@ inline RingPlan planRingAllReduce(const Comm& comm, const RingWorkspace& ws, uin
 inline std::string describe(const RingPlan& p) {
   if (p.ll)
     return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
-           " ranks: one-shot LL16 packets, 1 x " + std::to_string(p.blockSize) + " threads";
+           " ranks: one-shot LL16 packets, " + std::to_string(p.nBlocks) + " x " + std::to_string(p.blockSize) +
+           " threads";
   return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
          " ranks: depth " + std::to_string(p.depth) + ", " + std::to_string(p.numChunks) + " chunks of " +
          std::to_string(p.chunkBytes) + " B per partition, " + std::to_string(p.nUnits) + " units, " +
