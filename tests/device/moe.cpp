@@ -7,6 +7,8 @@
 #include <catch2/generators/catch_generators.hpp>
 
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "../../examples/moe/moe_cpu.hpp"
 #include "../common/ranks.hpp"
@@ -73,6 +75,7 @@ TEST_CASE("moe low-latency mode: per-expert buffers match the host reference", "
 }
 
 TEST_CASE("moe over the proxy transport: both modes", "[moe][proxy]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "proxy") SKIP("another transport forced");
   moe::Shape sh;
   sh.ranks = 3;
   sh.experts = 6;
@@ -88,6 +91,7 @@ TEST_CASE("moe over the proxy transport: both modes", "[moe][proxy]") {
 }
 
 TEST_CASE("moe over the ibgda transport (soft NIC): both modes", "[moe][ibgda]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "ibgda") SKIP("another transport forced");
   moe::Shape sh;
   sh.ranks = 3;
   sh.experts = 6;

@@ -5,6 +5,7 @@
 // (and the 64-bit step counters), over lsa, the proxy and ibgda (soft NIC).
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -274,6 +275,7 @@ TEST_CASE("p2p over the proxy transport: ring, all-to-all and threads per channe
 }
 
 TEST_CASE("p2p over the ibgda transport (soft NIC): ring, all-to-all and threads per channel", "[p2p][ibgda]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "ibgda") SKIP("another transport forced");
   p2p::Config cfg;
   cfg.chunkBytes = 256;
   for (int n : {1, 2, 4}) {
