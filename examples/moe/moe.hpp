@@ -10,9 +10,9 @@
 // buffer's tail (slots filled) is a gin signal at the destination, advanced by
 // the put that fills the slot (SignalAdd after the payload), or after every
 // Shape::batch slots; its head (slots freed) is a gin signal at the source,
-// advanced by the destination after it copied slots out. Both are reset at the start of a layer, read with
-// readSignal and advanced with SignalAdd, as in the NVSHMEM-to-GIN migration
-// of DeepEP. Combine puts each token's partial sum straight into the source's
+// advanced by the destination after it copied slots out. Both are reset at
+// the start of a layer, read with readSignal and advanced with SignalAdd, as
+// in the NVSHMEM-to-GIN migration of DeepEP. Combine puts each token's partial sum straight into the source's
 // combine buffer at (token, slot), with a SignalInc the source waits for.
 //
 // Low-latency mode (<= 128 tokens per rank): fixed-size per-expert buffers,
