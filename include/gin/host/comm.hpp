@@ -172,20 +172,8 @@ class Comm {
     discover();
     if (std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Proxy)) != transports_.end()) {
       // Checked on every rank together, so a bad list stops all of them.
-      std::string problem;
-      try {
-        engineCpus_ = engineCpus();
-      } catch (const Error& e) {
-        problem = e.what();
-      }
-      agreeOnSize("proxy engine CPUs", 0, problem.empty() ? nullptr : problem.c_str());
-      problem.clear();
-      try {
-        cfg_.proxy.threads = engineThreads();
-      } catch (const Error& e) {
-        problem = e.what();
-      }
-      agreeOnSize("proxy engine threads", 0, problem.empty() ? nullptr : problem.c_str());
+      agreeOn("proxy engine CPUs", [&] { engineCpus_ = engineCpus(); });
+      agreeOn("proxy engine threads", [&] { cfg_.proxy.threads = engineThreads(); });
     }
     buildState();
     bs_.barrier();  // every rank's signals and inboxes are zero before anyone uses them
@@ -1041,12 +1029,13 @@ class Comm {
     std::fprintf(stderr, "%s\n", s.c_str());
   }
 
-  // Collective argument check: every rank learns every rank's size and verdict.
-  void agreeOnSize(const char* what, size_t bytes, const char* localProblem) {
-    struct Vote {
-      uint64_t bytes;
-      char problem[240];
-    };
+  // Collective: every rank learns every rank's verdict (and size); the first
+  // rank with a problem names it, on every rank.
+  struct Vote {
+    uint64_t bytes;
+    char problem[240];
+  };
+  std::vector<Vote> vote(const char* what, uint64_t bytes, const char* localProblem) {
     std::vector<Vote> votes(static_cast<size_t>(nRanks_));
     Vote& v = votes[size_t(rank_)];
     v.bytes = bytes;
@@ -1055,6 +1044,25 @@ class Comm {
     for (int r = 0; r < nRanks_; ++r)
       if (votes[size_t(r)].problem[0])
         throw Error(std::string(what) + ": on rank " + std::to_string(r) + ", " + votes[size_t(r)].problem);
+    return votes;
+  }
+
+  // Collective: every rank runs `step` (a local check or setup); if it threw
+  // a gin::Error on any rank, every rank throws with that rank's message.
+  template <class Step>
+  void agreeOn(const char* what, Step&& step) {
+    std::string problem;
+    try {
+      step();
+    } catch (const Error& e) {
+      problem = e.what();
+    }
+    (void)vote(what, 0, problem.empty() ? nullptr : problem.c_str());
+  }
+
+  // Collective argument check: every rank learns every rank's size and verdict.
+  void agreeOnSize(const char* what, size_t bytes, const char* localProblem) {
+    const std::vector<Vote> votes = vote(what, bytes, localProblem);
     for (int r = 1; r < nRanks_; ++r)
       if (votes[size_t(r)].bytes != votes[0].bytes)
         throw Error(std::string(what) + ": ranks disagree on the window size: rank 0 passed " +
