@@ -74,36 +74,25 @@ TEST_CASE("moe low-latency mode: per-expert buffers match the host reference", "
   CHECK_NOTHROW(check(sh, true, TransportChoice::Lsa));
 }
 
-TEST_CASE("moe over the proxy transport: both modes", "[moe][proxy]") {
-  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "proxy") SKIP("another transport forced");
-  moe::Shape sh;
-  sh.ranks = 3;
-  sh.experts = 6;
-  sh.tokens = 23;
-  sh.hidden = 24;
-  sh.topk = 4;
-  sh.channels = 2;
-  sh.slots = 3;
-  CHECK_NOTHROW(check(sh, false, TransportChoice::Proxy));
-  CHECK_NOTHROW(check(sh, true, TransportChoice::Proxy));
-  sh.batch = 2;  // tails and heads advanced two slots at a time (the ring holds 3)
-  CHECK_NOTHROW(check(sh, false, TransportChoice::Proxy));
-}
-
-TEST_CASE("moe over the ibgda transport (soft NIC): both modes", "[moe][ibgda]") {
-  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "ibgda") SKIP("another transport forced");
-  moe::Shape sh;
-  sh.ranks = 3;
-  sh.experts = 6;
-  sh.tokens = 23;
-  sh.hidden = 24;
-  sh.topk = 4;
-  sh.channels = 2;
-  sh.slots = 3;
-  CHECK_NOTHROW(check(sh, false, TransportChoice::Ibgda));
-  CHECK_NOTHROW(check(sh, true, TransportChoice::Ibgda));
-  sh.batch = 2;  // tails and heads advanced two slots at a time (the ring holds 3)
-  CHECK_NOTHROW(check(sh, false, TransportChoice::Ibgda));
+TEST_CASE("moe over the proxy and ibgda (soft NIC) transports: both modes, batched tails and heads",
+          "[moe][proxy][ibgda]") {
+  const char* forced = std::getenv("GIN_TRANSPORT");
+  for (auto [name, tr] : {std::pair{"proxy", TransportChoice::Proxy}, std::pair{"ibgda", TransportChoice::Ibgda}}) {
+    if (forced && std::string(forced) != name) continue;  // another transport forced
+    CAPTURE(name);
+    moe::Shape sh;
+    sh.ranks = 3;
+    sh.experts = 6;
+    sh.tokens = 23;
+    sh.hidden = 24;
+    sh.topk = 4;
+    sh.channels = 2;
+    sh.slots = 3;
+    CHECK_NOTHROW(check(sh, false, tr));
+    CHECK_NOTHROW(check(sh, true, tr));
+    sh.batch = 2;  // tails and heads advanced two slots at a time (the ring holds 3)
+    CHECK_NOTHROW(check(sh, false, tr));
+  }
 }
 
 TEST_CASE("moe rejects shapes it cannot run, with the reason", "[moe][errors]") {
@@ -113,24 +102,22 @@ TEST_CASE("moe rejects shapes it cannot run, with the reason", "[moe][errors]") 
   sh.tokens = 4;
   sh.hidden = 8;
   sh.topk = 2;
-  std::string msg;
-  gintest::runRanks(2, [&](Comm& comm) {
-    try {
-      moe::CpuLayer layer(comm, sh, false);
-    } catch (const std::invalid_argument& e) {
-      if (comm.rank() == 0) msg = e.what();
-    }
-  });
-  CHECK(msg.find("multiple of ranks") != std::string::npos);
+  // Rank 0's error for `sh` ("" if the layer was built).
+  auto refusal = [&] {
+    std::string msg;
+    gintest::runRanks(2, [&](Comm& comm) {
+      try {
+        moe::CpuLayer layer(comm, sh, false);
+      } catch (const std::invalid_argument& e) {
+        if (comm.rank() == 0) msg = e.what();
+      }
+    });
+    return msg;
+  };
+  CHECK(refusal().find("multiple of ranks") != std::string::npos);
   sh.experts = 8;
   sh.batch = 0;
-  msg.clear();
-  gintest::runRanks(2, [&](Comm& comm) {
-    try {
-      moe::CpuLayer layer(comm, sh, false);
-    } catch (const std::invalid_argument& e) {
-      if (comm.rank() == 0) msg = e.what();
-    }
-  });
-  CHECK(msg.find("batch >= 1") != std::string::npos);
+  CHECK(refusal().find("batch >= 1") != std::string::npos);
+  sh.batch = 1;
+  CHECK(refusal().empty());
 }

@@ -256,41 +256,29 @@ TEST_CASE("p2p step counters near 2^64 wrap and the rings keep their order", "[p
       lsaConfig()));
 }
 
-TEST_CASE("p2p over the proxy transport: ring, all-to-all and threads per channel", "[p2p][proxy]") {
+TEST_CASE("p2p over the proxy and ibgda (soft NIC) transports: ring, all-to-all and threads per channel",
+          "[p2p][proxy][ibgda]") {
+  const char* forced = std::getenv("GIN_TRANSPORT");
   p2p::Config cfg;
   cfg.chunkBytes = 256;
-  for (int n : {1, 2, 4}) {
-    CAPTURE(n);
-    REQUIRE_NOTHROW(runRanks(
-        n,
-        [&](Comm& comm) {
-          expect(comm.proxyEngine() != nullptr, "proxy transport not in use");
-          exchange(comm, cfg, 20, false, 11);
-          exchange(comm, cfg, 2 * n, true, 12);
-          threadsPerChannel(comm, 2, 3, 13);
-          expect(comm.proxyEngine()->executed() > 0, "the proxy engine executed nothing");
-        },
-        proxyConfig()));
-  }
-}
-
-TEST_CASE("p2p over the ibgda transport (soft NIC): ring, all-to-all and threads per channel", "[p2p][ibgda]") {
-  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "ibgda") SKIP("another transport forced");
-  p2p::Config cfg;
-  cfg.chunkBytes = 256;
-  for (int n : {1, 2, 4}) {
-    CAPTURE(n);
-    REQUIRE_NOTHROW(runRanks(
-        n,
-        [&](Comm& comm) {
-          expect(comm.ibgda() != nullptr, "ibgda transport not in use");
-          const uint64_t before = comm.ibgda()->nic().executed();
-          exchange(comm, cfg, 20, false, 21);
-          exchange(comm, cfg, 2 * n, true, 22);
-          threadsPerChannel(comm, 2, 3, 23);
-          expect(comm.ibgda()->nic().executed() > before, "the soft NIC executed nothing");
-        },
-        ibgdaConfig()));
+  for (bool ibgda : {false, true}) {
+    if (forced && std::string(forced) != (ibgda ? "ibgda" : "proxy")) continue;  // another transport forced
+    for (int n : {1, 2, 4}) {
+      CAPTURE(ibgda, n);
+      REQUIRE_NOTHROW(runRanks(
+          n,
+          [&](Comm& comm) {
+            // What the transport carried out: the engine's descriptors or the NIC's WQEs.
+            auto done = [&] { return ibgda ? comm.ibgda()->nic().executed() : comm.proxyEngine()->executed(); };
+            expect(ibgda ? comm.ibgda() != nullptr : comm.proxyEngine() != nullptr, "the transport is not in use");
+            const uint64_t before = done();
+            exchange(comm, cfg, 20, false, 11);
+            exchange(comm, cfg, 2 * n, true, 12);
+            threadsPerChannel(comm, 2, 3, 13);
+            expect(done() > before, "the transport carried out nothing");
+          },
+          ibgda ? ibgdaConfig() : proxyConfig()));
+    }
   }
 }
 
