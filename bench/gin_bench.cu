@@ -2627,8 +2627,6 @@ J runsJson(const std::vector<double>& secs) {
   return a;
 }
 
-// Why NCCL is not measured next to gin (empty: it is), for sendrecv and moe.
-
 // ---- sendrecv ----
 
 std::vector<uint64_t> srSizes(const Options& o, bool gpu) {

@@ -25,7 +25,9 @@ namespace gin::detail {
 // within about a millisecond.
 class IdleBackoff {
  public:
-  IdleBackoff(uint64_t spinPolls, uint64_t yieldPolls, uint32_t sleepUs)
+  // The defaults (ProxyConfig's, and the soft NIC's).
+  static constexpr uint32_t kSpinPolls = 2048, kYieldPolls = 256, kSleepUs = 50;
+  IdleBackoff(uint64_t spinPolls = kSpinPolls, uint64_t yieldPolls = kYieldPolls, uint32_t sleepUs = kSleepUs)
       : spin_(spinPolls), yield_(spinPolls + yieldPolls), sleepUs_(sleepUs) {}
   // A pass did work: the next idle pass starts spinning again.
   void busy() { idle_ = 0; }

@@ -210,7 +210,7 @@ class SoftNic {
 
   void run() {
     try {
-      detail::IdleBackoff idle(2048, 256, 50);  // the proxy engine's defaults (ProxyConfig)
+      detail::IdleBackoff idle;  // the proxy engine's defaults
       for (;;) {
         const bool stopping = stop_.load(std::memory_order_acquire);
         if (!stopping && detail::parkIfPaused(paused_, parks_)) continue;
