@@ -5,29 +5,34 @@
 // the expert outputs back, reduced with the routing weights.
 //
 // Normal mode (throughput): counts are exchanged first (putValue + SignalAdd);
-// then every channel (a CTA on a GPU) of every rank streams its tokens into a
-// per-(source, channel) circular buffer of S slots at each destination. The
-// buffer's tail (slots filled) is a gin signal at the destination, advanced by
-// the put that fills the slot (SignalAdd after the payload), or after every
-// Shape::batch slots; its head (slots freed) is a gin signal at the source,
-// advanced by the destination after it copied slots out. Both are reset at
-// the start of a layer, read with readSignal and advanced with SignalAdd, as
-// in the NVSHMEM-to-GIN migration of DeepEP. Combine puts each token's partial sum straight into the source's
-// combine buffer at (token, slot), with a SignalInc the source waits for.
+// then every channel of every rank streams its tokens into a per-(source,
+// channel) circular buffer of S slots at each destination, one sender lane
+// per (channel, destination) (a warp on a GPU, the channel's CTA holding one
+// warp per destination). The buffer's tail (slots filled) is a gin signal at
+// the destination, advanced by the put that fills the slot (SignalAdd after
+// the payload), or after every Shape::batch slots; its head (slots freed) is
+// a gin signal at the source, advanced by the destination after it copied
+// slots out. Both are reset at the start of a layer, read with readSignal
+// (only when the slots last known free or filled run out) and advanced with
+// SignalAdd, as in the NVSHMEM-to-GIN migration of DeepEP. Combine puts each
+// token's partial sum straight into the source's combine buffer at (token,
+// slot), with a SignalInc the source waits for.
 //
 // Low-latency mode (<= 128 tokens per rank): fixed-size per-expert buffers,
 // [local expert][source rank][token], one put per (token, expert) pair and a
 // count per (expert, source) sent with putValue + SignalAdd; combine returns
 // each (token, k) expert output, and the source reduces with the weights.
+// Both sides split an expert's tokens into shares (warps on a GPU).
 //
 // The bodies are GIN_HD: a CPU rank runs them as well as a GPU. Progress is
-// made by non-blocking steps (try to send one token, try to receive one), so
-// one CPU thread can drive every channel of a rank without deadlock; a GPU
-// CTA loops over the same steps.
+// made by non-blocking steps (try to send one token, try to receive what has
+// arrived), so one CPU thread can drive every lane of a rank without
+// deadlock; a GPU warp or CTA loops over the same steps.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "gin/device.hpp"
 
@@ -120,121 +125,127 @@ struct Layer {
 
 // ---- normal mode ------------------------------------------------------------
 
+// Bit d is set when token t goes to rank d (ranks <= 64).
+GIN_HD inline uint64_t destMask(const Layer& l, int t) {
+  const int L = l.shape.localExperts();
+  uint64_t m = 0;
+  for (int k = 0; k < l.shape.topk; ++k) m |= 1ull << (l.topkIdx[size_t(t) * l.shape.topk + k] / L);
+  return m;
+}
+
 // Does token t go to rank d? Its index among the token's destinations is its
 // combine slot (destinations in increasing rank order).
 GIN_HD inline int destSlot(const Layer& l, int t, int d) {
-  const int L = l.shape.localExperts();
-  bool hit = false;
-  int below = 0;
-  for (int r = 0; r <= d; ++r) {
-    bool any = false;
-    for (int k = 0; k < l.shape.topk; ++k) any = any || l.topkIdx[size_t(t) * l.shape.topk + k] / L == r;
-    if (r == d)
-      hit = any;
-    else
-      below += any ? 1 : 0;
-  }
-  return hit ? below : -1;
+  const uint64_t m = destMask(l, t);
+  if (((m >> d) & 1) == 0) return -1;
+  uint64_t below = m & ((1ull << d) - 1);
+  int j = 0;
+  for (; below != 0; below &= below - 1) ++j;
+  return j;
 }
 
-// A channel's sender: its tokens are t = c, c + C, ... in order; each goes
-// to its destinations in rank order. State lives in the caller (so a CPU
-// rank can interleave channels); on a GPU every thread of the coop holds its
-// own copy and all copies move in step.
-struct SendState {
-  int token = 0;             // next token of this channel (index into the channel's list)
-  int dest = 0;              // next destination rank to consider for it
-  uint64_t sent[64];         // per destination: tokens put so far on this channel
-  uint64_t unsignalled[64];  // per destination: of those, tokens its tail does not count yet
-  GIN_HD void reset() {
-    token = dest = 0;
-    for (int d = 0; d < 64; ++d) sent[d] = unsignalled[d] = 0;
+// The value thread 0 of `coop` holds, on every thread of the coop (a block
+// or a warp on a GPU; one thread on a CPU rank). Keeps the copies of a
+// sender's or receiver's state equal on every thread.
+template <class Coop>
+GIN_HD uint64_t fromFirst(Coop coop, uint64_t v) {
+#if GIN_DEVICE_CODE
+  if constexpr (std::is_same_v<Coop, gin::CoopBlock>) {
+    __shared__ uint64_t shared;
+    coop.sync();  // every thread has read the previous value
+    if (coop.rank() == 0) shared = v;
+    coop.sync();
+    v = shared;
+  } else if constexpr (std::is_same_v<Coop, gin::CoopWarp>) {
+    v = __shfl_sync(~0u, v, 0);
+  } else {
+    static_assert(std::is_same_v<Coop, gin::CoopThread>, "moe bodies run with CoopThread, CoopWarp or CoopBlock");
   }
+#endif
+  (void)coop;
+  return v;
+}
+
+// The sender of one (channel, destination) lane: channel c's tokens are
+// t = c, c + C, ... in order; the lane puts those that go to rank d into d's
+// ring for (this rank, c). State lives in the caller (a CPU rank interleaves
+// every lane; a GPU runs one warp per lane); every thread of the coop holds
+// an equal copy.
+struct SendState {
+  int token = 0;             // next index into the channel's tokens
+  uint64_t sent = 0;         // tokens put into d's ring so far
+  uint64_t freed = 0;        // d's head signal when last read: slots it freed
+  uint64_t unsignalled = 0;  // tokens put that d's tail does not count yet (batch > 1)
 };
 
-// Advance every destination's tail over the tokens already in its ring
-// (batch > 1). Same context and peer as the puts, so each SignalAdd reaches
-// the destination after those payloads.
+// Advance d's tail over the tokens already in its ring (batch > 1). Same
+// context and peer as the puts, so the SignalAdd reaches d after the payloads.
 template <class Coop>
-GIN_HD void signalTails(const Layer& l, int c, SendState& s, Coop coop) {
+GIN_HD void signalTail(const Layer& l, int c, int d, SendState& s, Coop coop) {
+  if (s.unsignalled == 0) return;
   gin::Net<> net(l.dc, c % l.dc.nContexts);
-  for (int d = 0; d < l.shape.ranks; ++d)
-    if (s.unsignalled[d] != 0) {
-      net.signal(gin::teamWorld(l.dc), d, gin::SignalAdd{l.sig.tail(l.dc.rank, c), s.unsignalled[d]}, coop);
-      s.unsignalled[d] = 0;
-    }
+  net.signal(gin::teamWorld(l.dc), d, gin::SignalAdd{l.sig.tail(l.dc.rank, c), s.unsignalled}, coop);
+  s.unsignalled = 0;
 }
 
-// One step: put the next (token, dest) pair if its ring slot is free.
-// Returns 1 if it did something, 0 if it must wait, -1 when the channel is done.
-// With batch > 1, the tails are advanced before returning 0 or -1, so a
-// destination never waits for tokens that are already in its ring.
+// One step of lane (c, d): put the next token for d if its ring has a free
+// slot. Returns 1 if it put one, 0 if it must wait, -1 when the lane is done.
+// The tail is advanced (batch > 1) before returning 0 or -1, so d never
+// waits for tokens already in its ring. The head is read only when the
+// slots known to be free run out.
 template <class Coop>
-GIN_HD int sendStep(const Layer& l, int c, SendState& s, Coop coop) {
+GIN_HD int sendStep(const Layer& l, int c, int d, SendState& s, Coop coop) {
   const Shape& sh = l.shape;
   const gin::Team world = gin::teamWorld(l.dc);
   gin::Net<> net(l.dc, c % l.dc.nContexts);
-  for (;;) {
-    const int t = c + s.token * sh.channels;
-    if (t >= sh.tokens) {
-      signalTails(l, c, s, coop);
-      return -1;
-    }
-    if (s.dest >= sh.ranks) {
-      s.token += 1;
-      s.dest = 0;
-      continue;
-    }
-    const int d = s.dest;
-    const int j = destSlot(l, t, d);
-    if (j < 0) {
-      s.dest += 1;
-      continue;
-    }
-    // Flow control: fewer than S of our slots on d's ring are still unread.
-    // One thread reads the head and the coop takes its verdict, so every
-    // thread keeps the same state (each thread has its own copy of `s`).
-    const bool room =
-        coop.syncAll(coop.rank() != 0 || s.sent[d] - net.readSignal(l.sig.head(d, c)) < uint64_t(sh.slots));
-    if (!room) {
-      signalTails(l, c, s, coop);
+  int t = c + s.token * sh.channels;
+  int j = -1;
+  for (; t < sh.tokens; t += sh.channels, ++s.token)
+    if ((j = destSlot(l, t, d)) >= 0) break;
+  if (t >= sh.tokens) {
+    signalTail(l, c, d, s, coop);
+    return -1;
+  }
+  if (s.sent - s.freed >= uint64_t(sh.slots)) {
+    // One thread reads (acquires) the head, the coop takes its value.
+    s.freed = fromFirst(coop, coop.rank() == 0 ? net.readSignal(l.sig.head(d, c)) : 0);
+    if (s.sent - s.freed >= uint64_t(sh.slots)) {
+      signalTail(l, c, d, s, coop);
       return 0;
     }
-    const size_t slot = (size_t(l.dc.rank) * sh.channels + c) * sh.slots + size_t(s.sent[d] % uint64_t(sh.slots));
-    const size_t at = slot * sh.slotBytes();
-    // Metadata, then the payload with the tail signal: the signal is ordered
-    // after both (same context, same peer).
-    net.put(world, d, l.ring, at, l.meta, (size_t(t) * sh.maxDests() + size_t(j)) * sh.metaBytes(), sh.metaBytes(),
-            gin::None{}, gin::None{}, coop);
-    if (sh.batch <= 1) {
-      net.put(world, d, l.ring, at + sh.metaBytes(), l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(),
-              gin::SignalAdd{l.sig.tail(l.dc.rank, c), 1}, gin::None{}, coop);
-    } else {
-      net.put(world, d, l.ring, at + sh.metaBytes(), l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(), gin::None{},
-              gin::None{}, coop);
-      if (++s.unsignalled[d] >= uint64_t(sh.batch)) {
-        net.signal(world, d, gin::SignalAdd{l.sig.tail(l.dc.rank, c), s.unsignalled[d]}, coop);
-        s.unsignalled[d] = 0;
-      }
-    }
-    s.sent[d] += 1;
-    s.dest += 1;
-    return 1;
   }
+  const size_t slot = (size_t(l.dc.rank) * sh.channels + c) * sh.slots + size_t(s.sent % uint64_t(sh.slots));
+  const size_t at = slot * sh.slotBytes();
+  // Metadata, then the payload with the tail signal: the signal is ordered
+  // after both (same context, same peer).
+  net.put(world, d, l.ring, at, l.meta, (size_t(t) * sh.maxDests() + size_t(j)) * sh.metaBytes(), sh.metaBytes(),
+          gin::None{}, gin::None{}, coop);
+  if (sh.batch <= 1) {
+    net.put(world, d, l.ring, at + sh.metaBytes(), l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(),
+            gin::SignalAdd{l.sig.tail(l.dc.rank, c), 1}, gin::None{}, coop);
+  } else {
+    net.put(world, d, l.ring, at + sh.metaBytes(), l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(), gin::None{},
+            gin::None{}, coop);
+    if (++s.unsignalled >= uint64_t(sh.batch)) signalTail(l, c, d, s, coop);
+  }
+  s.sent += 1;
+  s.token += 1;
+  return 1;
 }
 
 // A (source, channel) receiver: copies filled slots out in order into the
 // rank's receive list and frees them.
 struct RecvState {
   uint64_t got = 0;
-  uint64_t expect = 0;    // from the count exchange
-  uint64_t base = 0;      // first receive-list position of this (source, channel)
-  uint64_t unfreed = 0;   // slots copied out that the source's head does not count yet (batch > 1)
+  uint64_t expect = 0;   // from the count exchange
+  uint64_t base = 0;     // first receive-list position of this (source, channel)
+  uint64_t tail = 0;     // the source's tail signal when last read: slots filled
+  uint64_t unfreed = 0;  // slots copied out that the source's head does not count yet
 };
 
-// Free the slots copied out so far (batch > 1). signal() syncs the coop
-// first and releases: every thread's reads of them are done before the
-// source may overwrite them.
+// Free the slots copied out so far. signal() syncs the coop first and
+// releases: every thread's reads of them are done before the source may
+// overwrite them.
 template <class Coop>
 GIN_HD void freeSlots(const Layer& l, int src, int c, RecvState& s, Coop coop) {
   if (s.unfreed == 0) return;
@@ -244,8 +255,11 @@ GIN_HD void freeSlots(const Layer& l, int src, int c, RecvState& s, Coop coop) {
 }
 
 // recvX: [maxRecv][H] bf16, recvMeta: [maxRecv][metaBytes], where this rank
-// keeps what it received. Returns 1/0/-1 as sendStep; with batch > 1 the
-// slots copied out are freed before returning 0 or -1.
+// keeps what it received. One step copies out every slot the last read of
+// the tail showed filled (reading the tail again only when those run out),
+// then frees them once batch slots are waiting to be freed (batch 1: at
+// once). Returns 1/0/-1 as sendStep; the slots copied out are freed before
+// returning 0 or -1.
 template <class Coop>
 GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, uint16_t* recvX, char* recvMeta, Coop coop) {
   const Shape& sh = l.shape;
@@ -253,56 +267,86 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, uint16_t* recv
     freeSlots(l, src, c, s, coop);
     return -1;
   }
-  gin::Net<> net(l.dc, c % l.dc.nContexts);
-  // One thread's acquire of the tail, then the coop's barrier: every thread
-  // sees the slot's bytes.
-  if (!coop.syncAll(coop.rank() != 0 || net.readSignal(l.sig.tail(src, c)) > s.got)) {
-    freeSlots(l, src, c, s, coop);
-    return 0;
+  if (s.tail <= s.got) {
+    // One thread's acquire of the tail, then the coop takes its value (with
+    // a barrier): every thread sees the slots' bytes.
+    gin::Net<> net(l.dc, c % l.dc.nContexts);
+    s.tail = fromFirst(coop, coop.rank() == 0 ? net.readSignal(l.sig.tail(src, c)) : 0);
+    if (s.tail <= s.got) {
+      freeSlots(l, src, c, s, coop);
+      return 0;
+    }
   }
-  const size_t slot = (size_t(src) * sh.channels + c) * sh.slots + size_t(s.got % uint64_t(sh.slots));
-  const char* p = static_cast<const char*>(gin::localPointer(l.ring, slot * sh.slotBytes()));
-  const size_t pos = size_t(s.base + s.got);
-  for (size_t i = size_t(coop.rank()); i < sh.metaBytes(); i += size_t(coop.size()))
-    recvMeta[pos * sh.metaBytes() + i] = p[i];
-  const uint16_t* tok = reinterpret_cast<const uint16_t*>(p + sh.metaBytes());
-  for (size_t i = size_t(coop.rank()); i < size_t(sh.hidden); i += size_t(coop.size()))
-    recvX[pos * size_t(sh.hidden) + i] = tok[i];
-  s.got += 1;
-  if (sh.batch <= 1) {
-    coop.sync();  // every thread's reads of the slot are done before it is freed
-    // Release: our reads of the slot happen before the source may overwrite it.
-    net.signal(gin::teamWorld(l.dc), src, gin::SignalAdd{l.sig.head(l.dc.rank, c), 1}, coop);
-  } else if (++s.unfreed >= uint64_t(sh.batch)) {
-    freeSlots(l, src, c, s, coop);
+  const uint64_t n = (s.tail < s.expect ? s.tail : s.expect) - s.got;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t k = s.got + i;
+    const size_t slot = (size_t(src) * sh.channels + c) * sh.slots + size_t(k % uint64_t(sh.slots));
+    const char* p = static_cast<const char*>(gin::localPointer(l.ring, slot * sh.slotBytes()));
+    const size_t pos = size_t(s.base + k);
+    gin::lsa::coopCopy(coop, recvMeta + pos * sh.metaBytes(), p, sh.metaBytes());
+    gin::lsa::coopCopy(coop, recvX + pos * size_t(sh.hidden), p + sh.metaBytes(), size_t(sh.hidden) * 2);
   }
+  s.got += n;
+  s.unfreed += n;
+  if (s.unfreed >= uint64_t(sh.batch) || s.got == s.expect) freeSlots(l, src, c, s, coop);
   return 1;
 }
 
+// out[i] = coef * x[i] for i < n (x bf16): 8 values per 16-byte load where
+// both rows are 16-byte aligned, several loads in flight per thread.
+template <class Coop>
+GIN_HD void scaleRow(Coop coop, float* __restrict__ out, const uint16_t* __restrict__ x, size_t n, float coef) {
+  size_t done = 0;
+#if GIN_DEVICE_CODE
+  if ((uintptr_t(x) | uintptr_t(out)) % 16 == 0) {
+    constexpr int kUnroll = 4;
+    const size_t n8 = n / 8, stride = size_t(coop.size());
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    float4* ov = reinterpret_cast<float4*>(out);
+    auto lo = [](uint32_t u) { return __uint_as_float(u << 16); };
+    auto hi = [](uint32_t u) { return __uint_as_float(u & 0xffff0000u); };
+    for (size_t v0 = size_t(coop.rank()); v0 < n8; v0 += kUnroll * stride) {
+      uint4 u[kUnroll];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k)
+        if (v0 + k * stride < n8) u[k] = xv[v0 + k * stride];
+#pragma unroll
+      for (int k = 0; k < kUnroll; ++k)
+        if (v0 + k * stride < n8) {
+          const size_t v = v0 + k * stride;
+          ov[2 * v] = make_float4(coef * lo(u[k].x), coef * hi(u[k].x), coef * lo(u[k].y), coef * hi(u[k].y));
+          ov[2 * v + 1] = make_float4(coef * lo(u[k].z), coef * hi(u[k].z), coef * lo(u[k].w), coef * hi(u[k].w));
+        }
+    }
+    done = n8 * 8;
+  }
+#endif
+  for (size_t i = done + size_t(coop.rank()); i < n; i += size_t(coop.size())) out[i] = coef * bf16ToFloat(x[i]);
+}
+
 // The experts of this rank on received token `pos`: partial = sum over the
-// token's local experts of weight * expert(x).
+// token's local experts of weight * expert(x). The stand-in experts are
+// scalings, so the sum is one scaling of x by sum(weight * scale).
 template <class Coop>
 GIN_HD void expertStep(const Layer& l, size_t pos, const uint16_t* recvX, const char* recvMeta, float* partial,
                        Coop coop) {
   const Shape& sh = l.shape;
   const TokenMeta* m = reinterpret_cast<const TokenMeta*>(recvMeta + pos * sh.metaBytes());
   const int firstExpert = l.dc.rank * sh.localExperts();
-  for (size_t i = size_t(coop.rank()); i < size_t(sh.hidden); i += size_t(coop.size())) {
-    const float x = bf16ToFloat(recvX[pos * size_t(sh.hidden) + i]);
-    float acc = 0;
-    for (uint32_t k = 0; k < m->nLocal; ++k)
-      acc += m->pick[k].weight * (x * expertScale(firstExpert + m->pick[k].localExpert));
-    partial[pos * size_t(sh.hidden) + i] = acc;
-  }
+  float coef = 0;
+  for (uint32_t k = 0; k < m->nLocal; ++k) coef += m->pick[k].weight * expertScale(firstExpert + m->pick[k].localExpert);
+  scaleRow(coop, partial + pos * size_t(sh.hidden), recvX + pos * size_t(sh.hidden), size_t(sh.hidden), coef);
 }
 
 // Send received token `pos`'s partial back to its source, (token, slot).
+// The put syncs the coop first: expertStep's writes of the row are done.
 template <class Coop>
 GIN_HD void combineSend(const Layer& l, size_t pos, int src, const char* recvMeta, Coop coop) {
   const Shape& sh = l.shape;
   const TokenMeta* m = reinterpret_cast<const TokenMeta*>(recvMeta + pos * sh.metaBytes());
   gin::Net<> net(l.dc, int(pos % size_t(l.dc.nContexts)));
   const size_t rowBytes = size_t(sh.hidden) * 4;
+  coop.sync();  // the row is written before any thread copies it
   net.put(gin::teamWorld(l.dc), src, l.combine, (size_t(m->srcToken) * sh.maxDests() + m->combineSlot) * rowBytes,
           l.partial, pos * rowBytes, rowBytes, gin::SignalInc{l.sig.combine()}, gin::None{}, coop);
 }
@@ -319,10 +363,14 @@ GIN_HD inline size_t llSlot(const Shape& sh, int localExpert, int src, size_t p)
   return ((size_t(localExpert) * sh.ranks + size_t(src)) * sh.tokens + p) * llSlotBytes(sh);
 }
 
-// This rank's dispatch for expert e: `meta` holds, per (t, k), the 16-byte
-// {t, k} record at [t][k] (prepared on the host).
+// This rank's dispatch for expert e, share `part` of `parts`: the (token, k)
+// pairs that chose e, numbered p = 0, 1, ... in token order, go to d's slots
+// [e % L][me][p]; this call puts those with p % parts == part (every share
+// counts the pairs before it; a GPU gives each warp a share). `meta` holds,
+// per (t, k), the 16-byte {t, k} record at [t][k] (prepared on the host).
+// llDispatchCount follows once every share of e is done.
 template <class Coop>
-GIN_HD void llDispatchExpert(const Layer& l, int e, Coop coop) {
+GIN_HD void llDispatchExpert(const Layer& l, int e, int part, int parts, Coop coop) {
   const Shape& sh = l.shape;
   const int L = sh.localExperts(), d = e / L;
   gin::Net<> net(l.dc, e % l.dc.nContexts);
@@ -331,13 +379,32 @@ GIN_HD void llDispatchExpert(const Layer& l, int e, Coop coop) {
   for (int t = 0; t < sh.tokens; ++t)
     for (int k = 0; k < sh.topk; ++k) {
       if (l.topkIdx[size_t(t) * sh.topk + k] != e) continue;
-      const size_t at = llSlot(sh, e % L, l.dc.rank, p++);
-      net.put(world, d, l.ring, at, l.meta, (size_t(t) * sh.topk + size_t(k)) * 16, 16, gin::None{}, gin::None{}, coop);
-      net.put(world, d, l.ring, at + 16, l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(), gin::None{}, gin::None{},
-              coop);
+      if (p % size_t(parts) == size_t(part)) {
+        const size_t at = llSlot(sh, e % L, l.dc.rank, p);
+        net.put(world, d, l.ring, at, l.meta, (size_t(t) * sh.topk + size_t(k)) * 16, 16, gin::None{}, gin::None{},
+                coop);
+        net.put(world, d, l.ring, at + 16, l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(), gin::None{},
+                gin::None{}, coop);
+      }
+      ++p;
     }
+}
+
+// After every share of expert e's dispatch (on the same context, e %
+// nContexts): the count (putValue into d's counts[e % L][me]) with a
+// SignalAdd on llCount(e % L, me), ordered after the payloads. On a GPU the
+// shares' warps pass a block barrier first, and the signal's system-scope
+// release covers their stores.
+template <class Coop>
+GIN_HD void llDispatchCount(const Layer& l, int e, Coop coop) {
+  const Shape& sh = l.shape;
+  const int L = sh.localExperts(), d = e / L;
+  uint64_t n = 0;
+  for (size_t i = 0; i < size_t(sh.tokens) * size_t(sh.topk); ++i) n += l.topkIdx[i] == e ? 1 : 0;
+  gin::Net<> net(l.dc, e % l.dc.nContexts);
   const size_t countAt = (size_t(e % L) * sh.ranks + size_t(l.dc.rank)) * 8;
-  net.putValue(world, d, l.counts, countAt, uint64_t(p), gin::SignalAdd{l.sig.llCount(e % L, l.dc.rank), 1}, coop);
+  net.putValue(gin::teamWorld(l.dc), d, l.counts, countAt, n, gin::SignalAdd{l.sig.llCount(e % L, l.dc.rank), 1},
+               coop);
 }
 
 // Low-latency mode: wait until every (local expert, source) count arrived,
@@ -355,11 +422,12 @@ GIN_HD bool llWaitDispatch(const Layer& l, Coop coop) {
   return coop.syncAll(ok);
 }
 
-// The receiving side for (local expert el, source src), once its count
-// signal arrived: run the expert on each token and send the output back to
-// the source's combine[t][k], with a SignalInc there.
+// The receiving side for (local expert el, source src), share `part` of
+// `parts`, once its count signal arrived: run the expert on tokens p with
+// p % parts == part and send each output back to the source's
+// combine[t][k], with a SignalInc there.
 template <class Coop>
-GIN_HD bool llExpertAndCombine(const Layer& l, int el, int src, Coop coop) {
+GIN_HD bool llExpertAndCombine(const Layer& l, int el, int src, int part, int parts, Coop coop) {
   const Shape& sh = l.shape;
   gin::Net<> net(l.dc, (l.dc.rank * sh.localExperts() + el) % l.dc.nContexts);
   if (!net.waitSignal(coop, l.sig.llCount(el, src), 1)) return false;
@@ -367,15 +435,13 @@ GIN_HD bool llExpertAndCombine(const Layer& l, int el, int src, Coop coop) {
       static_cast<const uint64_t*>(gin::localPointer(l.counts, (size_t(el) * sh.ranks + size_t(src)) * 8)));
   const float scale = expertScale(l.dc.rank * sh.localExperts() + el);
   const size_t rowBytes = size_t(sh.hidden) * 4;
-  for (size_t p = 0; p < n; ++p) {
+  for (size_t p = size_t(part); p < n; p += size_t(parts)) {
     const char* slot = static_cast<const char*>(gin::localPointer(l.ring, llSlot(sh, el, src, p)));
     const uint32_t t = gin::volatileLoad(reinterpret_cast<const uint32_t*>(slot));
     const uint32_t k = gin::volatileLoad(reinterpret_cast<const uint32_t*>(slot) + 1);
-    const uint16_t* x = reinterpret_cast<const uint16_t*>(slot + 16);
     const size_t row = (size_t(el) * sh.ranks + size_t(src)) * sh.tokens + p;
-    float* out = static_cast<float*>(gin::localPointer(l.partial, row * rowBytes));
-    for (size_t i = size_t(coop.rank()); i < size_t(sh.hidden); i += size_t(coop.size()))
-      out[i] = scale * bf16ToFloat(x[i]);
+    scaleRow(coop, static_cast<float*>(gin::localPointer(l.partial, row * rowBytes)),
+             reinterpret_cast<const uint16_t*>(slot + 16), size_t(sh.hidden), scale);
     coop.sync();
     net.put(gin::teamWorld(l.dc), src, l.combine, (size_t(t) * sh.topk + k) * rowBytes, l.partial, row * rowBytes,
             rowBytes, gin::SignalInc{l.sig.combine()}, gin::None{}, coop);

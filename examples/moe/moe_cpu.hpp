@@ -284,16 +284,16 @@ class CpuLayer {
     if (base > size_t(R) * T) fail("more tokens announced than any rank can send");
     // Dispatch: every channel's sender and every (source, channel) receiver
     // stepped in turn until all are done.
-    std::vector<SendState> ss(static_cast<size_t>(C));
-    for (auto& s : ss) s.reset();
+    std::vector<SendState> ss(size_t(C) * size_t(R));  // lane (c, d) at [c * R + d]
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(l_.dc.timeoutNs);
     for (;;) {
       bool busy = false, progress = false;
-      for (int c = 0; c < C; ++c) {
-        const int r = sendStep(l_, c, ss[size_t(c)], gin::CoopThread{});
-        busy = busy || r >= 0;
-        progress = progress || r > 0;
-      }
+      for (int c = 0; c < C; ++c)
+        for (int d = 0; d < R; ++d) {
+          const int r = sendStep(l_, c, d, ss[size_t(c) * R + size_t(d)], gin::CoopThread{});
+          busy = busy || r >= 0;
+          progress = progress || r > 0;
+        }
       for (int src = 0; src < R; ++src)
         for (int c = 0; c < C; ++c) {
           const int r =
@@ -327,12 +327,17 @@ class CpuLayer {
   std::vector<float> runLowLatency(const Inputs& in, const Plan& p) {
     const Shape& sh = sh_;
     const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), K = size_t(sh.topk);
-    for (int e = 0; e < sh.experts; ++e) llDispatchExpert(l_, e, gin::CoopThread{});
+    // Each expert's pairs in two shares, as a GPU splits them among warps.
+    for (int e = 0; e < sh.experts; ++e) {
+      for (int part = 0; part < 2; ++part) llDispatchExpert(l_, e, part, 2, gin::CoopThread{});
+      llDispatchCount(l_, e, gin::CoopThread{});
+    }
     if (!llWaitDispatch(l_, gin::CoopThread{})) fail("low-latency dispatch");
     t1_ = Clock::now();
     for (int el = 0; el < sh.localExperts(); ++el)
       for (int src = 0; src < sh.ranks; ++src)
-        if (!llExpertAndCombine(l_, el, src, gin::CoopThread{})) fail("low-latency dispatch");
+        for (int part = 0; part < 3; ++part)
+          if (!llExpertAndCombine(l_, el, src, part, 3, gin::CoopThread{})) fail("low-latency dispatch");
     gin::Net<> net(l_.dc, 0);
     if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), p.combineArrivals)) fail("low-latency combine");
     std::vector<float> out(T * H, 0.f);

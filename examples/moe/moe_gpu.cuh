@@ -1,10 +1,12 @@
 // examples/moe/moe_gpu.cuh — the MoE layer of moe.hpp on a GPU: the same
 // device bodies as the CPU driver (moe_cpu.hpp), launched as kernels on the
 // rank's stream. Normal mode: a count kernel, one dispatch kernel whose first
-// C CTAs send (one per channel) while R x C CTAs receive (one per source and
-// channel), an expert+combine kernel, and a reduce kernel that waits for the
-// combine signal. Low-latency mode: one CTA per expert dispatches, one CTA per
-// (local expert, source) runs the expert and combines, then the reduce.
+// C CTAs send (one per channel, a warp per destination) while R x C CTAs
+// receive (one per source and channel), an expert+combine kernel (a warp per
+// received token), and a reduce kernel that waits for the combine signal.
+// Low-latency mode: one CTA per expert dispatches (its warps share the
+// tokens), CTAs per (local expert, source) run the expert and combine (a
+// warp per token), then the reduce.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -84,33 +86,48 @@ __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long l
   *total = base;
 }
 
+// Sender lanes per warp: the channel's CTA has kThreads / 32 warps, warp w
+// drives the lanes (c, d) with d = w, w + warps, ... (ranks <= 64).
+constexpr int kLanesPerWarp = 8;
+
 __global__ void dispatchKernel(Layer l, const RecvState* rs, uint16_t* recvX, char* recvMeta, int* failed) {
-  const int C = l.shape.channels;
-  bool ok;
+  const int C = l.shape.channels, R = l.shape.ranks;
   if (int(blockIdx.x) < C) {
-    const int c = int(blockIdx.x);
-    SendState s;  // per thread; every thread's copy moves in step (see sendStep)
-    s.reset();
-    ok = spin(
-        l.dc, [&] { return sendStep(l, c, s, gin::CoopBlock{}); }, gin::Op::WaitSignal, -1, uint64_t(c));
+    const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32);
+    SendState s[kLanesPerWarp];  // per thread; the warp's copies move in step (see sendStep)
+    int lanes = 0;
+    for (int d = w; d < R && lanes < kLanesPerWarp; d += nw) ++lanes;
+    if (lanes == 0) return;
+    const bool ok = spin(
+        l.dc,
+        [&] {
+          int r = -1;
+          for (int i = 0; i < lanes; ++i) {
+            const int q = sendStep(l, c, w + i * nw, s[i], gin::CoopWarp{});
+            r = q > 0 ? 1 : (q == 0 && r < 0 ? 0 : r);
+          }
+          return r;
+        },
+        gin::Op::WaitSignal, -1, uint64_t(c));
+    if (!ok && threadIdx.x % 32 == 0) atomicAdd(failed, 1);
   } else {
     const int i = int(blockIdx.x) - C, src = i / C, c = i % C;
     RecvState s = rs[size_t(i)];
-    ok = spin(
+    const bool ok = spin(
         l.dc, [&] { return recvStep(l, src, c, s, recvX, recvMeta, gin::CoopBlock{}); }, gin::Op::WaitSignal, src,
         uint64_t(l.sig.tail(src, c)));
+    if (!ok && threadIdx.x == 0) atomicAdd(failed, 1);
   }
-  if (!ok && threadIdx.x == 0) atomicAdd(failed, 1);
 }
 
-// One CTA per received position: the experts, then the combine put.
+// One warp per received position: the experts, then the combine put.
 __global__ void expertCombineKernel(Layer l, const unsigned long long* total, const int* srcOf, const uint16_t* recvX,
                                     const char* recvMeta) {
   float* partial = static_cast<float*>(gin::localPointer(l.partial, 0));
-  for (size_t pos = blockIdx.x; pos < size_t(*total); pos += gridDim.x) {
-    expertStep(l, pos, recvX, recvMeta, partial, gin::CoopBlock{});
-    __syncthreads();
-    combineSend(l, pos, srcOf[pos], recvMeta, gin::CoopBlock{});
+  const size_t warps = size_t(gridDim.x) * (blockDim.x / 32);
+  for (size_t pos = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; pos < size_t(*total); pos += warps) {
+    expertStep(l, pos, recvX, recvMeta, partial, gin::CoopWarp{});
+    combineSend(l, pos, srcOf[pos], recvMeta, gin::CoopWarp{});
   }
 }
 
@@ -138,16 +155,29 @@ __global__ void reduceKernel(Layer l, uint64_t want, const int* rows, int rowStr
     }
 }
 
-__global__ void llDispatchKernel(Layer l) { llDispatchExpert(l, int(blockIdx.x), gin::CoopBlock{}); }
+// One CTA per expert; each warp puts a share of its pairs, then one warp
+// sends the count after a block barrier (the count's release covers every
+// warp's stores; proxy and ibgda: its descriptor follows theirs on the
+// expert's context).
+__global__ void llDispatchKernel(Layer l) {
+  const int e = int(blockIdx.x), w = int(threadIdx.x / 32);
+  llDispatchExpert(l, e, w, int(blockDim.x / 32), gin::CoopWarp{});
+  __syncthreads();
+  if (w == 0) llDispatchCount(l, e, gin::CoopWarp{});
+}
 
 // Ends once every token dispatched to this rank is here (see llWaitDispatch).
 __global__ void llWaitKernel(Layer l, int* failed) {
   if (!llWaitDispatch(l, gin::CoopBlock{}) && threadIdx.x == 0) atomicAdd(failed, 1);
 }
 
-__global__ void llExpertKernel(Layer l, int* failed) {
-  const int el = int(blockIdx.x) / l.shape.ranks, src = int(blockIdx.x) % l.shape.ranks;
-  if (!llExpertAndCombine(l, el, src, gin::CoopBlock{}) && threadIdx.x == 0) atomicAdd(failed, 1);
+// `split` CTAs per (local expert, source); every warp of them takes a share
+// of that pair's tokens.
+__global__ void llExpertKernel(Layer l, int split, int* failed) {
+  const int pair = int(blockIdx.x) / split, el = pair / l.shape.ranks, src = pair % l.shape.ranks;
+  const int nw = int(blockDim.x / 32), part = (int(blockIdx.x) % split) * nw + int(threadIdx.x / 32);
+  if (!llExpertAndCombine(l, el, src, part, split * nw, gin::CoopWarp{}) && threadIdx.x % 32 == 0)
+    atomicAdd(failed, 1);
 }
 
 __global__ void resetKernel(Layer l, uint32_t from, uint32_t to) {
@@ -199,14 +229,15 @@ class GpuLayer {
     // The dispatch kernel's senders and receivers wait on each other (and on
     // other ranks' CTAs): all C + R x C CTAs must be resident at once, or the
     // layer stalls until the timeout. Refuse a shape that cannot be.
-    int dev = 0, sms = 0, perSm = 0;
+    int dev = 0, perSm = 0;
     MOE_CUDA(cudaGetDevice(&dev));
-    MOE_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    MOE_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
     MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::dispatchKernel, kThreads, 0));
-    if (!lowLatency && int(C + R * C) > perSm * sms)
+    static_assert(kThreads / 32 * gpu::kLanesPerWarp >= 64, "a sender CTA drives up to 64 destinations");
+    if (!lowLatency && int(C + R * C) > perSm * sms_)
       throw std::invalid_argument("moe: the dispatch kernel needs " + std::to_string(C + R * C) +
                                   " resident CTAs (channels + ranks x channels) but this GPU holds " +
-                                  std::to_string(perSm * sms) + "; use fewer channels");
+                                  std::to_string(perSm * sms_) + "; use fewer channels");
   }
   GpuLayer(const GpuLayer&) = delete;
   GpuLayer& operator=(const GpuLayer&) = delete;
@@ -268,7 +299,8 @@ class GpuLayer {
         gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
         MOE_CUDA(cudaEventRecord(dispatched, st_));
       }
-      gpu::llExpertKernel<<<sh.localExperts() * R, kThreads, 0, st_>>>(l_, failed());
+      const int split = std::max(1, 2 * sms_ / std::max(1, sh.localExperts() * R));
+      gpu::llExpertKernel<<<sh.localExperts() * R * split, kThreads, 0, st_>>>(l_, split, failed());
       gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, plan_.combineArrivals, nullptr,
                                                                                      sh.topk, w_, out_, failed());
     }
@@ -306,6 +338,7 @@ class GpuLayer {
   bool ll_;
   cudaStream_t st_;
   Layer l_;
+  int sms_ = 0;
   Plan plan_;
   std::vector<void*> allocs_;
   void* scratch_ = nullptr;
