@@ -702,7 +702,8 @@ const char* kUsage =
     "  --json FILE   also write the results as JSON\n"
     "  --no-nccl     do not set up NCCL for the barrier, allreduce, sendrecv and moe comparisons\n"
     "  --channels N  sendrecv: the most p2p channels (CTA pairs) a transfer is spread over (default\n"
-    "                32, emulated 2); moe: channels of the normal mode (default 16, emulated 2)\n"
+    "                32, emulated 2); moe: channels of the normal mode (default 32, at most\n"
+    "                264 / (1 + ranks); emulated 2)\n"
     "  --mode M      moe: normal (4096 tokens per rank), ll (low latency, 128 tokens) or both (default)\n"
     "  --tokens T    moe: tokens per rank (default by mode; emulated 256 normal, 32 ll)\n"
     "  --hidden H    moe: hidden size in bf16 elements (default 7168, emulated 1024)\n"
@@ -2803,10 +2804,11 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
 
 // The layer the op runs: E = 8 experts per rank, top-8 (top-E when E < 8),
 // hidden 7168 bf16 (1024 emulated); normal mode 4096 tokens per rank (256
-// emulated) over 16 channels (2 emulated), low latency 128 (32 emulated).
-// Normal-mode dispatch time falls with the channels (one H100, 1 rank: 4.0,
-// 2.1, 1.1, 0.6 ms for 8, 16, 32, 64); the dispatch kernel's C + R x C CTAs
-// must all be resident (GpuLayer checks), which 16 keeps true up to 8 ranks.
+// emulated) over 32 channels (2 emulated; fewer from 8 ranks on), low latency
+// 128 (32 emulated). Normal-mode dispatch time falls with the channels (one
+// H100, 1 rank, 2026-11-25: 1.05 ms with 16, 0.58 with 32); the dispatch
+// kernel's C + R x C CTAs must all be resident (GpuLayer checks): two per SM
+// on a 132-SM H100/H200, so C x (1 + R) <= 264.
 moe::Shape moeShape(const Options& o, int ranks, bool gpu, bool ll) {
   moe::Shape sh;
   sh.ranks = ranks;
@@ -2814,7 +2816,7 @@ moe::Shape moeShape(const Options& o, int ranks, bool gpu, bool ll) {
   sh.topk = std::min(kMoeTopk, sh.experts);
   sh.hidden = o.hidden ? o.hidden : gpu ? 7168 : 1024;
   sh.tokens = o.tokensGiven ? o.tokens : ll ? (gpu ? 128 : 32) : (gpu ? 4096 : 256);
-  sh.channels = o.channels ? o.channels : gpu ? 16 : 2;
+  sh.channels = o.channels ? o.channels : gpu ? std::min(32, std::max(1, 264 / (1 + ranks))) : 2;
   sh.slots = gpu ? 8 : 4;
   sh.batch = o.batch;
   return sh;
@@ -2958,7 +2960,9 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
       fmt("  normal mode: counts, then %d channels stream tokens through per-(source, channel) rings of %d slots "
           "(tails and heads advanced every %d slot(s)); combine",
           s0.channels, s0.slots, s0.batch),
-      "  puts float partials back, the source sums; low latency: per-expert buffers, one put per (token, expert),",
+      fmt("  puts float partials back, the source sums; low latency: per-expert buffers, one put per (token, "
+          "expert) from %d sender(s) per expert,",
+          s0.llSenders),
       "  combine returns each (token, k) row, the source reduces with the routing weights",
       gpu ? "  kernels of moe::GpuLayer on the rank's stream; dispatch = from the first kernel until every token sent "
             "to the rank is here"

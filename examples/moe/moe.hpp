@@ -54,6 +54,10 @@ struct Shape {
   // receiver frees up to B slots at a time (DeepEP's chunked tail/head
   // updates); neither holds back a signal while it waits (see sendStep).
   int batch = 1;
+  // Low-latency mode: senders per expert (CTAs per expert on a GPU). Each
+  // puts a share of the expert's tokens and then the count with a SignalAdd
+  // of 1; a receiver waits for the count signal to reach llSenders.
+  int llSenders = 4;
   GIN_HD int localExperts() const { return experts / ranks; }
   // Destinations per token are at most min(K, ranks).
   GIN_HD int maxDests() const { return topk < ranks ? topk : ranks; }
@@ -144,9 +148,10 @@ GIN_HD inline int destSlot(const Layer& l, int t, int d) {
   return j;
 }
 
-// The value thread 0 of `coop` holds, on every thread of the coop (a block
-// or a warp on a GPU; one thread on a CPU rank). Keeps the copies of a
-// sender's or receiver's state equal on every thread.
+// The value thread 0 of `coop` holds, on every thread of the coop (a block,
+// warps of a block or a warp on a GPU; one thread on a CPU rank). Keeps the
+// copies of a sender's or receiver's state equal on every thread. A block
+// uses it from one coop at a time (spans: one per span id).
 template <class Coop>
 GIN_HD uint64_t fromFirst(Coop coop, uint64_t v) {
 #if GIN_DEVICE_CODE
@@ -156,10 +161,17 @@ GIN_HD uint64_t fromFirst(Coop coop, uint64_t v) {
     if (coop.rank() == 0) shared = v;
     coop.sync();
     v = shared;
+  } else if constexpr (std::is_same_v<Coop, gin::CoopWarpSpan>) {
+    __shared__ uint64_t shared[16];  // one per span id
+    coop.sync();
+    if (coop.rank() == 0) shared[coop.id] = v;
+    coop.sync();
+    v = shared[coop.id];
   } else if constexpr (std::is_same_v<Coop, gin::CoopWarp>) {
     v = __shfl_sync(~0u, v, 0);
   } else {
-    static_assert(std::is_same_v<Coop, gin::CoopThread>, "moe bodies run with CoopThread, CoopWarp or CoopBlock");
+    static_assert(std::is_same_v<Coop, gin::CoopThread>,
+                  "moe bodies run with CoopThread, CoopWarp, CoopWarpSpan or CoopBlock");
   }
 #endif
   (void)coop;
@@ -169,8 +181,8 @@ GIN_HD uint64_t fromFirst(Coop coop, uint64_t v) {
 // The sender of one (channel, destination) lane: channel c's tokens are
 // t = c, c + C, ... in order; the lane puts those that go to rank d into d's
 // ring for (this rank, c). State lives in the caller (a CPU rank interleaves
-// every lane; a GPU runs one warp per lane); every thread of the coop holds
-// an equal copy.
+// every lane; a GPU runs a span of warps or one warp per lane); every thread
+// of the coop holds an equal copy.
 struct SendState {
   int token = 0;             // next index into the channel's tokens
   uint64_t sent = 0;         // tokens put into d's ring so far
@@ -390,11 +402,12 @@ GIN_HD void llDispatchExpert(const Layer& l, int e, int part, int parts, Coop co
     }
 }
 
-// After every share of expert e's dispatch (on the same context, e %
-// nContexts): the count (putValue into d's counts[e % L][me]) with a
-// SignalAdd on llCount(e % L, me), ordered after the payloads. On a GPU the
-// shares' warps pass a block barrier first, and the signal's system-scope
-// release covers their stores.
+// After a sender's shares of expert e's dispatch (on the same context, e %
+// nContexts): the count (putValue into d's counts[e % L][me]; every sender
+// writes the same value) with a SignalAdd of 1 on llCount(e % L, me), ordered
+// after that sender's payloads. Each of the Shape::llSenders senders calls it
+// once; on a GPU a sender is a CTA whose warps pass a block barrier first,
+// and the signal's system-scope release covers their stores.
 template <class Coop>
 GIN_HD void llDispatchCount(const Layer& l, int e, Coop coop) {
   const Shape& sh = l.shape;
@@ -407,9 +420,9 @@ GIN_HD void llDispatchCount(const Layer& l, int e, Coop coop) {
                coop);
 }
 
-// Low-latency mode: wait until every (local expert, source) count arrived,
-// i.e. every token dispatched to this rank is here (each count follows its
-// payloads on one context). llExpertAndCombine waits for the same signals
+// Low-latency mode: wait until every (local expert, source) count arrived
+// from all llSenders senders, i.e. every token dispatched to this rank is
+// here (each count follows its sender's payloads on one context). llExpertAndCombine waits for the same signals
 // itself; this lets a caller (gin-bench moe) end a timed dispatch phase at
 // the moment the dispatch is complete, before any expert runs.
 template <class Coop>
@@ -418,7 +431,7 @@ GIN_HD bool llWaitDispatch(const Layer& l, Coop coop) {
   gin::Net<> net(l.dc, 0);
   bool ok = true;
   for (int i = coop.rank(); i < L * R && ok; i += coop.size())
-    ok = net.waitSignal(gin::CoopThread{}, l.sig.llCount(i / R, i % R), 1);
+    ok = net.waitSignal(gin::CoopThread{}, l.sig.llCount(i / R, i % R), uint64_t(l.shape.llSenders));
   return coop.syncAll(ok);
 }
 
@@ -430,7 +443,7 @@ template <class Coop>
 GIN_HD bool llExpertAndCombine(const Layer& l, int el, int src, int part, int parts, Coop coop) {
   const Shape& sh = l.shape;
   gin::Net<> net(l.dc, (l.dc.rank * sh.localExperts() + el) % l.dc.nContexts);
-  if (!net.waitSignal(coop, l.sig.llCount(el, src), 1)) return false;
+  if (!net.waitSignal(coop, l.sig.llCount(el, src), uint64_t(sh.llSenders))) return false;
   const uint64_t n = gin::volatileLoad(
       static_cast<const uint64_t*>(gin::localPointer(l.counts, (size_t(el) * sh.ranks + size_t(src)) * 8)));
   const float scale = expertScale(l.dc.rank * sh.localExperts() + el);

@@ -105,8 +105,8 @@ inline Layer openLayer(gin::Comm& comm, const Shape& sh, bool ll, uint32_t sigBa
   if (sh.ranks != comm.nRanks()) throw std::invalid_argument("moe: shape.ranks must be the communicator's size");
   if (sh.experts % sh.ranks != 0 || sh.topk < 1 || sh.topk > sh.experts || sh.topk > kMaxTopk)
     throw std::invalid_argument("moe: experts must be a multiple of ranks and 1 <= topk <= min(experts, 16)");
-  if (sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1 || sh.batch < 1)
-    throw std::invalid_argument("moe: tokens >= 0, hidden, channels, slots and batch >= 1");
+  if (sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1 || sh.batch < 1 || sh.llSenders < 1)
+    throw std::invalid_argument("moe: tokens >= 0, hidden, channels, slots, batch and llSenders >= 1");
   if (sh.ranks > 64) throw std::invalid_argument("moe: at most 64 ranks");
   if (sigBase + signalsNeeded(sh) > uint32_t(comm.devComm().nSignals))
     throw std::invalid_argument("moe: needs " + std::to_string(signalsNeeded(sh)) +
@@ -327,11 +327,13 @@ class CpuLayer {
   std::vector<float> runLowLatency(const Inputs& in, const Plan& p) {
     const Shape& sh = sh_;
     const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), K = size_t(sh.topk);
-    // Each expert's pairs in two shares, as a GPU splits them among warps.
-    for (int e = 0; e < sh.experts; ++e) {
-      for (int part = 0; part < 2; ++part) llDispatchExpert(l_, e, part, 2, gin::CoopThread{});
-      llDispatchCount(l_, e, gin::CoopThread{});
-    }
+    // Each expert's pairs: llSenders senders of two shares each, as a GPU
+    // splits them among CTAs and their warps.
+    for (int e = 0; e < sh.experts; ++e)
+      for (int snd = 0; snd < sh.llSenders; ++snd) {
+        for (int part = 0; part < 2; ++part) llDispatchExpert(l_, e, snd * 2 + part, sh.llSenders * 2, gin::CoopThread{});
+        llDispatchCount(l_, e, gin::CoopThread{});
+      }
     if (!llWaitDispatch(l_, gin::CoopThread{})) fail("low-latency dispatch");
     t1_ = Clock::now();
     for (int el = 0; el < sh.localExperts(); ++el)

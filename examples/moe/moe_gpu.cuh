@@ -1,16 +1,21 @@
 // examples/moe/moe_gpu.cuh — the MoE layer of moe.hpp on a GPU: the same
 // device bodies as the CPU driver (moe_cpu.hpp), launched as kernels on the
 // rank's stream. Normal mode: a count kernel, one dispatch kernel whose first
-// C CTAs send (one per channel, a warp per destination) while R x C CTAs
+// C CTAs send (one per channel, warps per destination) while R x C CTAs
 // receive (one per source and channel), an expert+combine kernel (a warp per
-// received token), and a reduce kernel that waits for the combine signal.
-// Low-latency mode: one CTA per expert dispatches (its warps share the
-// tokens), CTAs per (local expert, source) run the expert and combine (a
-// warp per token), then the reduce.
+// received token), a kernel that waits for the combine signal (one CTA) and
+// a reduce kernel.
+// Low-latency mode: Shape::llSenders CTAs per expert dispatch (their warps
+// share the tokens), one CTA waits for every count, CTAs per (local expert, source) run
+// the expert and combine (a warp per token), then the reduce. The waits are
+// one-CTA kernels and the other grids leave half the GPU free (see
+// GpuLayer's constructor).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -86,29 +91,41 @@ __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long l
   *total = base;
 }
 
-// Sender lanes per warp: the channel's CTA has kThreads / 32 warps, warp w
-// drives the lanes (c, d) with d = w, w + warps, ... (ranks <= 64).
+// Sender lanes per warp when the channel's CTA has fewer than two warps per
+// destination: warp w drives the lanes (c, d) with d = w, w + warps, ...
+// (ranks <= 64). With two or more, each lane gets a span of warps.
 constexpr int kLanesPerWarp = 8;
 
-__global__ void dispatchKernel(Layer l, const RecvState* rs, uint16_t* recvX, char* recvMeta, int* failed) {
+__global__ void __launch_bounds__(256, 2)
+    dispatchKernel(Layer l, const RecvState* rs, uint16_t* recvX, char* recvMeta, int* failed) {
   const int C = l.shape.channels, R = l.shape.ranks;
   if (int(blockIdx.x) < C) {
     const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32);
-    SendState s[kLanesPerWarp];  // per thread; the warp's copies move in step (see sendStep)
-    int lanes = 0;
-    for (int d = w; d < R && lanes < kLanesPerWarp; d += nw) ++lanes;
-    if (lanes == 0) return;
-    const bool ok = spin(
-        l.dc,
-        [&] {
-          int r = -1;
-          for (int i = 0; i < lanes; ++i) {
-            const int q = sendStep(l, c, w + i * nw, s[i], gin::CoopWarp{});
-            r = q > 0 ? 1 : (q == 0 && r < 0 ? 0 : r);
-          }
-          return r;
-        },
-        gin::Op::WaitSignal, -1, uint64_t(c));
+    bool ok = true;
+    if (2 * R <= nw) {
+      const int g = nw / R, d = w / g;  // lane d: warps [d * g, d * g + g)
+      if (d >= R) return;
+      SendState s;
+      const gin::CoopWarpSpan span(d * g, g, d);
+      ok = spin(
+          l.dc, [&] { return sendStep(l, c, d, s, span); }, gin::Op::WaitSignal, d, uint64_t(l.sig.head(d, c)));
+    } else {
+      SendState s[kLanesPerWarp];  // per thread; the warp's copies move in step (see sendStep)
+      int lanes = 0;
+      for (int d = w; d < R && lanes < kLanesPerWarp; d += nw) ++lanes;
+      if (lanes == 0) return;
+      ok = spin(
+          l.dc,
+          [&] {
+            int r = -1;
+            for (int i = 0; i < lanes; ++i) {
+              const int q = sendStep(l, c, w + i * nw, s[i], gin::CoopWarp{});
+              r = q > 0 ? 1 : (q == 0 && r < 0 ? 0 : r);
+            }
+            return r;
+          },
+          gin::Op::WaitSignal, -1, uint64_t(c));
+    }
     if (!ok && threadIdx.x % 32 == 0) atomicAdd(failed, 1);
   } else {
     const int i = int(blockIdx.x) - C, src = i / C, c = i % C;
@@ -131,42 +148,63 @@ __global__ void expertCombineKernel(Layer l, const unsigned long long* total, co
   }
 }
 
-// Waits for `want` combine arrivals, then out[t] = sum of the token's rows
-// (rows [t][0, rows[t]) of width H, each scaled by scale[t][j] when given).
-__global__ void reduceKernel(Layer l, uint64_t want, const int* rows, int rowStride, const float* scale, float* out,
-                             int* failed) {
-  __shared__ int ok;
-  if (threadIdx.x == 0) ok = gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(), want) ? 1 : 0;
-  __syncthreads();
-  if (!ok) {
-    if (threadIdx.x == 0 && blockIdx.x == 0) atomicAdd(failed, 1);
-    return;
-  }
-  const size_t H = size_t(l.shape.hidden);
-  const float* comb = static_cast<const float*>(gin::localPointer(l.combine, 0));
-  for (size_t t = blockIdx.x; t < size_t(l.shape.tokens); t += gridDim.x)
-    for (size_t i = threadIdx.x; i < H; i += blockDim.x) {
-      float acc = 0;
-      const int n = rows ? rows[t] : rowStride;
-      for (int j = 0; j < n; ++j)
-        acc += (scale ? scale[t * size_t(rowStride) + size_t(j)] : 1.f) *
-               comb[(t * size_t(rowStride) + size_t(j)) * H + i];
-      out[t * H + i] = acc;
-    }
+// One thread waits for `want` combine arrivals; the reduce kernel after it
+// on the stream reads them (a kernel boundary orders its reads after the
+// wait's acquire). Waiting in one CTA instead of in every reduce CTA keeps
+// the GPU free for others: on the proxy, with ranks sharing a GPU, the
+// engine's device-to-device copies need room on the SMs.
+__global__ void combineWaitKernel(Layer l, uint64_t want, int* failed) {
+  if (!gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(), want)) atomicAdd(failed, 1);
 }
 
-// One CTA per expert; each warp puts a share of its pairs, then one warp
-// sends the count after a block barrier (the count's release covers every
-// warp's stores; proxy and ibgda: its descriptor follows theirs on the
-// expert's context).
+// out[t] = sum of the token's rows (rows [t][0, rows[t]) of width H, each
+// scaled by scale[t][j] when given). Four floats per load where H allows,
+// several in flight per thread (restrict: out aliases no input).
+__global__ void reduceKernel(Layer l, const int* __restrict__ rows, int rowStride, const float* __restrict__ scale,
+                             float* __restrict__ out) {
+  const size_t H = size_t(l.shape.hidden);
+  const float* __restrict__ comb = static_cast<const float*>(gin::localPointer(l.combine, 0));
+  const bool vec = H % 4 == 0;
+  const size_t W = vec ? H / 4 : H;  // items per row
+  for (size_t t = blockIdx.x; t < size_t(l.shape.tokens); t += gridDim.x) {
+    const int n = rows ? rows[t] : rowStride;
+    const float* row0 = comb + t * size_t(rowStride) * H;
+#pragma unroll 4
+    for (size_t i = threadIdx.x; i < W; i += blockDim.x) {
+      if (vec) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int j = 0; j < n; ++j) {
+          const float s = scale ? scale[t * size_t(rowStride) + size_t(j)] : 1.f;
+          const float4 v = reinterpret_cast<const float4*>(row0 + size_t(j) * H)[i];
+          acc.x += s * v.x;
+          acc.y += s * v.y;
+          acc.z += s * v.z;
+          acc.w += s * v.w;
+        }
+        reinterpret_cast<float4*>(out + t * H)[i] = acc;
+      } else {
+        float acc = 0;
+        for (int j = 0; j < n; ++j)
+          acc += (scale ? scale[t * size_t(rowStride) + size_t(j)] : 1.f) * row0[size_t(j) * H + i];
+        out[t * H + i] = acc;
+      }
+    }
+  }
+}
+
+// llSenders CTAs per expert; each warp puts a share of the expert's pairs,
+// then one warp per CTA sends the count after a block barrier (the count's
+// release covers every warp's stores; proxy and ibgda: its descriptor follows
+// theirs on the expert's context).
 __global__ void llDispatchKernel(Layer l) {
-  const int e = int(blockIdx.x), w = int(threadIdx.x / 32);
-  llDispatchExpert(l, e, w, int(blockDim.x / 32), gin::CoopWarp{});
+  const int S = l.shape.llSenders, e = int(blockIdx.x) / S, nw = int(blockDim.x / 32), w = int(threadIdx.x / 32);
+  llDispatchExpert(l, e, (int(blockIdx.x) % S) * nw + w, S * nw, gin::CoopWarp{});
   __syncthreads();
   if (w == 0) llDispatchCount(l, e, gin::CoopWarp{});
 }
 
-// Ends once every token dispatched to this rank is here (see llWaitDispatch).
+// Ends once every token dispatched to this rank is here (see llWaitDispatch);
+// the expert kernel after it finds its counts there.
 __global__ void llWaitKernel(Layer l, int* failed) {
   if (!llWaitDispatch(l, gin::CoopBlock{}) && threadIdx.x == 0) atomicAdd(failed, 1);
 }
@@ -220,6 +258,7 @@ class GpuLayer {
     MOE_CUDA(cudaFuncGetAttributes(&a, gpu::layoutKernel));
     MOE_CUDA(cudaFuncGetAttributes(&a, gpu::dispatchKernel));
     MOE_CUDA(cudaFuncGetAttributes(&a, gpu::expertCombineKernel));
+    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::combineWaitKernel));
     MOE_CUDA(cudaFuncGetAttributes(&a, gpu::reduceKernel));
     MOE_CUDA(cudaFuncGetAttributes(&a, gpu::llDispatchKernel));
     MOE_CUDA(cudaFuncGetAttributes(&a, gpu::llWaitKernel));
@@ -234,10 +273,23 @@ class GpuLayer {
     MOE_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
     MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::dispatchKernel, kThreads, 0));
     static_assert(kThreads / 32 * gpu::kLanesPerWarp >= 64, "a sender CTA drives up to 64 destinations");
-    if (!lowLatency && int(C + R * C) > perSm * sms_)
+    // Ranks on this GPU (tests share one GPU among ranks): the kernels'
+    // grids are sized so that all of them together leave half the GPU free.
+    char bus[32] = {};
+    MOE_CUDA(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
+    std::vector<char> buses(sizeof bus * R);
+    std::memcpy(buses.data() + sizeof bus * size_t(comm.rank()), bus, sizeof bus);
+    comm.bootstrap().allGather(buses.data(), sizeof bus);
+    for (size_t r = 0; r < R; ++r) sharing_ += std::memcmp(buses.data() + sizeof bus * r, bus, sizeof bus) == 0;
+    if (!lowLatency && int(C + R * C) * sharing_ > perSm * sms_)
       throw std::invalid_argument("moe: the dispatch kernel needs " + std::to_string(C + R * C) +
-                                  " resident CTAs (channels + ranks x channels) but this GPU holds " +
+                                  " resident CTAs (channels + ranks x channels) on each of " +
+                                  std::to_string(sharing_) + " rank(s) of this GPU, which holds " +
                                   std::to_string(perSm * sms_) + "; use fewer channels");
+    MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::expertCombineKernel, kThreads, 0));
+    combineGrid_ = std::max(1, perSm * sms_ / (2 * sharing_));
+    MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::llExpertKernel, kThreads, 0));
+    llSplit_ = std::max(1, perSm * sms_ / (2 * sharing_) / std::max(1, sh.localExperts() * sh.ranks));
   }
   GpuLayer(const GpuLayer&) = delete;
   GpuLayer& operator=(const GpuLayer&) = delete;
@@ -278,9 +330,9 @@ class GpuLayer {
   // Dispatch, experts, combine, reduce: kernels on the stream. Call prepare()
   // (or rearm()) first on every rank; finish() or wait() waits and checks.
   // `dispatched`, when given, is recorded on the stream once every token
-  // sent to this rank has arrived and before any expert runs (low-latency
-  // mode adds a kernel that waits for that), so a caller can time dispatch
-  // and combine apart.
+  // sent to this rank has arrived and before any expert runs (in low-latency
+  // mode, after the one-CTA kernel that waits for that), so a caller can time
+  // dispatch and combine apart.
   void launch(cudaEvent_t dispatched = nullptr) {
     const Shape& sh = sh_;
     const int R = sh.ranks, C = sh.channels;
@@ -290,19 +342,17 @@ class GpuLayer {
       gpu::layoutKernel<<<1, 1, 0, st_>>>(l_, rs_, srcOf_, total(), failed());
       gpu::dispatchKernel<<<C + R * C, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_, failed());
       if (dispatched) MOE_CUDA(cudaEventRecord(dispatched, st_));
-      gpu::expertCombineKernel<<<132, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
-      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(
-          l_, plan_.combineArrivals, rows_, sh.maxDests(), nullptr, out_, failed());
+      gpu::expertCombineKernel<<<combineGrid_, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
+      gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());
+      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, rows_, sh.maxDests(),
+                                                                                     nullptr, out_);
     } else {
-      gpu::llDispatchKernel<<<sh.experts, kThreads, 0, st_>>>(l_);
-      if (dispatched) {
-        gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
-        MOE_CUDA(cudaEventRecord(dispatched, st_));
-      }
-      const int split = std::max(1, 2 * sms_ / std::max(1, sh.localExperts() * R));
-      gpu::llExpertKernel<<<sh.localExperts() * R * split, kThreads, 0, st_>>>(l_, split, failed());
-      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, plan_.combineArrivals, nullptr,
-                                                                                     sh.topk, w_, out_, failed());
+      gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
+      gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
+      if (dispatched) MOE_CUDA(cudaEventRecord(dispatched, st_));
+      gpu::llExpertKernel<<<sh.localExperts() * R * llSplit_, kThreads, 0, st_>>>(l_, llSplit_, failed());
+      gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());
+      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, nullptr, sh.topk, w_, out_);
     }
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     MOE_CUDA(cudaGetLastError());
@@ -338,7 +388,7 @@ class GpuLayer {
   bool ll_;
   cudaStream_t st_;
   Layer l_;
-  int sms_ = 0;
+  int sms_ = 0, sharing_ = 0, combineGrid_ = 1, llSplit_ = 1;
   Plan plan_;
   std::vector<void*> allocs_;
   void* scratch_ = nullptr;

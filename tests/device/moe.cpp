@@ -64,13 +64,15 @@ TEST_CASE("moe normal mode: dispatch and combine match the host reference", "[mo
 TEST_CASE("moe low-latency mode: per-expert buffers match the host reference", "[moe]") {
   const int ranks = GENERATE(1, 2, 4, 8);
   const int tokens = GENERATE(0, 1, 29, 128);
+  const int senders = GENERATE(1, 3);  // count signals per (expert, source): a receiver waits for all
   moe::Shape sh;
   sh.ranks = ranks;
   sh.experts = 16;
   sh.tokens = tokens;
   sh.hidden = 40;
   sh.topk = 8;
-  CAPTURE(ranks, tokens);
+  sh.llSenders = senders;
+  CAPTURE(ranks, tokens, senders);
   CHECK_NOTHROW(check(sh, true, TransportChoice::Lsa));
 }
 
@@ -117,7 +119,10 @@ TEST_CASE("moe rejects shapes it cannot run, with the reason", "[moe][errors]") 
   CHECK(refusal().find("multiple of ranks") != std::string::npos);
   sh.experts = 8;
   sh.batch = 0;
-  CHECK(refusal().find("batch >= 1") != std::string::npos);
+  CHECK(refusal().find("batch and llSenders >= 1") != std::string::npos);
   sh.batch = 1;
+  sh.llSenders = 0;
+  CHECK(refusal().find("llSenders >= 1") != std::string::npos);
+  sh.llSenders = 2;
   CHECK(refusal().empty());
 }
