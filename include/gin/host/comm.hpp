@@ -356,10 +356,11 @@ class Comm {
   // it with nothing in the error record is stuck outside them (a barrier
   // some threads skip, a loop of its own) or simply runs long. synchronize
   // does not give up on it (a long kernel is not an error), but says so on
-  // stderr each time the timeout passes, naming the rank, instead of waiting
-  // in silence. The bounded part covers the legacy default stream and every
-  // blocking stream (work on cudaStreamNonBlocking streams is waited for by
-  // the final cudaDeviceSynchronize only).
+  // stderr each time the timeout passes (from twice the timeout on), naming
+  // the rank, instead of waiting in silence. The bounded part covers the
+  // legacy default stream and every blocking stream (work on
+  // cudaStreamNonBlocking streams is waited for by the final
+  // cudaDeviceSynchronize only).
   void synchronize() const {
 #if GIN_WITH_CUDA
     if (gpu_) {
@@ -368,13 +369,15 @@ class Comm {
       GIN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
       cudaError_t e = cudaEventRecord(done, cudaStreamLegacy);
       const uint64_t start = nowNs();
-      uint64_t nextNote = cfg_.timeoutNs;
+      // First note at twice the timeout: a wait that gives up does so after
+      // one timeout, and its record may land just after that.
+      uint64_t nextNote = 2 * cfg_.timeoutNs;
       while (e == cudaSuccess && (e = cudaEventQuery(done)) == cudaErrorNotReady) {
         e = cudaSuccess;
         const uint64_t waited = nowNs() - start;
         if (nextNote && waited > nextNote) {
           std::fprintf(stderr,
-                       "gin: rank %d: Comm::synchronize has waited %.0f s for this rank's GPU work; %s\n", rank_,
+                       "gin: rank %d: Comm::synchronize has waited %.1f s for this rank's GPU work; %s\n", rank_,
                        double(waited) * 1e-9,
                        hasError() ? "the error record is set: the kernels should stop soon"
                                   : "nothing is in the error record, so a kernel is stuck outside gin's waits (a "
