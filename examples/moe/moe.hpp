@@ -65,6 +65,8 @@ struct Shape {
   GIN_HD size_t metaBytes() const { return (16 + 8 * size_t(topk) + 15) / 16 * 16; }
   GIN_HD size_t tokenBytes() const { return (size_t(hidden) * 2 + 15) / 16 * 16; }
   GIN_HD size_t slotBytes() const { return metaBytes() + tokenBytes(); }
+  // Normal mode: the most tokens one (channel, destination) lane sends.
+  GIN_HD size_t laneCap() const { return (size_t(tokens) + size_t(channels) - 1) / size_t(channels); }
 };
 
 // The metadata that travels with a token (normal mode): who sent it, where
@@ -125,6 +127,11 @@ struct Layer {
   gin::Window partial;     // [maxRecv][H] float: this rank's expert outputs, the source of combine puts
   const int32_t* topkIdx;  // [T][K]
   const float* topkW;      // [T][K]
+  // Normal mode, prepared by plan(): lane (c, d)'s tokens in order, entry k
+  // at [(c * R + d) * laneCap(shape) + k] = t | j << 24 (j: the combine
+  // slot), and how many (lanes[c * R + d]).
+  const uint32_t* laneList;
+  const uint64_t* laneCount;
 };
 
 // ---- normal mode ------------------------------------------------------------
@@ -178,20 +185,44 @@ GIN_HD uint64_t fromFirst(Coop coop, uint64_t v) {
   return v;
 }
 
-// The sender of one (channel, destination) lane: channel c's tokens are
-// t = c, c + C, ... in order; the lane puts those that go to rank d into d's
-// ring for (this rank, c). State lives in the caller (a CPU rank interleaves
-// every lane; a GPU runs a span of warps or one warp per lane); every thread
-// of the coop holds an equal copy.
-struct SendState {
-  int token = 0;             // next index into the channel's tokens
-  uint64_t sent = 0;         // tokens put into d's ring so far
-  uint64_t freed = 0;        // d's head signal when last read: slots it freed
-  uint64_t unsignalled = 0;  // tokens put that d's tail does not count yet (batch > 1)
+// A coop as a set of warps that each take their own item (a slot, a token):
+// a block or a span splits into its warps, a warp or a CPU thread is one.
+template <class Coop>
+struct Split {
+  using Sub = Coop;
+  GIN_HD static int count(Coop) { return 1; }
+  GIN_HD static int index(Coop) { return 0; }
+  GIN_HD static Sub sub(Coop c) { return c; }
+};
+template <>
+struct Split<gin::CoopWarpSpan> {
+  using Sub = gin::CoopWarp;
+  GIN_HD static int count(gin::CoopWarpSpan c) { return c.size() / 32 > 0 ? c.size() / 32 : 1; }
+  GIN_HD static int index(gin::CoopWarpSpan c) { return c.rank() / 32; }
+  GIN_HD static Sub sub(gin::CoopWarpSpan) { return {}; }
+};
+template <>
+struct Split<gin::CoopBlock> {
+  using Sub = gin::CoopWarp;
+  GIN_HD static int count(gin::CoopBlock c) { return c.size() / 32 > 0 ? c.size() / 32 : 1; }
+  GIN_HD static int index(gin::CoopBlock c) { return c.rank() / 32; }
+  GIN_HD static Sub sub(gin::CoopBlock) { return {}; }
 };
 
-// Advance d's tail over the tokens already in its ring (batch > 1). Same
-// context and peer as the puts, so the SignalAdd reaches d after the payloads.
+// The sender of one (channel, destination) lane: channel c's tokens are
+// t = c, c + C, ... in order; the lane puts those that go to rank d (its
+// list, laneList) into d's ring for (this rank, c). State lives in the
+// caller (a CPU rank interleaves every lane; a GPU runs a span of warps or
+// one warp per lane); every thread of the coop holds an equal copy.
+struct SendState {
+  uint64_t sent = 0;         // tokens put into d's ring so far
+  uint64_t freed = 0;        // d's head signal when last read: slots it freed
+  uint64_t unsignalled = 0;  // tokens put that d's tail does not count yet
+};
+
+// Advance d's tail over the tokens already in its ring. Same context and
+// peer as the puts, so the SignalAdd reaches d after the payloads; signal()
+// syncs the coop first and its release covers every warp's puts.
 template <class Coop>
 GIN_HD void signalTail(const Layer& l, int c, int d, SendState& s, Coop coop) {
   if (s.unsignalled == 0) return;
@@ -200,21 +231,21 @@ GIN_HD void signalTail(const Layer& l, int c, int d, SendState& s, Coop coop) {
   s.unsignalled = 0;
 }
 
-// One step of lane (c, d): put the next token for d if its ring has a free
-// slot. Returns 1 if it put one, 0 if it must wait, -1 when the lane is done.
-// The tail is advanced (batch > 1) before returning 0 or -1, so d never
-// waits for tokens already in its ring. The head is read only when the
-// slots known to be free run out.
+// One step of lane (c, d): put the next tokens for d into the free slots of
+// its ring, up to one per warp of the coop (DeepEP's warps per rank), then
+// advance the tail once Shape::batch tokens wait for it (batch 1: after
+// every step). Returns 1 if it put any, 0 if it must wait, -1 when the lane
+// is done. The tail is advanced before returning 0 or -1, so d never waits
+// for tokens already in its ring. The head is read only when the slots
+// known to be free run out.
 template <class Coop>
 GIN_HD int sendStep(const Layer& l, int c, int d, SendState& s, Coop coop) {
   const Shape& sh = l.shape;
   const gin::Team world = gin::teamWorld(l.dc);
   gin::Net<> net(l.dc, c % l.dc.nContexts);
-  int t = c + s.token * sh.channels;
-  int j = -1;
-  for (; t < sh.tokens; t += sh.channels, ++s.token)
-    if ((j = destSlot(l, t, d)) >= 0) break;
-  if (t >= sh.tokens) {
+  const size_t lane = size_t(c) * size_t(sh.ranks) + size_t(d);
+  const uint64_t total = l.laneCount[lane];
+  if (s.sent == total) {
     signalTail(l, c, d, s, coop);
     return -1;
   }
@@ -226,22 +257,25 @@ GIN_HD int sendStep(const Layer& l, int c, int d, SendState& s, Coop coop) {
       return 0;
     }
   }
-  const size_t slot = (size_t(l.dc.rank) * sh.channels + c) * sh.slots + size_t(s.sent % uint64_t(sh.slots));
-  const size_t at = slot * sh.slotBytes();
-  // Metadata, then the payload with the tail signal: the signal is ordered
-  // after both (same context, same peer).
-  net.put(world, d, l.ring, at, l.meta, (size_t(t) * sh.maxDests() + size_t(j)) * sh.metaBytes(), sh.metaBytes(),
-          gin::None{}, gin::None{}, coop);
-  if (sh.batch <= 1) {
-    net.put(world, d, l.ring, at + sh.metaBytes(), l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(),
-            gin::SignalAdd{l.sig.tail(l.dc.rank, c), 1}, gin::None{}, coop);
-  } else {
-    net.put(world, d, l.ring, at + sh.metaBytes(), l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(), gin::None{},
-            gin::None{}, coop);
-    if (++s.unsignalled >= uint64_t(sh.batch)) signalTail(l, c, d, s, coop);
+  uint64_t m = uint64_t(sh.slots) - (s.sent - s.freed);
+  if (m > total - s.sent) m = total - s.sent;
+  if (m > uint64_t(Split<Coop>::count(coop))) m = uint64_t(Split<Coop>::count(coop));
+  const uint64_t i = uint64_t(Split<Coop>::index(coop));
+  if (i < m) {
+    const uint64_t k = s.sent + i;
+    const uint32_t e = l.laneList[lane * sh.laneCap() + size_t(k)];
+    const size_t t = e & 0xffffffu, j = e >> 24;
+    const size_t slot = (size_t(l.dc.rank) * sh.channels + c) * sh.slots + size_t(k % uint64_t(sh.slots));
+    const size_t at = slot * sh.slotBytes();
+    const auto sub = Split<Coop>::sub(coop);
+    net.put(world, d, l.ring, at, l.meta, (t * sh.maxDests() + j) * sh.metaBytes(), sh.metaBytes(), gin::None{},
+            gin::None{}, sub);
+    net.put(world, d, l.ring, at + sh.metaBytes(), l.x, t * sh.tokenBytes(), sh.tokenBytes(), gin::None{}, gin::None{},
+            sub);
   }
-  s.sent += 1;
-  s.token += 1;
+  s.sent += m;
+  s.unsignalled += m;
+  if (s.unsignalled >= uint64_t(sh.batch)) signalTail(l, c, d, s, coop);
   return 1;
 }
 
@@ -290,13 +324,15 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, uint16_t* recv
     }
   }
   const uint64_t n = (s.tail < s.expect ? s.tail : s.expect) - s.got;
-  for (uint64_t i = 0; i < n; ++i) {
+  // Each warp of the coop copies its own slots out (one thread on a CPU rank).
+  const auto sub = Split<Coop>::sub(coop);
+  for (uint64_t i = uint64_t(Split<Coop>::index(coop)); i < n; i += uint64_t(Split<Coop>::count(coop))) {
     const uint64_t k = s.got + i;
     const size_t slot = (size_t(src) * sh.channels + c) * sh.slots + size_t(k % uint64_t(sh.slots));
     const char* p = static_cast<const char*>(gin::localPointer(l.ring, slot * sh.slotBytes()));
     const size_t pos = size_t(s.base + k);
-    gin::lsa::coopCopy(coop, recvMeta + pos * sh.metaBytes(), p, sh.metaBytes());
-    gin::lsa::coopCopy(coop, recvX + pos * size_t(sh.hidden), p + sh.metaBytes(), size_t(sh.hidden) * 2);
+    gin::lsa::coopCopy(sub, recvMeta + pos * sh.metaBytes(), p, sh.metaBytes());
+    gin::lsa::coopCopy(sub, recvX + pos * size_t(sh.hidden), p + sh.metaBytes(), size_t(sh.hidden) * 2);
   }
   s.got += n;
   s.unfreed += n;

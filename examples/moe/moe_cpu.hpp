@@ -108,6 +108,7 @@ inline Layer openLayer(gin::Comm& comm, const Shape& sh, bool ll, uint32_t sigBa
   if (sh.tokens < 0 || sh.hidden < 1 || sh.channels < 1 || sh.slots < 1 || sh.batch < 1 || sh.llSenders < 1)
     throw std::invalid_argument("moe: tokens >= 0, hidden, channels, slots, batch and llSenders >= 1");
   if (sh.ranks > 64) throw std::invalid_argument("moe: at most 64 ranks");
+  if (sh.tokens >= (1 << 24)) throw std::invalid_argument("moe: fewer than 2^24 tokens per rank");
   if (sigBase + signalsNeeded(sh) > uint32_t(comm.devComm().nSignals))
     throw std::invalid_argument("moe: needs " + std::to_string(signalsNeeded(sh)) +
                                 " signals; raise CommConfig::nSignals");
@@ -140,6 +141,8 @@ struct Plan {
   std::vector<char> meta;       // the meta window's contents
   std::vector<uint64_t> count;  // [R][C] (normal)
   std::vector<int> rows;        // [T] (normal)
+  std::vector<uint32_t> lanes;       // normal: Layer::laneList's contents
+  std::vector<uint64_t> laneCount;   // normal: [C][R], Layer::laneCount's
   uint64_t combineArrivals = 0;
 };
 
@@ -165,10 +168,14 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
   p.meta.assign(T * D * sh.metaBytes(), 0);
   p.count.assign(size_t(R) * C, 0);
   p.rows.assign(T, 0);
+  p.lanes.assign(std::max<size_t>(size_t(C) * R * sh.laneCap(), 1), 0);
+  p.laneCount.assign(size_t(C) * R, 0);
   for (size_t t = 0; t < T; ++t)
     for (int d = 0; d < R; ++d) {
       const int j = destSlot(l, int(t), d);
       if (j < 0) continue;
+      const size_t lane = (t % size_t(C)) * size_t(R) + size_t(d);
+      p.lanes[lane * sh.laneCap() + p.laneCount[lane]++] = uint32_t(t) | uint32_t(j) << 24;
       p.rows[t] += 1;
       p.combineArrivals += 1;
       p.count[size_t(d) * C + t % size_t(C)] += 1;
@@ -208,6 +215,8 @@ class CpuLayer {
     l_.topkIdx = in.idx.data();
     l_.topkW = in.weight.data();
     const Plan p = plan(l_, ll_, in);
+    l_.laneList = p.lanes.data();
+    l_.laneCount = p.laneCount.data();
     std::memcpy(comm_.localPointer(l_.x), p.x.data(), p.x.size());
     std::memcpy(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
     gin::Net<> net(l_.dc, 0);

@@ -243,12 +243,16 @@ class GpuLayer {
     out_ = static_cast<float*>(alloc(std::max<size_t>(T * H * 4, 4)));
     rows_ = static_cast<int*>(alloc(std::max<size_t>(T * 4, 4)));
     cnt_ = static_cast<uint64_t*>(alloc(R * C * 8));
+    laneList_ = static_cast<uint32_t*>(alloc(std::max<size_t>(C * R * sh.laneCap() * 4, 4)));
+    laneCount_ = static_cast<uint64_t*>(alloc(C * R * 8));
     rs_ = static_cast<RecvState*>(alloc(R * C * sizeof(RecvState)));
     srcOf_ = static_cast<int*>(alloc(std::max<size_t>(R * T * 4, 4)));
     recvX_ = static_cast<uint16_t*>(alloc(std::max<size_t>(R * T * H * 2, 4)));
     recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
     l_.topkIdx = idx_;
     l_.topkW = w_;
+    l_.laneList = laneList_;
+    l_.laneCount = laneCount_;
     // Load every kernel now: with CUDA's lazy loading a kernel's first launch
     // may wait for the device to go idle, which must not happen while a
     // kernel of this or another rank spins on this one (nor inside a timed
@@ -311,6 +315,9 @@ class GpuLayer {
     MOE_CUDA(cudaMemcpyAsync(w_, in.weight.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
     if (!ll_) {
       MOE_CUDA(cudaMemcpyAsync(cnt_, plan_.count.data(), plan_.count.size() * 8, cudaMemcpyHostToDevice, st_));
+      MOE_CUDA(cudaMemcpyAsync(laneList_, plan_.lanes.data(), plan_.lanes.size() * 4, cudaMemcpyHostToDevice, st_));
+      MOE_CUDA(cudaMemcpyAsync(laneCount_, plan_.laneCount.data(), plan_.laneCount.size() * 8,
+                               cudaMemcpyHostToDevice, st_));
       MOE_CUDA(cudaMemcpyAsync(rows_, plan_.rows.data(), T * 4, cudaMemcpyHostToDevice, st_));
     }
     MOE_CUDA(cudaStreamSynchronize(st_));
@@ -396,6 +403,8 @@ class GpuLayer {
   float *w_ = nullptr, *out_ = nullptr;
   int* rows_ = nullptr;
   uint64_t* cnt_ = nullptr;
+  uint32_t* laneList_ = nullptr;
+  uint64_t* laneCount_ = nullptr;
   RecvState* rs_ = nullptr;
   int* srcOf_ = nullptr;
   uint16_t* recvX_ = nullptr;
