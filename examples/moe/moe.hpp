@@ -127,11 +127,13 @@ struct Layer {
   gin::Window partial;     // [maxRecv][H] float: this rank's expert outputs, the source of combine puts
   const int32_t* topkIdx;  // [T][K]
   const float* topkW;      // [T][K]
-  // Normal mode, prepared by plan(): lane (c, d)'s tokens in order, entry k
-  // at [(c * R + d) * laneCap(shape) + k] = t | j << 24 (j: the combine
-  // slot), and how many (lanes[c * R + d]).
-  const uint32_t* laneList;
-  const uint64_t* laneCount;
+  // What each sender puts, prepared by plan() (DeepEP's layout step).
+  // Normal mode: lane (c, d)'s tokens in order, entry k at
+  // [(c * R + d) * laneCap() + k] = t | j << 24 (j: the combine slot), and
+  // sendCount[c * R + d] of them. Low latency: expert e's (token, k) pairs in
+  // token order, entry p at [e * T + p] = t | k << 24, sendCount[e] of them.
+  const uint32_t* sendList;
+  const uint64_t* sendCount;
 };
 
 // ---- normal mode ------------------------------------------------------------
@@ -211,7 +213,7 @@ struct Split<gin::CoopBlock> {
 
 // The sender of one (channel, destination) lane: channel c's tokens are
 // t = c, c + C, ... in order; the lane puts those that go to rank d (its
-// list, laneList) into d's ring for (this rank, c). State lives in the
+// list in sendList) into d's ring for (this rank, c). State lives in the
 // caller (a CPU rank interleaves every lane; a GPU runs a span of warps or
 // one warp per lane); every thread of the coop holds an equal copy.
 struct SendState {
@@ -244,7 +246,7 @@ GIN_HD int sendStep(const Layer& l, int c, int d, SendState& s, Coop coop) {
   const gin::Team world = gin::teamWorld(l.dc);
   gin::Net<> net(l.dc, c % l.dc.nContexts);
   const size_t lane = size_t(c) * size_t(sh.ranks) + size_t(d);
-  const uint64_t total = l.laneCount[lane];
+  const uint64_t total = l.sendCount[lane];
   if (s.sent == total) {
     signalTail(l, c, d, s, coop);
     return -1;
@@ -263,7 +265,7 @@ GIN_HD int sendStep(const Layer& l, int c, int d, SendState& s, Coop coop) {
   const uint64_t i = uint64_t(Split<Coop>::index(coop));
   if (i < m) {
     const uint64_t k = s.sent + i;
-    const uint32_t e = l.laneList[lane * sh.laneCap() + size_t(k)];
+    const uint32_t e = l.sendList[lane * sh.laneCap() + size_t(k)];
     const size_t t = e & 0xffffffu, j = e >> 24;
     const size_t slot = (size_t(l.dc.rank) * sh.channels + c) * sh.slots + size_t(k % uint64_t(sh.slots));
     const size_t at = slot * sh.slotBytes();
@@ -386,6 +388,42 @@ GIN_HD void expertStep(const Layer& l, size_t pos, const uint16_t* recvX, const 
   scaleRow(coop, partial + pos * size_t(sh.hidden), recvX + pos * size_t(sh.hidden), size_t(sh.hidden), coef);
 }
 
+// Where `peer`'s window w at `offset` can be stored to from here when this
+// rank's puts to it take the lsa path (a peer on NVLink, no network
+// transport forced); nullptr when puts go through the proxy or ibgda. The
+// combine then writes expert outputs straight into the peer's buffer
+// instead of staging them in `partial` and putting them.
+GIN_HD inline void* directPointer(const Layer& l, int peer, gin::Window w, size_t offset) {
+  if (l.dc.proxyAll != 0 || l.dc.ibgdaAll != 0) return nullptr;
+  return gin::peerPointer(l.dc, gin::teamWorld(l.dc), peer, w, offset);
+}
+
+// Run this rank's experts on received token `pos` and return the result to
+// its source at (token, slot), with a SignalInc there: straight into the
+// source's combine buffer when it is lsa-reachable, else through `partial`
+// and a put.
+template <class Coop>
+GIN_HD void expertAndReturn(const Layer& l, size_t pos, int src, const uint16_t* recvX, const char* recvMeta,
+                            float* partial, Coop coop) {
+  const Shape& sh = l.shape;
+  const TokenMeta* m = reinterpret_cast<const TokenMeta*>(recvMeta + pos * sh.metaBytes());
+  const size_t rowBytes = size_t(sh.hidden) * 4;
+  const size_t at = (size_t(m->srcToken) * sh.maxDests() + m->combineSlot) * rowBytes;
+  if (float* out = static_cast<float*>(directPointer(l, src, l.combine, at))) {
+    const int firstExpert = l.dc.rank * sh.localExperts();
+    float coef = 0;
+    for (uint32_t k = 0; k < m->nLocal; ++k)
+      coef += m->pick[k].weight * expertScale(firstExpert + m->pick[k].localExpert);
+    scaleRow(coop, out, recvX + pos * size_t(sh.hidden), size_t(sh.hidden), coef);
+    // signal() syncs the coop and releases: the row is written before the count.
+    gin::Net<>(l.dc, int(pos % size_t(l.dc.nContexts)))
+        .signal(gin::teamWorld(l.dc), src, gin::SignalInc{l.sig.combine()}, coop);
+    return;
+  }
+  expertStep(l, pos, recvX, recvMeta, partial, coop);
+  combineSend(l, pos, src, recvMeta, coop);
+}
+
 // Send received token `pos`'s partial back to its source, (token, slot).
 // The put syncs the coop first: expertStep's writes of the row are done.
 template <class Coop>
@@ -412,30 +450,25 @@ GIN_HD inline size_t llSlot(const Shape& sh, int localExpert, int src, size_t p)
 }
 
 // This rank's dispatch for expert e, share `part` of `parts`: the (token, k)
-// pairs that chose e, numbered p = 0, 1, ... in token order, go to d's slots
-// [e % L][me][p]; this call puts those with p % parts == part (every share
-// counts the pairs before it; a GPU gives each warp a share). `meta` holds,
-// per (t, k), the 16-byte {t, k} record at [t][k] (prepared on the host).
-// llDispatchCount follows once every share of e is done.
+// pairs that chose e, numbered p = 0, 1, ... in token order (sendList), go
+// to d's slots [e % L][me][p]; this call puts those with p % parts == part (a
+// GPU gives each warp of the expert's senders a share). `meta` holds, per
+// (t, k), the 16-byte {t, k} record at [t][k] (prepared on the host).
+// llDispatchCount follows once every share of a sender is done.
 template <class Coop>
 GIN_HD void llDispatchExpert(const Layer& l, int e, int part, int parts, Coop coop) {
   const Shape& sh = l.shape;
   const int L = sh.localExperts(), d = e / L;
   gin::Net<> net(l.dc, e % l.dc.nContexts);
   const gin::Team world = gin::teamWorld(l.dc);
-  size_t p = 0;
-  for (int t = 0; t < sh.tokens; ++t)
-    for (int k = 0; k < sh.topk; ++k) {
-      if (l.topkIdx[size_t(t) * sh.topk + k] != e) continue;
-      if (p % size_t(parts) == size_t(part)) {
-        const size_t at = llSlot(sh, e % L, l.dc.rank, p);
-        net.put(world, d, l.ring, at, l.meta, (size_t(t) * sh.topk + size_t(k)) * 16, 16, gin::None{}, gin::None{},
-                coop);
-        net.put(world, d, l.ring, at + 16, l.x, size_t(t) * sh.tokenBytes(), sh.tokenBytes(), gin::None{},
-                gin::None{}, coop);
-      }
-      ++p;
-    }
+  const uint64_t n = l.sendCount[e];
+  for (uint64_t p = uint64_t(part); p < n; p += uint64_t(parts)) {
+    const uint32_t tk = l.sendList[size_t(e) * size_t(sh.tokens) + size_t(p)];
+    const size_t t = tk & 0xffffffu, k = tk >> 24;
+    const size_t at = llSlot(sh, e % L, l.dc.rank, size_t(p));
+    net.put(world, d, l.ring, at, l.meta, (t * size_t(sh.topk) + k) * 16, 16, gin::None{}, gin::None{}, coop);
+    net.put(world, d, l.ring, at + 16, l.x, t * sh.tokenBytes(), sh.tokenBytes(), gin::None{}, gin::None{}, coop);
+  }
 }
 
 // After a sender's shares of expert e's dispatch (on the same context, e %
@@ -448,12 +481,10 @@ template <class Coop>
 GIN_HD void llDispatchCount(const Layer& l, int e, Coop coop) {
   const Shape& sh = l.shape;
   const int L = sh.localExperts(), d = e / L;
-  uint64_t n = 0;
-  for (size_t i = 0; i < size_t(sh.tokens) * size_t(sh.topk); ++i) n += l.topkIdx[i] == e ? 1 : 0;
   gin::Net<> net(l.dc, e % l.dc.nContexts);
   const size_t countAt = (size_t(e % L) * sh.ranks + size_t(l.dc.rank)) * 8;
-  net.putValue(gin::teamWorld(l.dc), d, l.counts, countAt, n, gin::SignalAdd{l.sig.llCount(e % L, l.dc.rank), 1},
-               coop);
+  net.putValue(gin::teamWorld(l.dc), d, l.counts, countAt, l.sendCount[e],
+               gin::SignalAdd{l.sig.llCount(e % L, l.dc.rank), 1}, coop);
 }
 
 // Low-latency mode: wait until every (local expert, source) count arrived
@@ -489,11 +520,17 @@ GIN_HD bool llExpertAndCombine(const Layer& l, int el, int src, int part, int pa
     const uint32_t t = gin::volatileLoad(reinterpret_cast<const uint32_t*>(slot));
     const uint32_t k = gin::volatileLoad(reinterpret_cast<const uint32_t*>(slot) + 1);
     const size_t row = (size_t(el) * sh.ranks + size_t(src)) * sh.tokens + p;
-    scaleRow(coop, static_cast<float*>(gin::localPointer(l.partial, row * rowBytes)),
-             reinterpret_cast<const uint16_t*>(slot + 16), size_t(sh.hidden), scale);
+    const size_t at = (size_t(t) * sh.topk + k) * rowBytes;
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(slot + 16);
+    if (float* out = static_cast<float*>(directPointer(l, src, l.combine, at))) {
+      scaleRow(coop, out, x, size_t(sh.hidden), scale);  // straight into the source's buffer
+      net.signal(gin::teamWorld(l.dc), src, gin::SignalInc{l.sig.combine()}, coop);
+      continue;
+    }
+    scaleRow(coop, static_cast<float*>(gin::localPointer(l.partial, row * rowBytes)), x, size_t(sh.hidden), scale);
     coop.sync();
-    net.put(gin::teamWorld(l.dc), src, l.combine, (size_t(t) * sh.topk + k) * rowBytes, l.partial, row * rowBytes,
-            rowBytes, gin::SignalInc{l.sig.combine()}, gin::None{}, coop);
+    net.put(gin::teamWorld(l.dc), src, l.combine, at, l.partial, row * rowBytes, rowBytes,
+            gin::SignalInc{l.sig.combine()}, gin::None{}, coop);
   }
   return true;
 }

@@ -141,8 +141,8 @@ struct Plan {
   std::vector<char> meta;       // the meta window's contents
   std::vector<uint64_t> count;  // [R][C] (normal)
   std::vector<int> rows;        // [T] (normal)
-  std::vector<uint32_t> lanes;       // normal: Layer::laneList's contents
-  std::vector<uint64_t> laneCount;   // normal: [C][R], Layer::laneCount's
+  std::vector<uint32_t> sendList;   // Layer::sendList's contents
+  std::vector<uint64_t> sendCount;  // Layer::sendCount's
   uint64_t combineArrivals = 0;
 };
 
@@ -163,19 +163,26 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
         std::memcpy(p.meta.data() + (t * K + k) * 16, tk, 8);
       }
     p.combineArrivals = uint64_t(T * K);
+    p.sendList.assign(std::max<size_t>(size_t(sh.experts) * T, 1), 0);
+    p.sendCount.assign(size_t(sh.experts), 0);
+    for (size_t t = 0; t < T; ++t)
+      for (size_t k = 0; k < K; ++k) {
+        const size_t e = size_t(in.idx[t * K + k]);
+        p.sendList[e * T + p.sendCount[e]++] = uint32_t(t) | uint32_t(k) << 24;
+      }
     return p;
   }
   p.meta.assign(T * D * sh.metaBytes(), 0);
   p.count.assign(size_t(R) * C, 0);
   p.rows.assign(T, 0);
-  p.lanes.assign(std::max<size_t>(size_t(C) * R * sh.laneCap(), 1), 0);
-  p.laneCount.assign(size_t(C) * R, 0);
+  p.sendList.assign(std::max<size_t>(size_t(C) * R * sh.laneCap(), 1), 0);
+  p.sendCount.assign(size_t(C) * R, 0);
   for (size_t t = 0; t < T; ++t)
     for (int d = 0; d < R; ++d) {
       const int j = destSlot(l, int(t), d);
       if (j < 0) continue;
       const size_t lane = (t % size_t(C)) * size_t(R) + size_t(d);
-      p.lanes[lane * sh.laneCap() + p.laneCount[lane]++] = uint32_t(t) | uint32_t(j) << 24;
+      p.sendList[lane * sh.laneCap() + p.sendCount[lane]++] = uint32_t(t) | uint32_t(j) << 24;
       p.rows[t] += 1;
       p.combineArrivals += 1;
       p.count[size_t(d) * C + t % size_t(C)] += 1;
@@ -215,8 +222,8 @@ class CpuLayer {
     l_.topkIdx = in.idx.data();
     l_.topkW = in.weight.data();
     const Plan p = plan(l_, ll_, in);
-    l_.laneList = p.lanes.data();
-    l_.laneCount = p.laneCount.data();
+    l_.sendList = p.sendList.data();
+    l_.sendCount = p.sendCount.data();
     std::memcpy(comm_.localPointer(l_.x), p.x.data(), p.x.size());
     std::memcpy(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
     gin::Net<> net(l_.dc, 0);
@@ -320,10 +327,8 @@ class CpuLayer {
     t1_ = Clock::now();
     // Experts, then combine straight into the sources' buffers.
     float* partial = static_cast<float*>(comm_.localPointer(l_.partial));
-    for (size_t pos = 0; pos < base; ++pos) {
-      expertStep(l_, pos, recvX_.data(), recvMeta_.data(), partial, gin::CoopThread{});
-      combineSend(l_, pos, srcOf[pos], recvMeta_.data(), gin::CoopThread{});
-    }
+    for (size_t pos = 0; pos < base; ++pos)
+      expertAndReturn(l_, pos, srcOf[pos], recvX_.data(), recvMeta_.data(), partial, gin::CoopThread{});
     if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), p.combineArrivals)) fail("combine");
     std::vector<float> out(T * H, 0.f);
     const float* comb = static_cast<const float*>(comm_.localPointer(l_.combine));

@@ -50,45 +50,61 @@ __device__ bool spin(const gin::DevComm& dc, Step step, gin::Op op, int peer, ui
   }
 }
 
-// Thread d: this rank's counts for destination d (C putValues, the last with
-// the count signal: same context and peer, so the signal follows them).
+// This rank's counts: thread i puts entry i = (d, c) to d (no signal), then
+// after a block barrier thread d adds the count signal at d (same context
+// and peer as d's putValues, so the signal follows them; over lsa its
+// release covers the other threads' stores through the barrier).
 __global__ void countKernel(Layer l, const uint64_t* cnt) {
-  const int d = int(threadIdx.x);
-  if (d >= l.shape.ranks) return;
   gin::Net<> net(l.dc, 0);
-  const int C = l.shape.channels;
-  for (int c = 0; c < C; ++c) {
-    const size_t at = (size_t(l.dc.rank) * C + size_t(c)) * 8;
-    const uint64_t v = cnt[size_t(d) * C + size_t(c)];
-    if (c + 1 < C)
-      net.putValue(gin::teamWorld(l.dc), d, l.counts, at, v, gin::None{});
-    else
-      net.putValue(gin::teamWorld(l.dc), d, l.counts, at, v, gin::SignalAdd{l.sig.count(), 1});
+  const int R = l.shape.ranks, C = l.shape.channels;
+  for (int i = int(threadIdx.x); i < R * C; i += int(blockDim.x)) {
+    const int d = i / C, c = i % C;
+    net.putValue(gin::teamWorld(l.dc), d, l.counts, (size_t(l.dc.rank) * C + size_t(c)) * 8, cnt[i], gin::None{});
   }
+  __syncthreads();
+  for (int d = int(threadIdx.x); d < R; d += int(blockDim.x))
+    net.signal(gin::teamWorld(l.dc), d, gin::SignalAdd{l.sig.count(), 1});
 }
 
 // Wait for every source's counts, then lay out the receive list:
 // rs[src][c] = {0, expect, base}; srcOf[pos] = src; *total = positions.
+// Thread 0 waits and sums; every thread then fills its share of srcOf.
 __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long long* total, int* failed) {
-  gin::Net<> net(l.dc, 0);
-  if (!net.waitSignal(gin::CoopThread{}, l.sig.count(), uint64_t(l.shape.ranks))) {
-    *failed = 1;
-    return;
-  }
+  __shared__ uint64_t srcBase[65];  // first position of each source; [R] = the total
+  __shared__ int ok;
   const int R = l.shape.ranks, C = l.shape.channels;
-  const auto* got = static_cast<const uint64_t*>(gin::localPointer(l.counts, 0));
-  uint64_t base = 0;
-  for (int src = 0; src < R; ++src)
-    for (int c = 0; c < C; ++c) {
-      RecvState s;
-      s.expect = gin::volatileLoad(got + size_t(src) * C + size_t(c));
-      s.base = base;
-      rs[size_t(src) * C + size_t(c)] = s;
-      for (uint64_t i = 0; i < s.expect && base + i < uint64_t(R) * uint64_t(l.shape.tokens); ++i)
-        srcOf[base + i] = src;
-      base += s.expect;
+  if (threadIdx.x == 0) {
+    ok = gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.count(), uint64_t(R)) ? 1 : 0;
+    if (!ok) *failed = 1;
+    const auto* got = static_cast<const uint64_t*>(gin::localPointer(l.counts, 0));
+    uint64_t base = 0;
+    for (int src = 0; ok && src < R; ++src) {
+      srcBase[src] = base;
+      for (int c = 0; c < C; ++c) {
+        RecvState s;
+        s.expect = gin::volatileLoad(got + size_t(src) * C + size_t(c));
+        s.base = base;
+        rs[size_t(src) * C + size_t(c)] = s;
+        base += s.expect;
+      }
     }
-  *total = base;
+    // More than R x T positions (more than the ranks can send) would
+    // overrun the receive list: fail the layer and receive nothing.
+    if (ok && base > uint64_t(R) * uint64_t(l.shape.tokens)) {
+      ok = 0;
+      *failed = 1;
+      for (int i = 0; i < R * C; ++i) rs[i].expect = 0;
+    }
+    srcBase[R] = base;
+    *total = ok ? base : 0;
+  }
+  __syncthreads();
+  if (!ok) return;
+  for (uint64_t pos = threadIdx.x; pos < srcBase[R]; pos += blockDim.x) {
+    int src = 0;
+    while (src + 1 < R && srcBase[src + 1] <= pos) ++src;
+    srcOf[pos] = src;
+  }
 }
 
 // Sender lanes per warp when the channel's CTA has fewer than two warps per
@@ -143,8 +159,7 @@ __global__ void expertCombineKernel(Layer l, const unsigned long long* total, co
   float* partial = static_cast<float*>(gin::localPointer(l.partial, 0));
   const size_t warps = size_t(gridDim.x) * (blockDim.x / 32);
   for (size_t pos = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; pos < size_t(*total); pos += warps) {
-    expertStep(l, pos, recvX, recvMeta, partial, gin::CoopWarp{});
-    combineSend(l, pos, srcOf[pos], recvMeta, gin::CoopWarp{});
+    expertAndReturn(l, pos, srcOf[pos], recvX, recvMeta, partial, gin::CoopWarp{});
   }
 }
 
@@ -235,7 +250,7 @@ class GpuLayer {
 
   GpuLayer(gin::Comm& comm, const Shape& sh, bool lowLatency, cudaStream_t stream)
       : comm_(comm), sh_(sh), ll_(lowLatency), st_(stream), l_(openLayer(comm, sh, lowLatency, 0)) {
-    const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels);
+    const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), E = size_t(sh.experts);
     const size_t H = size_t(sh.hidden), K = size_t(sh.topk);
     scratch_ = alloc(1 << 12);
     idx_ = static_cast<int32_t*>(alloc(std::max<size_t>(T * K * 4, 4)));
@@ -243,16 +258,16 @@ class GpuLayer {
     out_ = static_cast<float*>(alloc(std::max<size_t>(T * H * 4, 4)));
     rows_ = static_cast<int*>(alloc(std::max<size_t>(T * 4, 4)));
     cnt_ = static_cast<uint64_t*>(alloc(R * C * 8));
-    laneList_ = static_cast<uint32_t*>(alloc(std::max<size_t>(C * R * sh.laneCap() * 4, 4)));
-    laneCount_ = static_cast<uint64_t*>(alloc(C * R * 8));
+    sendList_ = static_cast<uint32_t*>(alloc(std::max<size_t>(std::max(C * R * sh.laneCap(), E * T) * 4, 4)));
+    sendCount_ = static_cast<uint64_t*>(alloc(std::max(C * R, E) * 8));
     rs_ = static_cast<RecvState*>(alloc(R * C * sizeof(RecvState)));
     srcOf_ = static_cast<int*>(alloc(std::max<size_t>(R * T * 4, 4)));
     recvX_ = static_cast<uint16_t*>(alloc(std::max<size_t>(R * T * H * 2, 4)));
     recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
     l_.topkIdx = idx_;
     l_.topkW = w_;
-    l_.laneList = laneList_;
-    l_.laneCount = laneCount_;
+    l_.sendList = sendList_;
+    l_.sendCount = sendCount_;
     // Load every kernel now: with CUDA's lazy loading a kernel's first launch
     // may wait for the device to go idle, which must not happen while a
     // kernel of this or another rank spins on this one (nor inside a timed
@@ -315,11 +330,11 @@ class GpuLayer {
     MOE_CUDA(cudaMemcpyAsync(w_, in.weight.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
     if (!ll_) {
       MOE_CUDA(cudaMemcpyAsync(cnt_, plan_.count.data(), plan_.count.size() * 8, cudaMemcpyHostToDevice, st_));
-      MOE_CUDA(cudaMemcpyAsync(laneList_, plan_.lanes.data(), plan_.lanes.size() * 4, cudaMemcpyHostToDevice, st_));
-      MOE_CUDA(cudaMemcpyAsync(laneCount_, plan_.laneCount.data(), plan_.laneCount.size() * 8,
-                               cudaMemcpyHostToDevice, st_));
       MOE_CUDA(cudaMemcpyAsync(rows_, plan_.rows.data(), T * 4, cudaMemcpyHostToDevice, st_));
     }
+    MOE_CUDA(cudaMemcpyAsync(sendList_, plan_.sendList.data(), plan_.sendList.size() * 4, cudaMemcpyHostToDevice, st_));
+    MOE_CUDA(cudaMemcpyAsync(sendCount_, plan_.sendCount.data(), plan_.sendCount.size() * 8, cudaMemcpyHostToDevice,
+                             st_));
     MOE_CUDA(cudaStreamSynchronize(st_));
     rearm();
   }
@@ -345,8 +360,8 @@ class GpuLayer {
     const int R = sh.ranks, C = sh.channels;
     MOE_CUDA(cudaMemsetAsync(failed(), 0, 4, st_));
     if (!ll_) {
-      gpu::countKernel<<<1, 64, 0, st_>>>(l_, cnt_);
-      gpu::layoutKernel<<<1, 1, 0, st_>>>(l_, rs_, srcOf_, total(), failed());
+      gpu::countKernel<<<1, kThreads, 0, st_>>>(l_, cnt_);
+      gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed());
       gpu::dispatchKernel<<<C + R * C, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_, failed());
       if (dispatched) MOE_CUDA(cudaEventRecord(dispatched, st_));
       gpu::expertCombineKernel<<<combineGrid_, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
@@ -403,8 +418,8 @@ class GpuLayer {
   float *w_ = nullptr, *out_ = nullptr;
   int* rows_ = nullptr;
   uint64_t* cnt_ = nullptr;
-  uint32_t* laneList_ = nullptr;
-  uint64_t* laneCount_ = nullptr;
+  uint32_t* sendList_ = nullptr;
+  uint64_t* sendCount_ = nullptr;
   RecvState* rs_ = nullptr;
   int* srcOf_ = nullptr;
   uint16_t* recvX_ = nullptr;
