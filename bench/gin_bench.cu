@@ -6,7 +6,7 @@
 //
 //   gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX]
 //                [--iters K] [--json FILE] [--no-nccl] [--channels N]
-//                [--mode normal|ll|both] [--tokens T] [--hidden H] [--batch B]
+//                [--mode normal|ll|both] [--tokens T] [--hidden H] [--batch B] [--slots S]
 //   OP: put-bw | signal-lat | barrier | msg-rate | allreduce | sendrecv | moe
 //
 // Every op first checks that what it times did the right thing (bytes,
@@ -673,6 +673,7 @@ struct Options {
   std::string mode = "both";   // moe: normal, ll or both
   int tokens = 0, hidden = 0;  // moe: 0: default
   int batch = 1;               // moe: normal mode's slots per tail/head signal
+  int slots = 0;               // moe: normal mode's ring slots; 0: default
   bool modeGiven = false, tokensGiven = false;
 };
 
@@ -702,13 +703,14 @@ const char* kUsage =
     "  --json FILE   also write the results as JSON\n"
     "  --no-nccl     do not set up NCCL for the barrier, allreduce, sendrecv and moe comparisons\n"
     "  --channels N  sendrecv: the most p2p channels (CTA pairs) a transfer is spread over (default\n"
-    "                32, emulated 2); moe: channels of the normal mode (default 32, at most\n"
-    "                264 / (1 + ranks); emulated 2)\n"
+    "                32, emulated 2); moe: channels of the normal mode (default 132 / (1 + ranks),\n"
+    "                at most 64; half that over proxy or ibgda; emulated 2)\n"
     "  --mode M      moe: normal (4096 tokens per rank), ll (low latency, 128 tokens) or both (default)\n"
     "  --tokens T    moe: tokens per rank (default by mode; emulated 256 normal, 32 ll)\n"
     "  --hidden H    moe: hidden size in bf16 elements (default 7168, emulated 1024)\n"
     "  --batch B     moe: normal mode advances ring tails and heads every B slots (default 1:\n"
-    "                every token; at most the ring's 8 slots, emulated 4, are useful)\n";
+    "                every step; at most the ring's slots are useful)\n"
+    "  --slots S     moe: normal mode's ring slots per (source, channel) (default 32, emulated 4)\n";
 
 [[noreturn]] void usageError(const std::string& msg) {
   std::fprintf(stderr, "gin-bench: %s\n%s", msg.c_str(), kUsage);
@@ -815,6 +817,11 @@ Options parseArgs(int argc, char** argv) {
       const std::string v = value();
       if (!parseInt(v, 1, 1024, &n)) usageError("--batch " + v + ": expected a whole number from 1 to 1024");
       o.batch = int(n);
+    } else if (a == "--slots") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 1, 1024, &n)) usageError("--slots " + v + ": expected a whole number from 1 to 1024");
+      o.slots = int(n);
     } else if (a == "--mode") {
       o.mode = value();
       if (o.mode != "normal" && o.mode != "ll" && o.mode != "both")
@@ -865,8 +872,8 @@ Options parseArgs(int argc, char** argv) {
   if (o.sizesGiven && o.op != Op::PutBw && o.op != Op::AllReduce && o.op != Op::SendRecv)
     usageError("--sizes applies to put-bw, allreduce and sendrecv");
   if (o.channels && o.op != Op::SendRecv && o.op != Op::Moe) usageError("--channels applies to sendrecv and moe");
-  if ((o.modeGiven || o.tokensGiven || o.hidden || o.batch != 1) && o.op != Op::Moe)
-    usageError("--mode, --tokens, --hidden and --batch apply to moe");
+  if ((o.modeGiven || o.tokensGiven || o.hidden || o.batch != 1 || o.slots) && o.op != Op::Moe)
+    usageError("--mode, --tokens, --hidden, --batch and --slots apply to moe");
   if (o.op == Op::AllReduce && o.sizesGiven && o.minSize < 4)
     usageError("allreduce sizes are bytes of floats: MIN must be at least 4");
   if (o.op == Op::SignalLat && o.iters == 1) usageError("signal-lat needs --iters of at least 2");
@@ -2804,11 +2811,14 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
 
 // The layer the op runs: E = 8 experts per rank, top-8 (top-E when E < 8),
 // hidden 7168 bf16 (1024 emulated); normal mode 4096 tokens per rank (256
-// emulated) over 32 channels (2 emulated; fewer from 8 ranks on), low latency
-// 128 (32 emulated). Normal-mode dispatch time falls with the channels (one
-// H100, 1 rank, 2026-11-25: 1.05 ms with 16, 0.58 with 32); the dispatch
-// kernel's C + R x C CTAs must all be resident (GpuLayer checks): two per SM
-// on a 132-SM H100/H200, so C x (1 + R) <= 264.
+// emulated) over up to 64 channels with rings of 32 slots (2 and 4
+// emulated), low latency 128 (32 emulated). Normal-mode dispatch time falls
+// with the channels and with slots up to 16 (one H100, 1 rank, 2026-11-25:
+// 263 / 194 / 191 us with 32 channels and 8 / 16 / 32 slots, 166 / 139 / 143
+// with 64; --batch made no difference there). The dispatch kernel's C + R x C
+// CTAs must all be resident (GpuLayer checks; two fit per SM), and they spin:
+// C x (1 + R) stays within one per SM (132 on an H100/H200), and within half
+// that over the proxy or ibgda, whose ranks may share a GPU.
 moe::Shape moeShape(const Options& o, int ranks, bool gpu, bool ll) {
   moe::Shape sh;
   sh.ranks = ranks;
@@ -2816,8 +2826,9 @@ moe::Shape moeShape(const Options& o, int ranks, bool gpu, bool ll) {
   sh.topk = std::min(kMoeTopk, sh.experts);
   sh.hidden = o.hidden ? o.hidden : gpu ? 7168 : 1024;
   sh.tokens = o.tokensGiven ? o.tokens : ll ? (gpu ? 128 : 32) : (gpu ? 4096 : 256);
-  sh.channels = o.channels ? o.channels : gpu ? std::min(32, std::max(1, 264 / (1 + ranks))) : 2;
-  sh.slots = gpu ? 8 : 4;
+  const int ctas = o.transport == "lsa" ? 132 : 66;
+  sh.channels = o.channels ? o.channels : gpu ? std::min(64, std::max(1, ctas / (1 + ranks))) : 2;
+  sh.slots = o.slots ? o.slots : gpu ? 32 : 4;
   sh.batch = o.batch;
   return sh;
 }
