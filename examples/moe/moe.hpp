@@ -7,16 +7,17 @@
 // Normal mode (throughput): counts are exchanged first (putValue + SignalAdd);
 // then every channel of every rank streams its tokens into a per-(source,
 // channel) circular buffer of S slots at each destination, one sender lane
-// per (channel, destination) (a warp on a GPU, the channel's CTA holding one
-// warp per destination). The buffer's tail (slots filled) is a gin signal at
-// the destination, advanced by the put that fills the slot (SignalAdd after
-// the payload), or after every Shape::batch slots; its head (slots freed) is
-// a gin signal at the source, advanced by the destination after it copied
-// slots out. Both are reset at the start of a layer, read with readSignal
-// (only when the slots last known free or filled run out) and advanced with
-// SignalAdd, as in the NVSHMEM-to-GIN migration of DeepEP. Combine puts each
-// token's partial sum straight into the source's combine buffer at (token,
-// slot), with a SignalInc the source waits for.
+// per (channel, destination) (on a GPU a span of warps or one warp of the
+// channel's CTA; each warp puts its own token). The buffer's tail (slots
+// filled) is a gin signal at the destination, advanced after the puts of a
+// step (SignalAdd after the payloads) or of Shape::batch tokens; its head
+// (slots freed) is a gin signal at the source, advanced by the destination
+// after it copied slots out. Both are reset at the start of a layer, read
+// with readSignal (only when the slots last known free or filled run out)
+// and advanced with SignalAdd, as in the NVSHMEM-to-GIN migration of DeepEP.
+// Combine runs the experts and returns each token's partial sum to the
+// source's combine buffer at (token, slot), stored straight there when the
+// source is lsa-reachable, else put, with a SignalInc the source waits for.
 //
 // Low-latency mode (<= 128 tokens per rank): fixed-size per-expert buffers,
 // [local expert][source rank][token], one put per (token, expert) pair and a
@@ -25,8 +26,8 @@
 // Both sides split an expert's tokens into shares (warps on a GPU).
 //
 // The bodies are GIN_HD: a CPU rank runs them as well as a GPU. Progress is
-// made by non-blocking steps (try to send one token, try to receive what has
-// arrived), so one CPU thread can drive every lane of a rank without
+// made by non-blocking steps (try to send the next tokens, try to receive
+// what has arrived), so one CPU thread can drive every lane of a rank without
 // deadlock; a GPU warp or CTA loops over the same steps.
 #pragma once
 
@@ -48,11 +49,11 @@ struct Shape {
   int topk = 8;       // K <= E
   int channels = 4;   // C
   int slots = 8;      // S per (source, channel) ring
-  // Normal mode: ring slots per tail/head signal. 1: every token's put
-  // carries its tail SignalAdd and every copy-out frees its slot at once.
-  // B > 1: the sender advances a tail by up to B tokens at a time and the
-  // receiver frees up to B slots at a time (DeepEP's chunked tail/head
-  // updates); neither holds back a signal while it waits (see sendStep).
+  // Normal mode: tokens per tail/head signal. 1: a sender advances the tail
+  // after every step (the tokens its warps put at once) and a receiver frees
+  // the slots it copied out at every step. B > 1: each waits until B tokens
+  // or slots are due (DeepEP's chunked tail/head updates); neither holds a
+  // signal back while it waits (see sendStep).
   int batch = 1;
   // Low-latency mode: senders per expert (CTAs per expert on a GPU). Each
   // puts a share of the expert's tokens and then the count with a SignalAdd
@@ -374,18 +375,24 @@ GIN_HD void scaleRow(Coop coop, float* __restrict__ out, const uint16_t* __restr
   for (size_t i = done + size_t(coop.rank()); i < n; i += size_t(coop.size())) out[i] = coef * bf16ToFloat(x[i]);
 }
 
-// The experts of this rank on received token `pos`: partial = sum over the
+// The experts of this rank on a received token: output = sum over the
 // token's local experts of weight * expert(x). The stand-in experts are
 // scalings, so the sum is one scaling of x by sum(weight * scale).
+GIN_HD inline float expertCoef(const Layer& l, const TokenMeta& m) {
+  const int firstExpert = l.dc.rank * l.shape.localExperts();
+  float coef = 0;
+  for (uint32_t k = 0; k < m.nLocal; ++k) coef += m.pick[k].weight * expertScale(firstExpert + m.pick[k].localExpert);
+  return coef;
+}
+
+// The experts on received token `pos`, into partial[pos].
 template <class Coop>
 GIN_HD void expertStep(const Layer& l, size_t pos, const uint16_t* recvX, const char* recvMeta, float* partial,
                        Coop coop) {
   const Shape& sh = l.shape;
   const TokenMeta* m = reinterpret_cast<const TokenMeta*>(recvMeta + pos * sh.metaBytes());
-  const int firstExpert = l.dc.rank * sh.localExperts();
-  float coef = 0;
-  for (uint32_t k = 0; k < m->nLocal; ++k) coef += m->pick[k].weight * expertScale(firstExpert + m->pick[k].localExpert);
-  scaleRow(coop, partial + pos * size_t(sh.hidden), recvX + pos * size_t(sh.hidden), size_t(sh.hidden), coef);
+  scaleRow(coop, partial + pos * size_t(sh.hidden), recvX + pos * size_t(sh.hidden), size_t(sh.hidden),
+           expertCoef(l, *m));
 }
 
 // Where `peer`'s window w at `offset` can be stored to from here when this
@@ -410,12 +417,8 @@ GIN_HD void expertAndReturn(const Layer& l, size_t pos, int src, const uint16_t*
   const size_t rowBytes = size_t(sh.hidden) * 4;
   const size_t at = (size_t(m->srcToken) * sh.maxDests() + m->combineSlot) * rowBytes;
   if (float* out = static_cast<float*>(directPointer(l, src, l.combine, at))) {
-    const int firstExpert = l.dc.rank * sh.localExperts();
-    float coef = 0;
-    for (uint32_t k = 0; k < m->nLocal; ++k)
-      coef += m->pick[k].weight * expertScale(firstExpert + m->pick[k].localExpert);
-    scaleRow(coop, out, recvX + pos * size_t(sh.hidden), size_t(sh.hidden), coef);
-    // signal() syncs the coop and releases: the row is written before the count.
+    scaleRow(coop, out, recvX + pos * size_t(sh.hidden), size_t(sh.hidden), expertCoef(l, *m));
+    // signal() syncs the coop and releases: the row is written before the signal.
     gin::Net<>(l.dc, int(pos % size_t(l.dc.nContexts)))
         .signal(gin::teamWorld(l.dc), src, gin::SignalInc{l.sig.combine()}, coop);
     return;
@@ -489,8 +492,8 @@ GIN_HD void llDispatchCount(const Layer& l, int e, Coop coop) {
 
 // Low-latency mode: wait until every (local expert, source) count arrived
 // from all llSenders senders, i.e. every token dispatched to this rank is
-// here (each count follows its sender's payloads on one context). llExpertAndCombine waits for the same signals
-// itself; this lets a caller (gin-bench moe) end a timed dispatch phase at
+// here (each count follows its sender's payloads on one context).
+// llExpertAndCombine waits for the same signals itself; this lets a caller (gin-bench moe) end a timed dispatch phase at
 // the moment the dispatch is complete, before any expert runs.
 template <class Coop>
 GIN_HD bool llWaitDispatch(const Layer& l, Coop coop) {

@@ -4,12 +4,11 @@
 // C CTAs send (one per channel, warps per destination) while R x C CTAs
 // receive (one per source and channel), an expert+combine kernel (a warp per
 // received token), a kernel that waits for the combine signal (one CTA) and
-// a reduce kernel.
-// Low-latency mode: Shape::llSenders CTAs per expert dispatch (their warps
-// share the tokens), one CTA waits for every count, CTAs per (local expert, source) run
-// the expert and combine (a warp per token), then the reduce. The waits are
-// one-CTA kernels and the other grids leave half the GPU free (see
-// GpuLayer's constructor).
+// a reduce kernel. Low-latency mode: Shape::llSenders CTAs per expert
+// dispatch (their warps share the tokens), one CTA waits for every count,
+// CTAs per (local expert, source) run the expert and combine (a warp per
+// token), then the reduce. The waits are one-CTA kernels and the other grids
+// leave half the GPU free (see GpuLayer's constructor).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -153,7 +152,8 @@ __global__ void __launch_bounds__(256, 2)
   }
 }
 
-// One warp per received position: the experts, then the combine put.
+// One warp per received position: the experts, then the return to the
+// source (stored straight there over lsa, else put).
 __global__ void expertCombineKernel(Layer l, const unsigned long long* total, const int* srcOf, const uint16_t* recvX,
                                     const char* recvMeta) {
   float* partial = static_cast<float*>(gin::localPointer(l.partial, 0));
