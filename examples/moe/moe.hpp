@@ -192,24 +192,16 @@ GIN_HD uint64_t fromFirst(Coop coop, uint64_t v) {
 // a block or a span splits into its warps, a warp or a CPU thread is one.
 template <class Coop>
 struct Split {
-  using Sub = Coop;
-  GIN_HD static int count(Coop) { return 1; }
-  GIN_HD static int index(Coop) { return 0; }
-  GIN_HD static Sub sub(Coop c) { return c; }
-};
-template <>
-struct Split<gin::CoopWarpSpan> {
-  using Sub = gin::CoopWarp;
-  GIN_HD static int count(gin::CoopWarpSpan c) { return c.size() / 32 > 0 ? c.size() / 32 : 1; }
-  GIN_HD static int index(gin::CoopWarpSpan c) { return c.rank() / 32; }
-  GIN_HD static Sub sub(gin::CoopWarpSpan) { return {}; }
-};
-template <>
-struct Split<gin::CoopBlock> {
-  using Sub = gin::CoopWarp;
-  GIN_HD static int count(gin::CoopBlock c) { return c.size() / 32 > 0 ? c.size() / 32 : 1; }
-  GIN_HD static int index(gin::CoopBlock c) { return c.rank() / 32; }
-  GIN_HD static Sub sub(gin::CoopBlock) { return {}; }
+  static constexpr bool kWarps = std::is_same_v<Coop, gin::CoopWarpSpan> || std::is_same_v<Coop, gin::CoopBlock>;
+  using Sub = std::conditional_t<kWarps, gin::CoopWarp, Coop>;
+  GIN_HD static int count(Coop c) { return kWarps && c.size() >= 32 ? c.size() / 32 : 1; }
+  GIN_HD static int index(Coop c) { return kWarps ? c.rank() / 32 : 0; }
+  GIN_HD static Sub sub(Coop c) {
+    if constexpr (kWarps)
+      return Sub{};
+    else
+      return c;
+  }
 };
 
 // The sender of one (channel, destination) lane: channel c's tokens are
