@@ -139,18 +139,12 @@ struct Layer {
 
 // ---- normal mode ------------------------------------------------------------
 
-// Bit d is set when token t goes to rank d (ranks <= 64).
-GIN_HD inline uint64_t destMask(const Layer& l, int t) {
-  const int L = l.shape.localExperts();
-  uint64_t m = 0;
-  for (int k = 0; k < l.shape.topk; ++k) m |= 1ull << (l.topkIdx[size_t(t) * l.shape.topk + k] / L);
-  return m;
-}
-
 // Does token t go to rank d? Its index among the token's destinations is its
-// combine slot (destinations in increasing rank order).
+// combine slot (destinations in increasing rank order; ranks <= 64).
 GIN_HD inline int destSlot(const Layer& l, int t, int d) {
-  const uint64_t m = destMask(l, t);
+  const int L = l.shape.localExperts();
+  uint64_t m = 0;  // bit r: token t goes to rank r
+  for (int k = 0; k < l.shape.topk; ++k) m |= 1ull << (l.topkIdx[size_t(t) * l.shape.topk + k] / L);
   if (((m >> d) & 1) == 0) return -1;
   uint64_t below = m & ((1ull << d) - 1);
   int j = 0;
@@ -485,8 +479,9 @@ GIN_HD void llDispatchCount(const Layer& l, int e, Coop coop) {
 // Low-latency mode: wait until every (local expert, source) count arrived
 // from all llSenders senders, i.e. every token dispatched to this rank is
 // here (each count follows its sender's payloads on one context).
-// llExpertAndCombine waits for the same signals itself; this lets a caller (gin-bench moe) end a timed dispatch phase at
-// the moment the dispatch is complete, before any expert runs.
+// llExpertAndCombine waits for the same signals itself; this lets a caller
+// (gin-bench moe) end a timed dispatch phase at the moment the dispatch is
+// complete, before any expert runs.
 template <class Coop>
 GIN_HD bool llWaitDispatch(const Layer& l, Coop coop) {
   const int L = l.shape.localExperts(), R = l.shape.ranks;

@@ -134,15 +134,14 @@ inline void closeLayer(gin::Comm& comm, const Layer& l) {
 
 // What a rank prepares before a layer: the tokens laid out in slots, the
 // metadata of each (token, destination) (normal) or (token, k) (low latency),
-// the counts per (destination, channel), and per token the number of
+// what each sender puts (its list and count), and per token the number of
 // combine rows it will get back.
 struct Plan {
-  std::vector<char> x;          // [T][tokenBytes]
-  std::vector<char> meta;       // the meta window's contents
-  std::vector<uint64_t> count;  // [R][C] (normal)
-  std::vector<int> rows;        // [T] (normal)
+  std::vector<char> x;              // [T][tokenBytes]
+  std::vector<char> meta;           // the meta window's contents
+  std::vector<int> rows;            // [T] (normal)
   std::vector<uint32_t> sendList;   // Layer::sendList's contents
-  std::vector<uint64_t> sendCount;  // Layer::sendCount's
+  std::vector<uint64_t> sendCount;  // Layer::sendCount's (normal: also the counts each destination gets)
   uint64_t combineArrivals = 0;
 };
 
@@ -173,7 +172,6 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
     return p;
   }
   p.meta.assign(T * D * sh.metaBytes(), 0);
-  p.count.assign(size_t(R) * C, 0);
   p.rows.assign(T, 0);
   p.sendList.assign(std::max<size_t>(size_t(C) * R * sh.laneCap(), 1), 0);
   p.sendCount.assign(size_t(C) * R, 0);
@@ -185,7 +183,6 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
       p.sendList[lane * sh.laneCap() + p.sendCount[lane]++] = uint32_t(t) | uint32_t(j) << 24;
       p.rows[t] += 1;
       p.combineArrivals += 1;
-      p.count[size_t(d) * C + t % size_t(C)] += 1;
       TokenMeta m{};
       m.srcToken = uint32_t(t);
       m.combineSlot = uint32_t(j);
@@ -273,16 +270,16 @@ class CpuLayer {
     const Shape& sh = sh_;
     const int R = sh.ranks, C = sh.channels, me = comm_.rank();
     const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), D = size_t(sh.maxDests());
-    const std::vector<uint64_t>& cnt = p.count;
     gin::Net<> net(l_.dc, 0);
     const gin::Team world = gin::teamWorld(l_.dc);
     for (int d = 0; d < R; ++d)
       for (int c = 0; c < C; ++c) {
         const size_t at = (size_t(me) * C + size_t(c)) * 8;
+        const uint64_t n = p.sendCount[size_t(c) * R + size_t(d)];  // lane (c, d)'s tokens
         if (c + 1 < C)
-          net.putValue(world, d, l_.counts, at, cnt[size_t(d) * C + size_t(c)], gin::None{});
+          net.putValue(world, d, l_.counts, at, n, gin::None{});
         else
-          net.putValue(world, d, l_.counts, at, cnt[size_t(d) * C + size_t(c)], gin::SignalAdd{l_.sig.count(), 1});
+          net.putValue(world, d, l_.counts, at, n, gin::SignalAdd{l_.sig.count(), 1});
       }
     if (!net.waitSignal(gin::CoopThread{}, l_.sig.count(), uint64_t(R))) fail("count exchange");
     const auto* got = static_cast<const uint64_t*>(comm_.localPointer(l_.counts));
@@ -345,7 +342,8 @@ class CpuLayer {
     // splits them among CTAs and their warps.
     for (int e = 0; e < sh.experts; ++e)
       for (int snd = 0; snd < sh.llSenders; ++snd) {
-        for (int part = 0; part < 2; ++part) llDispatchExpert(l_, e, snd * 2 + part, sh.llSenders * 2, gin::CoopThread{});
+        for (int part = 0; part < 2; ++part)
+          llDispatchExpert(l_, e, snd * 2 + part, sh.llSenders * 2, gin::CoopThread{});
         llDispatchCount(l_, e, gin::CoopThread{});
       }
     if (!llWaitDispatch(l_, gin::CoopThread{})) fail("low-latency dispatch");

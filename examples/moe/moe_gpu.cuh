@@ -49,16 +49,18 @@ __device__ bool spin(const gin::DevComm& dc, Step step, gin::Op op, int peer, ui
   }
 }
 
-// This rank's counts: thread i puts entry i = (d, c) to d (no signal), then
+// This rank's counts (Layer::sendCount, lane (c, d) at c * R + d): thread i
+// puts lane i's count to its destination d (no signal), then
 // after a block barrier thread d adds the count signal at d (same context
 // and peer as d's putValues, so the signal follows them; over lsa its
 // release covers the other threads' stores through the barrier).
-__global__ void countKernel(Layer l, const uint64_t* cnt) {
+__global__ void countKernel(Layer l) {
   gin::Net<> net(l.dc, 0);
   const int R = l.shape.ranks, C = l.shape.channels;
   for (int i = int(threadIdx.x); i < R * C; i += int(blockDim.x)) {
-    const int d = i / C, c = i % C;
-    net.putValue(gin::teamWorld(l.dc), d, l.counts, (size_t(l.dc.rank) * C + size_t(c)) * 8, cnt[i], gin::None{});
+    const int c = i / R, d = i % R;
+    net.putValue(gin::teamWorld(l.dc), d, l.counts, (size_t(l.dc.rank) * C + size_t(c)) * 8, l.sendCount[i],
+                 gin::None{});
   }
   __syncthreads();
   for (int d = int(threadIdx.x); d < R; d += int(blockDim.x))
@@ -229,8 +231,7 @@ __global__ void llWaitKernel(Layer l, int* failed) {
 __global__ void llExpertKernel(Layer l, int split, int* failed) {
   const int pair = int(blockIdx.x) / split, el = pair / l.shape.ranks, src = pair % l.shape.ranks;
   const int nw = int(blockDim.x / 32), part = (int(blockIdx.x) % split) * nw + int(threadIdx.x / 32);
-  if (!llExpertAndCombine(l, el, src, part, split * nw, gin::CoopWarp{}) && threadIdx.x % 32 == 0)
-    atomicAdd(failed, 1);
+  if (!llExpertAndCombine(l, el, src, part, split * nw, gin::CoopWarp{}) && threadIdx.x % 32 == 0) atomicAdd(failed, 1);
 }
 
 __global__ void resetKernel(Layer l, uint32_t from, uint32_t to) {
@@ -257,7 +258,6 @@ class GpuLayer {
     w_ = static_cast<float*>(alloc(std::max<size_t>(T * K * 4, 4)));
     out_ = static_cast<float*>(alloc(std::max<size_t>(T * H * 4, 4)));
     rows_ = static_cast<int*>(alloc(std::max<size_t>(T * 4, 4)));
-    cnt_ = static_cast<uint64_t*>(alloc(R * C * 8));
     sendList_ = static_cast<uint32_t*>(alloc(std::max<size_t>(std::max(C * R * sh.laneCap(), E * T) * 4, 4)));
     sendCount_ = static_cast<uint64_t*>(alloc(std::max(C * R, E) * 8));
     rs_ = static_cast<RecvState*>(alloc(R * C * sizeof(RecvState)));
@@ -329,12 +329,11 @@ class GpuLayer {
     MOE_CUDA(cudaMemcpyAsync(idx_, in.idx.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
     MOE_CUDA(cudaMemcpyAsync(w_, in.weight.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
     if (!ll_) {
-      MOE_CUDA(cudaMemcpyAsync(cnt_, plan_.count.data(), plan_.count.size() * 8, cudaMemcpyHostToDevice, st_));
       MOE_CUDA(cudaMemcpyAsync(rows_, plan_.rows.data(), T * 4, cudaMemcpyHostToDevice, st_));
     }
     MOE_CUDA(cudaMemcpyAsync(sendList_, plan_.sendList.data(), plan_.sendList.size() * 4, cudaMemcpyHostToDevice, st_));
-    MOE_CUDA(cudaMemcpyAsync(sendCount_, plan_.sendCount.data(), plan_.sendCount.size() * 8, cudaMemcpyHostToDevice,
-                             st_));
+    MOE_CUDA(
+        cudaMemcpyAsync(sendCount_, plan_.sendCount.data(), plan_.sendCount.size() * 8, cudaMemcpyHostToDevice, st_));
     MOE_CUDA(cudaStreamSynchronize(st_));
     rearm();
   }
@@ -360,14 +359,14 @@ class GpuLayer {
     const int R = sh.ranks, C = sh.channels;
     MOE_CUDA(cudaMemsetAsync(failed(), 0, 4, st_));
     if (!ll_) {
-      gpu::countKernel<<<1, kThreads, 0, st_>>>(l_, cnt_);
+      gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
       gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed());
       gpu::dispatchKernel<<<C + R * C, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_, failed());
       if (dispatched) MOE_CUDA(cudaEventRecord(dispatched, st_));
       gpu::expertCombineKernel<<<combineGrid_, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
       gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());
-      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, rows_, sh.maxDests(),
-                                                                                     nullptr, out_);
+      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, rows_, sh.maxDests(), nullptr,
+                                                                                     out_);
     } else {
       gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
       gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
@@ -417,7 +416,6 @@ class GpuLayer {
   int32_t* idx_ = nullptr;
   float *w_ = nullptr, *out_ = nullptr;
   int* rows_ = nullptr;
-  uint64_t* cnt_ = nullptr;
   uint32_t* sendList_ = nullptr;
   uint64_t* sendCount_ = nullptr;
   RecvState* rs_ = nullptr;
