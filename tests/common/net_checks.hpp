@@ -401,7 +401,9 @@ inline void engineStress(gin::Comm& comm, uint64_t seed, int pushers, int perPee
               net.put(world, p, dst, at + m.mis, src, from + m.mis, m.bytes, SignalInc{sig});
               break;
           }
-          pushed[size_t(t)] += uint64_t(detail::stressDescriptors(m));
+          // Producers that store to peers mapped here push only the actions:
+          // one descriptor per message (every kind carries one signal).
+          pushed[size_t(t)] += dc.proxyLsaStores && lsaIndexOf(dc, p) >= 0 ? 1u : uint64_t(detail::stressDescriptors(m));
         }
       if (!net.flush(CoopThread{})) return report("pusher " + std::to_string(t) + ": flush gave up");
       const uint64_t c = net.readCounter(cnt);

@@ -669,6 +669,45 @@ TEST_CASE(
       cfg));
 }
 
+TEST_CASE(
+    "proxy: producers that store to peers mapped here (proxy.producerStores, the GPU default) keep every ordering "
+    "rule; the engine carries only the actions",
+    "[proxy][stores]") {
+  const int ranks = GENERATE(1, 3, 5);
+  const uint64_t seed = Catch::getSeed() + uint64_t(ranks);
+  CAPTURE(ranks, seed);
+  CommConfig cfg = proxyConfig(20'000'000'000ull, 16);
+  cfg.proxy.producerStores = 1;
+  cfg.proxy.threads = 2;
+  REQUIRE_NOTHROW(runRanks(
+      ranks,
+      [&](Comm& comm) {
+        expect(comm.devComm().proxyLsaStores == 1, "proxyLsaStores is not set");
+        gintest::engineStress(comm, seed, 5, 16, 4096);
+        // A put without actions pushes nothing; its CounterInc alone is a descriptor.
+        const DevComm dc = comm.devComm();
+        Window w = comm.allocWindow(64);
+        const Net net(dc, 0);
+        const int next = (comm.rank() + 1) % comm.nRanks();
+        const uint64_t before = comm.proxyEngine()->executed();
+        net.put(teamWorld(dc), next, w, 0, w, 32, 8);
+        expect(net.flush(CoopThread{}) && comm.proxyEngine()->executed() == before, "a bare put pushed a descriptor");
+        net.put(teamWorld(dc), next, w, 0, w, 32, 8, None{}, CounterInc{7});
+        expect(net.waitCounter(CoopThread{}, 7, 1) && comm.proxyEngine()->executed() == before + 1,
+               "CounterInc alone: one descriptor");
+        comm.check();
+        comm.bootstrap().barrier();
+      },
+      cfg));
+  // Off by default on CPU ranks; GIN_PROXY_PRODUCER_STORES must say 0 or 1.
+  REQUIRE_NOTHROW(runRanks(
+      2, [](Comm& comm) { expect(comm.devComm().proxyLsaStores == 0, "on by default on CPU ranks"); },
+      proxyConfig()));
+  ::setenv("GIN_PROXY_PRODUCER_STORES", "yes", 1);
+  CHECK_THROWS_WITH(runRanks(2, [](Comm&) {}, proxyConfig()), ContainsSubstring("GIN_PROXY_PRODUCER_STORES=\"yes\""));
+  ::unsetenv("GIN_PROXY_PRODUCER_STORES");
+}
+
 TEST_CASE("proxy: pause(true) parks every engine thread; nothing on any ring is consumed until resumed",
           "[proxy][threads]") {
   CommConfig cfg = proxyConfig();

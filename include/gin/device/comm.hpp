@@ -75,7 +75,12 @@ struct DevComm {
   // 1: every peer, lsa members included, goes through ibgda (testing;
   // CommConfig::transport = Ibgda).
   int32_t ibgdaAll = 0;
-  int32_t ibgdaPad = 0;
+  // 1: a put or putValue over the proxy to an lsa member is stored by the
+  // producing threads themselves (the peer's window is mapped here), and only
+  // its actions travel as a descriptor. GPU ranks on the local wire: the engine
+  // then needs no CUDA copy, which could queue behind the kernels that wait
+  // for it (docs/host-api.md, "progress"). CommConfig::proxy.producerStores.
+  int32_t proxyLsaStores = 0;
 };
 static_assert(std::is_trivially_copyable_v<DevComm>, "DevComm must cross to the GPU by value");
 

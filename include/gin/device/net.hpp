@@ -92,6 +92,11 @@ class Net {
     }
     if constexpr ((Backends & kBackendProxy) != 0) {
       if (viaProxy(world)) {
+        if (const int li = proxyStoreIndex(world); li >= 0) {
+          lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
+          proxyActions(coop, world, remote, local, alreadyReleased);
+          return;
+        }
         ProxyDesc d = proxyDesc(ProxyOp::Put, world, remote, local);
         d.dstWindow = loadConst(&dstWin.dev->id);
         d.dstOffset = dstOffset;
@@ -142,6 +147,11 @@ class Net {
     }
     if constexpr ((Backends & kBackendProxy) != 0) {
       if (viaProxy(world)) {
+        if (const int li = proxyStoreIndex(world); li >= 0) {
+          if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
+          proxyActions(coop, world, remote, None{}, alreadyReleased);
+          return;
+        }
         ProxyDesc d = proxyDesc(ProxyOp::PutValue, world, remote, None{});
         d.dstWindow = loadConst(&dstWin.dev->id);
         d.dstOffset = dstOffset;
@@ -471,6 +481,23 @@ class Net {
       (void)local;
     }
     return d;
+  }
+  // The lsa index of a proxy peer whose window this rank stores into itself
+  // (DevComm::proxyLsaStores), else -1.
+  GIN_HD int proxyStoreIndex(int world) const { return c_->proxyLsaStores != 0 ? lsaIndexOf(*c_, world) : -1; }
+  // After the producers stored a put's payload themselves: its actions alone,
+  // as one descriptor (the push's system-scope release orders the coop's
+  // stores before the engine's signal). Nothing to push without actions.
+  template <class Coop, class RemoteAction, class LocalAction>
+  GIN_HD void proxyActions(Coop coop, int world, RemoteAction remote, LocalAction local, Scope alreadyReleased) const {
+    if constexpr (!std::is_same_v<RemoteAction, None> || !std::is_same_v<LocalAction, None>) {
+      const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, local);
+      if (d.action != uint8_t(ProxyAction::None) || d.counterId != kProxyNoCounter)
+        proxyPush(coop, d, Scope::Thread);  // always: the coop's own stores are not released yet
+    } else {
+      (void)coop, (void)world, (void)remote, (void)local;
+    }
+    (void)alreadyReleased;
   }
   // The coop's writes (the put's source, the data a signal publishes) are
   // ordered before the push by the sync; one thread pushes, with a

@@ -174,6 +174,7 @@ class Comm {
       // Checked on every rank together, so a bad list stops all of them.
       agreeOn("proxy engine CPUs", [&] { engineCpus_ = engineCpus(); });
       agreeOn("proxy engine threads", [&] { cfg_.proxy.threads = engineThreads(); });
+      agreeOn("proxy producer stores", [&] { cfg_.proxy.producerStores = producerStoresSetting(); });
     }
     buildState();
     bs_.barrier();  // every rank's signals and inboxes are zero before anyone uses them
@@ -836,6 +837,34 @@ class Comm {
                                             std::move(hooks));
   }
 
+  // Whether this rank's producers store puts to its lsa members themselves
+  // (DevComm::proxyLsaStores): only where every lsa member the proxy reaches
+  // is on the local wire (after buildWires chose the wires).
+  bool producerStores() const {
+    if (!cfg_.proxy.producerStores) return false;
+    for (int i = 0; i < dev_.lsaSize; ++i) {
+      const int r = rank_ - dev_.lsaRank + i;
+      if (transports_[size_t(r)] == uint8_t(Transport::Proxy) && wireOf_[size_t(r)] != uint8_t(ProxyWire::Local))
+        return false;
+    }
+    return true;
+  }
+
+  // CommConfig::proxy.producerStores with GIN_PROXY_PRODUCER_STORES applied
+  // and auto resolved: 0 or 1.
+  int producerStoresSetting() const {
+    int want = cfg_.proxy.producerStores;
+    if (const char* e = std::getenv("GIN_PROXY_PRODUCER_STORES"); e && *e) {
+      const std::string v = e;
+      if (v != "0" && v != "1")
+        throw Error("GIN_PROXY_PRODUCER_STORES=\"" + v +
+                    "\": write 1 (producers store puts to peers mapped here; the engine does only the actions) or 0 "
+                    "(the engine copies)");
+      want = v == "1";
+    }
+    return want < 0 ? (gpu_ ? 1 : 0) : (want ? 1 : 0);
+  }
+
   // Engine threads: GIN_PROXY_THREADS, else CommConfig::proxy.threads; at
   // most one per context ring (more would have nothing to consume).
   uint32_t engineThreads() const {
@@ -951,6 +980,7 @@ class Comm {
       useTcp[size_t(r)] = w == ProxyWire::Tcp;
       remote = remote || (w == ProxyWire::Tcp && r / L != rank_ / L);
     }
+    dev_.proxyLsaStores = producerStores() ? 1 : 0;
     if (anyVerbs) buildVerbsWire();
     if (!anyTcp) return;
     TcpGpu gpu;

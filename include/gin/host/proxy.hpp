@@ -65,6 +65,13 @@ struct ProxyConfig {
   // overrides; "none" turns pinning off.
   std::string cpus;
   ProxyWire wire = ProxyWire::Auto;
+  // Who moves a put's payload to a peer mapped in this process (the local
+  // wire): the producing threads themselves, with only the actions left to
+  // the engine (1), or the engine (0). -1: the producers on GPU ranks, whose
+  // engine could otherwise move GPU memory only with CUDA copies, which queue
+  // behind the user's spinning kernels; the engine on CPU ranks.
+  // GIN_PROXY_PRODUCER_STORES=0|1 overrides.
+  int producerStores = -1;
 };
 
 // A Linux cpulist ("0-3,8,10-11") as CPU numbers; throws gin::Error naming
@@ -607,7 +614,10 @@ class ProxyEngine {
         break;
       }
       case ProxyOp::Signal:
-        if (action == ProxyAction::None) return reject(w, ctx, d, d.signalId, d.action, uint64_t(ProxyAction::Set));
+        // Actions alone; a counter alone is a put whose payload the producer
+        // stored itself (DevComm::proxyLsaStores).
+        if (action == ProxyAction::None && d.counterId == kProxyNoCounter)
+          return reject(w, ctx, d, d.signalId, d.action, uint64_t(ProxyAction::Set));
         break;
       default: return reject(w, ctx, d, d.op, d.op, uint64_t(ProxyOp::Signal));
     }
