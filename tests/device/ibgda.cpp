@@ -480,3 +480,110 @@ TEST_CASE("ibgda deferred doorbell: many threads, a small queue; producers waiti
         return c;
       }()));
 }
+
+// ---- the WQE builders' limits (issue 12, item 5) ----
+
+TEST_CASE("ibgda: maxWqeBytes of 2^31 or more is refused (bit 31 of a data segment's byte count means inline)",
+          "[ibgda]") {
+  const uint32_t bad = GENERATE(0x80000000u, 0xffffffffu);
+  CAPTURE(bad);
+  REQUIRE_THROWS_WITH(runRanks(
+                          2, [](Comm&) {}, ibgdaConfig(20'000'000'000ull, 64, bad)),
+                      ContainsSubstring("maxWqeBytes = " + std::to_string(bad)) && ContainsSubstring("below 2^31"));
+  // The largest value that fits is taken as it is.
+  REQUIRE_NOTHROW(runRanks(
+      1,
+      [](Comm& comm) { expect(comm.devComm().ibgda->maxWqeBytes == 0x7fffffffu, "maxWqeBytes 2^31 - 1 was not kept"); },
+      ibgdaConfig(20'000'000'000ull, 64, 0x7fffffffu)));
+}
+
+TEST_CASE("ibgda put: no data segment's byte count reaches bit 31, whatever maxWqeBytes the table holds", "[ibgda]") {
+  REQUIRE_NOTHROW(runRanks(
+      1,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window src = comm.allocWindow(64);
+        Window dst = comm.allocWindow(64);
+        // A table the host check never let through (corrupt or hand-built).
+        const_cast<IbgdaDev*>(dc.ibgda)->maxWqeBytes = 0x80000000u;
+        // Sink mode: the NIC reads no payload, so a 4 GiB put needs no 4 GiB buffer.
+        const uint64_t bytes = (uint64_t(1) << 32) + 5;
+        expect(ibgda::put(dc, 0, 0, dst.dev, 0, src.dev, 0, bytes, ibgda::Action{}), "put: " + checkMessage(comm));
+        expect(ibgda::flush(dc, 0), "flush: " + checkMessage(comm));
+        const IbgdaQpDev* qp = ibgda::qpOf(dc, 0, 0);
+        const uint64_t n = qp->state->resv;
+        uint64_t sum = 0;
+        for (uint64_t i = 0; i < n; ++i) {
+          mlx5::DataSeg d;
+          std::memcpy(&d, qp->sq + (i & (qp->nWqe - 1)) * 64 + 32, sizeof d);
+          expect(!mlx5::isInline(d.byteCount), "WQE " + std::to_string(i) + " of the put has the inline bit set (" +
+                                                   std::to_string(mlx5::dataBytes(d)) + " bytes)");
+          sum += mlx5::dataBytes(d);
+        }
+        expect(n == 3 && sum == bytes, std::to_string(n) + " WQEs carrying " + std::to_string(sum) + " bytes");
+        comm.check();
+        const_cast<IbgdaDev*>(dc.ibgda)->maxWqeBytes = 4096;
+        comm.deregisterWindow(dst);
+        comm.deregisterWindow(src);
+      },
+      ibgdaConfig(20'000'000'000ull, 64, 4096, IbgdaConfig::Device::SoftSink)));
+}
+
+TEST_CASE("ibgda putValue: more bytes than a WQE carries inline are refused on the device; nothing is posted",
+          "[ibgda]") {
+  const uint32_t bytes = GENERATE(9u, 28u, 29u, 40u);
+  CAPTURE(bytes);
+  std::string msg;
+  REQUIRE_NOTHROW(runRanks(
+      1,
+      [&](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window w = comm.allocWindow(64);
+        uint8_t value[64];
+        for (size_t i = 0; i < sizeof value; ++i) value[i] = uint8_t(i + 1);
+        const bool ok = ibgda::putValue(dc, 1, 0, w.dev, 0, value, bytes, ibgda::Action{});
+        msg = checkMessage(comm);
+        expect(!ok, "putValue of " + std::to_string(bytes) + " bytes was accepted");
+        expect(qpState(comm, 1, 0).resv == 0, "WQE slots were reserved for a refused putValue");
+        expect(comm.ibgda()->nic().executed() == 0 && comm.ibgda()->nic().errors() == 0,
+               "the NIC saw a WQE for a refused putValue");
+        comm.deregisterWindow(w);
+      },
+      ibgdaConfig()));
+  REQUIRE_THAT(msg, ContainsSubstring("badArgument") && ContainsSubstring("value " + std::to_string(bytes)) &&
+                        ContainsSubstring("limit 8"));
+}
+
+TEST_CASE("ibgda: a compressed CQE (mini-CQE array) is reported as such, never parsed as a completion", "[ibgda]") {
+  std::string msg;
+  bool flushed = true;
+  REQUIRE_NOTHROW(runRanks(
+      1,
+      [&](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window w = comm.allocWindow(64);
+        Net net(dc, 2);
+        const Team world = teamWorld(dc);
+        net.putValue(world, 0, w, 0, uint64_t(1));
+        expect(net.flush(CoopThread{}), "first flush: " + checkMessage(comm));
+        SoftNic& nic = comm.ibgda()->nic();
+        nic.pause(true);
+        net.putValue(world, 0, w, 8, uint64_t(2));  // WQE 1: published, not consumed
+        // What a NIC with CQE compression on for this CQ could write at CQ
+        // index 1: this pass's owner bit, format 3 (bits 3..2 of op_own).
+        const IbgdaQpDev* qp = ibgda::qpOf(dc, 2, 0);
+        mlx5::Cqe64 c;
+        mlx5::fillCqe(c, 1, qp->qpn, 0);
+        c.b[mlx5::kCqeOpOwn] = uint8_t(mlx5::makeOpOwn(mlx5::kCqeReq, mlx5::cqeExpectedOwner(1, qp->nCqe)) | (3u << 2));
+        std::memcpy(qp->cq[1].b, c.b, sizeof c);
+        flushed = net.flush(CoopThread{});
+        msg = checkMessage(comm);
+        expect(qp->state->done == 1, "the compressed block counted as the completion of WQE 1");
+        nic.pause(false);
+        comm.deregisterWindow(w);
+      },
+      ibgdaConfig(20'000'000'000ull, 16)));
+  REQUIRE(!flushed);
+  REQUIRE_THAT(msg, ContainsSubstring("compressed CQE") && ContainsSubstring("context 2") &&
+                        ContainsSubstring("peer 0") && ContainsSubstring("CQ index 1"));
+}

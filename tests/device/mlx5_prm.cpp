@@ -249,3 +249,56 @@ TEST_CASE("mlx5 prm: the ibgda transport's WQEs equal rdma-core-built ones", "[m
     REQUIRE(std::memcmp(q.w, r.b, 64) == 0);
   }
 }
+
+TEST_CASE("mlx5 prm: an inline WRITE longer than the WQE's room is refused; nothing is written past the slot",
+          "[mlx5][ibgda]") {
+  struct Guarded {
+    gin::ibgda::Wqe q;
+    uint8_t after[64];
+  } g;
+  static_assert(offsetof(Guarded, after) == sizeof(gin::ibgda::Wqe));
+  uint8_t value[128];
+  for (size_t i = 0; i < sizeof value; ++i) value[i] = uint8_t(0x80 | i);
+  for (uint32_t n = 0; n <= 100; ++n) {
+    CAPTURE(n);
+    std::memset(&g, 0x5c, sizeof g);
+    (void)gin::ibgda::makeWriteInline(g.q, 0x1000, 7, value, n, 0);
+    for (uint8_t b : g.after) REQUIRE(b == 0x5c);
+    if (n <= m::kMaxInlineInOneBB) {
+      // What fits is built whole: the header says n bytes, ds covers them.
+      m::CtrlSeg c;
+      std::memcpy(&c, g.q.w, sizeof c);
+      REQUIRE(m::ctrlDs(c) == m::dsInline(n));
+      m::InlineSeg h;
+      std::memcpy(&h, reinterpret_cast<const char*>(g.q.w) + 32, 4);
+      REQUIRE(m::inlineBytes(h) == n);
+      REQUIRE(std::memcmp(reinterpret_cast<const char*>(g.q.w) + 36, value, n) == 0);
+    }
+  }
+}
+
+TEST_CASE("mlx5 prm: makeWriteInline says whether it built the WQE; a refused one is left as it was", "[mlx5][ibgda]") {
+  uint8_t value[64] = {};
+  gin::ibgda::Wqe q;
+  for (uint32_t n = 0; n <= 64; ++n) {
+    CAPTURE(n);
+    std::memset(&q, 0x5c, sizeof q);
+    const bool built = gin::ibgda::makeWriteInline(q, 0x1000, 7, value, n, 0);
+    REQUIRE(built == (n <= m::kMaxInlineInOneBB));
+    if (!built)
+      for (int i = 0; i < 64; ++i) REQUIRE(reinterpret_cast<const uint8_t*>(q.w)[i] == 0x5c);
+  }
+}
+
+TEST_CASE("mlx5 prm: the CQE format (bits 3..2 of op_own) equals mlx5dv_get_cqe_format; 3 is compressed", "[mlx5]") {
+  for (int v = 0; v < 256; ++v) {
+    mlx5_cqe64 ref;
+    std::memset(&ref, 0, sizeof ref);
+    ref.op_own = uint8_t(v);
+    REQUIRE(m::cqeFormat(uint8_t(v)) == mlx5dv_get_cqe_format(&ref));
+    REQUIRE(m::cqeOpcode(uint8_t(v)) == mlx5dv_get_cqe_opcode(&ref));
+    REQUIRE(m::cqeOwner(uint8_t(v)) == mlx5dv_get_cqe_owner(&ref));
+  }
+  REQUIRE(m::cqeFormat(m::kCqeInitOpOwn) != m::kCqeFormatCompressed);
+  REQUIRE(m::cqeFormat(m::makeOpOwn(m::kCqeReq, 1)) == 0);
+}

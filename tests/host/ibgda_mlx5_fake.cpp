@@ -25,7 +25,6 @@ using gintest::runRanks;
 
 namespace {
 
-
 void resetFake() {
   fakeverbs::ctl.devicePresent = true;
   fakeverbs::ctl.linkLayer = IBV_LINK_LAYER_ETHERNET;
@@ -38,6 +37,7 @@ void resetFake() {
   fakeverbs::ctl.extraSqFactor = 1;
   fakeverbs::ctl.mlx5Qps = 0;
   fakeverbs::ctl.nicExecuted = 0;
+  fakeverbs::ctl.maxMsgBytes = 1u << 30;
 }
 
 CommConfig mlx5Config(uint32_t depth = 64, uint32_t maxWqeBytes = 4096, int nContexts = 2) {
@@ -213,5 +213,29 @@ TEST_CASE("ibgda on mlx5: InfiniBand addressing (LID, no GRH) connects too", "[i
         gintest::allToAllPut(comm, 100, 0, 0, 7);
       },
       mlx5Config()));
+  requireModelClean();
+}
+
+TEST_CASE("ibgda on mlx5: maxWqeBytes above the port's max_msg_sz is lowered to it; puts split accordingly",
+          "[ibgda][mlx5]") {
+  resetFake();
+  fakeverbs::ctl.maxMsgBytes = 1000;
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [](Comm& comm) {
+        expect(comm.devComm().ibgda->maxWqeBytes == 1000, "the device table's maxWqeBytes is " +
+                                                              std::to_string(comm.devComm().ibgda->maxWqeBytes) +
+                                                              ", the port allows 1000 per message");
+        expect(comm.ibgda()->config().maxWqeBytes == 1000, "config() does not report the value in use");
+        gintest::allToAllPut(comm, 70001, 3, 5, 23);
+      },
+      mlx5Config(64, 4096)));
+  // Every put: 71 payload WQEs of at most 1000 bytes and a signal WQE, per context and peer.
+  CHECK(fakeverbs::ctl.nicExecuted == 2ull * 2 * 2 * (71 + 1));
+  // A port that reports more than asked for leaves maxWqeBytes as it is.
+  resetFake();
+  REQUIRE_NOTHROW(runRanks(
+      1, [](Comm& comm) { expect(comm.devComm().ibgda->maxWqeBytes == 4096, "maxWqeBytes 4096 changed"); },
+      mlx5Config(64, 4096)));
   requireModelClean();
 }

@@ -44,6 +44,11 @@ enum class Op : uint32_t {
   IbgdaCqe,       // the NIC completed a WQE with an error (syndrome in the record)
   AllReduceSend,  // ring AllReduce waited for the next rank to free a temporary slot (gin/device/allreduce.hpp)
   AllReduceRecv,  // ring AllReduce waited for a neighbour's data
+  // The ibgda poller met a compressed CQE (a mini-CQE array), which it cannot parse.
+  IbgdaCqeCompressed,
+  // A wait stopped because another rank of the communicator failed first
+  // (peer: that rank; objectId: the Op of the wait; expected: its id).
+  PeerFailed,
 };
 
 // Why the tcp wire rejected a frame (DeviceErrorRecord::objectId for Op::WireFrame).
@@ -114,6 +119,8 @@ GIN_HD inline const char* opName(Op op) {
     case Op::IbgdaCqe: return "ibgdaCompletionError";
     case Op::AllReduceSend: return "allReduceSend";
     case Op::AllReduceRecv: return "allReduceRecv";
+    case Op::IbgdaCqeCompressed: return "ibgdaCompressedCqe";
+    case Op::PeerFailed: return "peerFailed";
   }
   return "unknown";
 }
@@ -215,6 +222,24 @@ inline std::string describe(const DeviceErrorRecord& r) {
     s += " on context " + std::to_string(r.context) + " to peer " + std::to_string(r.peer) + ": WQE index " +
          std::to_string(r.objectId) + " failed, " + hex + ": " + detail::cqeSyndromeName(uint32_t(r.expected)) +
          ". The QP is in error; nothing after that WQE was carried out.";
+    return s;
+  }
+  if (op == Op::PeerFailed) {
+    s += ": stopped its " + std::string(opName(static_cast<Op>(r.objectId))) + " on context " +
+         std::to_string(r.context) + " (id " + std::to_string(r.expected) + ") because rank " + std::to_string(r.peer) +
+         " failed first; rank " + std::to_string(r.peer) + "'s own error says what went wrong";
+    return s;
+  }
+  if (op == Op::IbgdaCqeCompressed) {
+    // objectId: the first WQE not known complete; expected: op_own; observed: CQ index.
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "0x%02x", unsigned(r.expected & 0xff));
+    s += " on context " + std::to_string(r.context) + " to peer " + std::to_string(r.peer) + ": CQ index " +
+         std::to_string(r.observed) + " holds a compressed CQE (op_own " + hex +
+         ", format 3: a mini-CQE array), which gin cannot parse; whether WQE index " + std::to_string(r.objectId) +
+         " and later ones completed is unknown, so this QP is no longer used. gin creates its CQs without CQE "
+         "compression: the CQ was created or changed by other code (mlx5dv_create_cq with "
+         "MLX5DV_CQ_INIT_ATTR_MASK_COMPRESSED_CQE), or its memory was overwritten.";
     return s;
   }
   if (op == Op::IbgdaFull || op == Op::IbgdaFlush) {

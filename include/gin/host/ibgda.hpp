@@ -48,9 +48,12 @@ struct IbgdaConfig {
   // Auto: GIN_IBGDA_QUEUES (host, gpu), else Host.
   enum class Queues { Auto, Host, Gpu };
   Queues queues = Queues::Auto;
-  uint32_t qpDepth = 256;           // WQEs per QP (and CQEs per CQ): a power of two in [2, 2^15]
-  uint32_t maxWqeBytes = 1u << 20;  // bytes one RDMA WRITE carries; larger puts are split
-  uint32_t maxWindows = 64;         // windows registered at once
+  uint32_t qpDepth = 256;  // WQEs per QP (and CQEs per CQ): a power of two in [2, 2^15]
+  // Bytes one RDMA WRITE carries; larger puts are split. Below 2^31 (bit 31
+  // of a data segment's byte count means inline data); on an mlx5 device,
+  // lowered to the port's max_msg_sz where that is smaller (config() tells).
+  uint32_t maxWqeBytes = 1u << 20;
+  uint32_t maxWindows = 64;  // windows registered at once
   // Posts only publish their WQEs; flush, waitCounter, readCounter and
   // producers waiting for room ring the doorbell (one ring covers a batch).
   // A peer waiting for a signal sees nothing until the sender flushes.
@@ -92,6 +95,11 @@ class IbgdaTransport {
           "(got " +
           std::to_string(cfg.qpDepth) + ", " + std::to_string(cfg.maxWqeBytes) + ", " + std::to_string(cfg.maxWindows) +
           ")");
+    if (cfg.maxWqeBytes > mlx5::kMaxDataSegBytes)
+      throw Error("CommConfig::ibgda.maxWqeBytes = " + std::to_string(cfg.maxWqeBytes) +
+                  " is 2^31 or more: one mlx5 WQE's data segment describes at most 2^31 - 1 bytes (bit 31 of its "
+                  "byte count marks inline data). Set it below 2^31; the default is 1 MiB, and ConnectX ports report "
+                  "at most 1 GiB per message (max_msg_sz)");
     if (detail::ibgdaQueues(cfg.queues) == IbgdaConfig::Queues::Gpu)
       throw Error(
           "ibgda queues in GPU memory (IbgdaConfig::queues = Gpu, GIN_IBGDA_QUEUES=gpu: DEVX QP/CQ objects on GPU "
@@ -347,6 +355,15 @@ class IbgdaTransport {
     mc.gpu = gpu;
     mlx5_ = std::make_unique<Mlx5Nic>(bs_, dev.nContexts, wanted, reinterpret_cast<char*>(dev.signals),
                                       uint64_t(nSignalWords) * 8, mc);
+    // A WRITE longer than the max_msg_sz of the sending or the receiving
+    // port fails (error CQE): split puts at the smallest of every rank's port
+    // instead (0: the port reported no limit). Collective, like the NIC's
+    // setup above, which every rank passed or none did.
+    std::vector<uint32_t> maxMsg(size_t(nRanks_), 0);
+    maxMsg[size_t(rank_)] = mlx5_->maxMessageBytes();
+    bs_.allGather(maxMsg.data(), sizeof(uint32_t));
+    for (const uint32_t m : maxMsg)
+      if (m != 0 && m < cfg_.maxWqeBytes) cfg_.maxWqeBytes = m;
     const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_);
     std::vector<IbgdaQpDev> qps = allocTables(nCtx, gpu);
     for (size_t ctx = 0; ctx < nCtx; ++ctx)

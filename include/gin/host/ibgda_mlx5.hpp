@@ -218,6 +218,8 @@ class Mlx5Nic {
   void removeWindow(uint32_t id) { windows_.erase(id); }
 
   const std::string& deviceName() const { return dev_.name; }
+  // The port's largest message (ibv_port_attr::max_msg_sz), 0 when it reports none.
+  uint32_t maxMessageBytes() const { return dev_.portAttr.max_msg_sz; }
   int port() const { return dev_.port; }
   bool roce() const { return dev_.roce; }
   uint32_t gidIndex() const { return dev_.gidIndex; }
@@ -333,7 +335,7 @@ class Mlx5Nic {
         qa.cap.max_recv_wr = 0;
         qa.cap.max_send_sge = 1;
         qa.cap.max_recv_sge = 0;
-        qa.cap.max_inline_data = 8;
+        qa.cap.max_inline_data = kIbgdaMaxInline;
         q.qp.reset(ibv_create_qp(pd_.get(), &qa));
         if (!q.qp)
           fail("ibv_create_qp(RC, " + std::to_string(depth) + " WQEs) for " + what +

@@ -48,6 +48,10 @@ inline constexpr uint8_t kCtrlFence = 4u << 5;
 inline constexpr uint32_t kInlineSeg = 0x80000000u;  // inline data segment marker in byte_count
 inline constexpr uint32_t kSendWqeBB = 64;           // a WQE basic block
 inline constexpr uint32_t kDsBytes = 16;             // ds counts 16-byte units
+// The most bytes a data (gather) segment can describe: its byte count has 31
+// bits, because bit 31 is kInlineSeg and a NIC would read the segment as
+// inline data. (A port's max_msg_sz is usually lower still: 1 GiB on ConnectX.)
+inline constexpr uint32_t kMaxDataSegBytes = kInlineSeg - 1;
 
 // CQE opcodes (high nibble of op_own).
 enum CqeOpcode : uint8_t {
@@ -183,7 +187,7 @@ inline constexpr int kCqeSyndrome = 55;        // error CQE
 inline constexpr int kCqeSopDropQpn = 56;      // __be32: (error CQE: WQE opcode << 24) | qpn
 inline constexpr int kCqeWqeCounter = 60;      // __be16: index of the completed WQE
 inline constexpr int kCqeSignature = 62;
-inline constexpr int kCqeOpOwn = 63;  // opcode << 4 | ... | owner bit 0
+inline constexpr int kCqeOpOwn = 63;  // opcode << 4 | format << 2 | solicited event << 1 | owner
 
 // What software writes into every CQE before handing the CQ to the NIC: an
 // invalid opcode with owner 1, which a first-pass poll (expects owner 0) skips.
@@ -200,6 +204,13 @@ GIN_HD GIN_INLINE void storeBe32(uint8_t* p, uint32_t v) {
 
 GIN_HD GIN_INLINE uint8_t cqeOwner(uint8_t opOwn) { return opOwn & 1u; }
 GIN_HD GIN_INLINE uint8_t cqeOpcode(uint8_t opOwn) { return uint8_t(opOwn >> 4); }
+// The CQE format (mlx5dv_get_cqe_format): 0 plain; 1 and 2 (MLX5_INLINE_SCATTER_32
+// and _64) mean data was scattered to the CQE, and the completion fields gin
+// reads stay where they are; kCqeFormatCompressed marks a mini-CQE array of a
+// compression session (a CQ created with CQE compression): several
+// completions packed into 64 bytes that are not a CQE at all.
+inline constexpr uint8_t kCqeFormatCompressed = 3;
+GIN_HD GIN_INLINE uint8_t cqeFormat(uint8_t opOwn) { return uint8_t((opOwn >> 2) & 3u); }
 GIN_HD GIN_INLINE uint16_t cqeWqeCounter(const Cqe64& c) {
   return uint16_t((uint32_t(c.b[kCqeWqeCounter]) << 8) | c.b[kCqeWqeCounter + 1]);
 }

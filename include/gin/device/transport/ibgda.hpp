@@ -26,8 +26,10 @@
 // needed beyond the SQ's depth (nCqe == nWqe cannot overflow).
 //
 // Operations:
-//  - put: RDMA WRITEs of at most maxWqeBytes each; putValue: one RDMA WRITE
-//    with the value inline (no source buffer).
+//  - put: RDMA WRITEs of at most maxWqeBytes each (never 2^31 or more: bit
+//    31 of a data segment's byte count means inline data); putValue: one
+//    RDMA WRITE with the value (at most kIbgdaMaxInline bytes) inline, no
+//    source buffer; more is refused (error record, Op::BadArgument).
 //  - SignalInc/SignalAdd: an 8-byte RDMA atomic fetch-add on the peer's signal
 //    word. Operands travel big-endian (network order) in the atomic segment;
 //    the target word is a host-order (little-endian) uint64, which is what a
@@ -45,6 +47,8 @@
 //    the call has completed (stronger than "the coop's own").
 //  - An error CQE fills the device error record (rank, peer, context, WQE
 //    index, syndrome, QP number) and raises the abort flag: every wait stops.
+//    So does a compressed CQE (a mini-CQE array: gin never asks for CQE
+//    compression and cannot tell which WQEs such a block completes).
 #pragma once
 
 #include <type_traits>
@@ -58,6 +62,10 @@
 namespace gin {
 
 inline constexpr uint32_t kIbgdaNoCounter = ~uint32_t(0);
+// The most bytes putValue carries inline: Net::putValue's limit, and the
+// max_inline_data the mlx5 NIC creates its QPs with (gin/host/ibgda_mlx5.hpp).
+inline constexpr uint32_t kIbgdaMaxInline = 8;
+static_assert(kIbgdaMaxInline <= mlx5::kMaxInlineInOneBB, "an inline WRITE must fit one 64-byte WQE");
 
 // Producer and poller state of one QP: each word on its own 64-byte line
 // (producers hammer resv and ready; pollers write done).
@@ -112,7 +120,7 @@ struct IbgdaDev {
   IbgdaRemoteKey* windowRemotes;  // [maxWindows * nRanks]
   IbgdaRemoteKey* signalRemotes;  // [nRanks] each peer's signal array
   uint32_t maxWindows;
-  uint32_t maxWqeBytes;    // largest RDMA WRITE one WQE carries
+  uint32_t maxWqeBytes;    // largest RDMA WRITE one WQE carries (< 2^31)
   uint32_t deferDoorbell;  // 1: posts only publish; flush and waits ring (one ring covers a batch)
   uint32_t pad;
 };
@@ -171,7 +179,17 @@ GIN_HD inline bool progress(const DevComm& c, const IbgdaQpDev* qp, int ctx, int
     const uint32_t tail =
         atomicLoad<Scope::System>(reinterpret_cast<const uint32_t*>(e->b + mlx5::kCqeWqeCounter), MemoryOrder::Acquire);
     const uint8_t opOwn = uint8_t(tail >> 24);
-    if (mlx5::cqeOpcode(opOwn) == mlx5::kCqeInvalid || mlx5::cqeOwner(opOwn) != mlx5::cqeExpectedOwner(ci, nCqe)) break;
+    if (mlx5::cqeOwner(opOwn) != mlx5::cqeExpectedOwner(ci, nCqe)) break;
+    // A mini-CQE array (checked before the opcode: its high nibble is not
+    // one): its wqe_counter bytes are not a WQE index, and reading it as a
+    // CQE would count WQEs complete that may not be. Stop and say so.
+    if (mlx5::cqeFormat(opOwn) == mlx5::kCqeFormatCompressed) {
+      atomicStore<Scope::Device>(&st->failed, 1u, MemoryOrder::Relaxed);
+      recordError(c, Op::IbgdaCqeCompressed, peer, ctx, done, opOwn, ci);
+      ok = false;
+      break;
+    }
+    if (mlx5::cqeOpcode(opOwn) == mlx5::kCqeInvalid) break;
     const uint16_t wc = uint16_t(((tail & 0xff) << 8) | ((tail >> 8) & 0xff));
     // The completed WQE's full index: the first index >= done with these low 16 bits.
     const uint64_t w = done + uint16_t(wc - uint16_t(done));
@@ -314,9 +332,13 @@ GIN_HD GIN_INLINE void makeWrite(Wqe& q, uint64_t raddr, uint32_t rkey, uint64_t
   setSegs(q, c, &r, &d, nullptr);
 }
 
-// RDMA WRITE of `bytes` (<= 8) carried inline.
-GIN_HD GIN_INLINE void makeWriteInline(Wqe& q, uint64_t raddr, uint32_t rkey, const void* value, uint32_t bytes,
+// RDMA WRITE of `bytes` carried inline. The data follows the control, remote
+// address and inline header in the same 64-byte slot, so at most
+// mlx5::kMaxInlineInOneBB bytes fit: for more it returns false and leaves q
+// as it was (post nothing: the caller refuses the operation).
+GIN_HD GIN_INLINE bool makeWriteInline(Wqe& q, uint64_t raddr, uint32_t rkey, const void* value, uint32_t bytes,
                                        uint8_t extraFlags) {
+  if (bytes > mlx5::kMaxInlineInOneBB) return false;
   const mlx5::CtrlSeg c =
       mlx5::makeCtrl(0, mlx5::kOpRdmaWrite, 0, 0, mlx5::dsInline(bytes), uint8_t(mlx5::kCtrlCqUpdate | extraFlags));
   const mlx5::RaddrSeg r = mlx5::makeRaddr(raddr, rkey);
@@ -326,6 +348,7 @@ GIN_HD GIN_INLINE void makeWriteInline(Wqe& q, uint64_t raddr, uint32_t rkey, co
   __builtin_memcpy(p, &h, 4);
   const char* v = static_cast<const char*>(value);
   for (uint32_t i = 0; i < bytes; ++i) p[4 + i] = v[i];
+  return true;
 }
 
 GIN_HD GIN_INLINE void makeFetchAdd(Wqe& q, uint64_t raddr, uint32_t rkey, uint64_t add, uint64_t scratch,
@@ -360,7 +383,7 @@ GIN_HD GIN_INLINE void makeSignal(const DevComm& c, const IbgdaQpDev* qp, int pe
   if (a.remote == kRemoteAdd)
     makeFetchAdd(q, raddr, rkey, a.value, loadConst(&qp->scratchAddr), loadConst(&qp->scratchLkey));
   else
-    makeWriteInline(q, raddr, rkey, &a.value, 8, mlx5::kCtrlFence);
+    (void)makeWriteInline(q, raddr, rkey, &a.value, 8, mlx5::kCtrlFence);  // 8 <= kIbgdaMaxInline: always built
 }
 
 // A window's key-table slot, or nullptr (recorded) when the window is not
@@ -387,7 +410,10 @@ GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst
   const uint64_t raddr = loadConst(&rk->addr) + dstOffset;
   const uint32_t rkey = loadConst(&rk->rkey), lkey = loadConst(&sk->lkey);
   const uint64_t laddr = uint64_t(reinterpret_cast<uintptr_t>(loadConst(&src->localBase))) + srcOffset;
-  const uint64_t maxB = loadConst(&c.ibgda->maxWqeBytes);
+  // The host refuses maxWqeBytes >= 2^31; the clamp keeps a corrupt table
+  // from building a data segment the NIC would read as inline.
+  const uint32_t maxWqe = loadConst(&c.ibgda->maxWqeBytes);
+  const uint64_t maxB = maxWqe < mlx5::kMaxDataSegBytes ? maxWqe : mlx5::kMaxDataSegBytes;
   const uint64_t nData = (bytes + maxB - 1) / maxB;
   const bool sig = a.remote != kRemoteNone;
   uint64_t total = nData + (sig ? 1 : 0);
@@ -418,9 +444,15 @@ GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst
   return true;
 }
 
-// putValue: one RDMA WRITE with the value inline, then the signal WQE.
+// putValue: one RDMA WRITE with the value inline, then the signal WQE. More
+// than kIbgdaMaxInline bytes are refused before any slot is reserved (a
+// reserved slot must be posted, or the queue stalls behind it).
 GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev* dst, uint64_t dstOffset,
                             const void* value, uint32_t bytes, const Action& a) {
+  if (bytes > kIbgdaMaxInline) {
+    recordError(c, Op::BadArgument, peer, ctx, loadConst(&dst->id), bytes, kIbgdaMaxInline);
+    return false;
+  }
   uint32_t dslot = 0;
   if (!windowKey(c, ctx, peer, loadConst(&dst->id), &dslot)) return false;
   const IbgdaRemoteKey* rk = loadConst(&c.ibgda->windowRemotes) + size_t(dslot) * size_t(c.nRanks) + size_t(peer);
@@ -430,7 +462,7 @@ GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev
   const uint32_t n = a.remote != kRemoteNone ? 2 : 1;
   return post(c, ctx, peer, n, a.counter, [&](uint32_t i, Wqe& q) {
     if (i == 0)
-      makeWriteInline(q, raddr, rkey, value, bytes, 0);
+      (void)makeWriteInline(q, raddr, rkey, value, bytes, 0);  // bytes <= kIbgdaMaxInline: always built
     else
       makeSignal(c, qp, peer, a, q);
   });
