@@ -918,6 +918,10 @@ class Engine {
   virtual void poison(Window w, size_t bytes) = 0;
   virtual void resetSignal(uint32_t sig) = 0;
   virtual uint64_t readSignal(uint32_t sig) = 0;
+  // Wait until `sig` reaches `least` (bounded by the communicator's timeout);
+  // false when the wait gave up. A check of a signal's count waits for it
+  // first: neither a put's return nor a flush says the puts have arrived.
+  virtual bool waitSignal(uint32_t sig, uint64_t least) = 0;
   // Wait for `least` on `sig`, then compare the window with the pattern. The
   // GPU version only launches; endReceiveCheck() returns the bad count.
   virtual void beginReceiveCheck(Window dst, size_t bytes, uint64_t seed, uint32_t sig, uint64_t least) = 0;
@@ -993,6 +997,7 @@ class CpuEngine final : public Engine {
   void poison(Window w, size_t bytes) override { std::memset(comm_.localPointer(w), kPoison, bytes); }
   void resetSignal(uint32_t sig) override { net().resetSignal(sig); }
   uint64_t readSignal(uint32_t sig) override { return net().readSignal(sig); }
+  bool waitSignal(uint32_t sig, uint64_t least) override { return net().waitSignal(gin::CoopThread{}, sig, least); }
   void beginReceiveCheck(Window dst, size_t bytes, uint64_t seed, uint32_t sig, uint64_t least) override {
     // A CPU rank is its own thread: wait here while rank 0's thread puts.
     // A wait that gave up becomes a verification failure every rank agrees
@@ -1292,6 +1297,12 @@ class GpuEngine final : public Engine {
     readSignalKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), sig, scratch_);
     launched();
     return fetch(0);
+  }
+  bool waitSignal(uint32_t sig, uint64_t least) override {
+    BENCH_CUDA(cudaMemsetAsync(scratch_ + 1, 0, sizeof(unsigned long long), stream_));
+    waitSignalKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), sig, least, scratch_ + 1);
+    launched();
+    return fetch(1) == 0;
   }
   void beginReceiveCheck(Window dst, size_t bytes, uint64_t seed, uint32_t sig, uint64_t least) override {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 2 * sizeof(unsigned long long), stream_));
@@ -1714,12 +1725,17 @@ void runPutBw(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Repo
         cells[si][size_t(ci)] = c;
         t1 = probe;
       }
-      // 3. Every timed put's signal arrived: rank 1 counts them.
+      // 3. Every timed put's signal arrived: rank 1 waits for the count (rank 0's
+      //    return from its puts says nothing about their arrival: over the proxy
+      //    the engine may still be carrying the last ones out), then reads it
+      //    (more would be a signal applied twice).
       const uint64_t expect = bcast(comm, uint64_t(calls) * uint64_t(sh.ctas), 0);
+      const bool arrived = bcast(comm, me == 1 ? uint64_t(e.waitSignal(kSigTimed, expect)) : uint64_t(1), 1) != 0;
       const uint64_t got = bcast(comm, me == 1 ? e.readSignal(kSigTimed) : uint64_t(0), 1);
-      if (got != expect)
-        fail(fmt("%s coop, %s: rank 1's signal counted %" PRIu64 " timed puts, expected %" PRIu64, kCoopNames[ci],
-                 sizeName(bytes).c_str(), got, expect));
+      if (!arrived || got != expect)
+        fail(fmt("%s coop, %s: rank 1's signal counted %" PRIu64 " timed puts, expected %" PRIu64 "%s", kCoopNames[ci],
+                 sizeName(bytes).c_str(), got, expect,
+                 arrived ? "" : " (waitSignal gave up after the communicator's timeout, GIN_TIMEOUT_MS)"));
       skipped[ci] = bcast(comm, t1 > kSlowPutS, 0);
     }
     // Copy engine (GPU) / memcpy (CPU): same bytes, verified the same way.
@@ -2265,13 +2281,16 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
   const int latIters = gpu ? 10000 : 2000;
   uint64_t pushed = 0;  // descriptors rank 0 pushed so far = the peer's signal
   std::vector<RateRes> res;
+  // The peer waits for the count, then reads it (more would be a descriptor
+  // run twice): a flush says the engine consumed the descriptors, not that
+  // their signals reached the peer (over a network wire they may still travel).
   const auto verify = [&](const char* what) {
-    comm.bootstrap().barrier();
-    const uint64_t got = me == peer ? e.readSignal(kSigMsg) : 0;
-    const uint64_t g = bcast(comm, got, peer);
-    if (g != pushed)
-      throw Failure(fmt("msg-rate verification failed after %s: rank %d's signal is %" PRIu64 ", expected %" PRIu64,
-                        what, peer, g, pushed));
+    const bool arrived = bcast(comm, me == peer ? uint64_t(e.waitSignal(kSigMsg, pushed)) : uint64_t(1), peer) != 0;
+    const uint64_t g = bcast(comm, me == peer ? e.readSignal(kSigMsg) : uint64_t(0), peer);
+    if (!arrived || g != pushed)
+      throw Failure(fmt(
+          "msg-rate verification failed after %s: rank %d's signal is %" PRIu64 ", expected %" PRIu64 "%s", what, peer,
+          g, pushed, arrived ? "" : " (waitSignal gave up after the communicator's timeout, GIN_TIMEOUT_MS)"));
   };
   for (const ShapeRow& sh : shapes) {
     const int producers = sh.ctas * (sh.threads / 32);

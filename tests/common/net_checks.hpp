@@ -27,6 +27,21 @@ inline std::string checkMessage(const gin::Comm& comm) {
   return "";
 }
 
+// Polls until `ready()` holds, for at most the communicator's timeout (less
+// once an error is recorded); false if it never did. For what no signal
+// counts (a value a put without one wrote) or what a rolling wait cannot
+// tell apart from the word's old value (a SignalSet near 2^64 over a 0).
+template <class Ready>
+bool eventually(const gin::Comm& comm, Ready ready) {
+  const uint64_t ns = comm.devComm().timeoutNs ? comm.devComm().timeoutNs : 30'000'000'000ull;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(ns);
+  while (!ready()) {
+    if (comm.hasError() || std::chrono::steady_clock::now() > deadline) return ready();
+    std::this_thread::yield();
+  }
+  return true;
+}
+
 // The engine threads a Comm built with `cfg` runs: GIN_PROXY_THREADS (suites
 // run again with it set, see tests/meson.build) overrides the config.
 inline int expectedThreads(const gin::CommConfig& cfg) {
@@ -220,6 +235,10 @@ inline void putValueAndSignals(gin::Comm& comm) {
     net.signal(world, me, SignalSet{3, uint64_t(k) << 20});
   }
   expect(net.flush(CoopThread{}), "flush gave up");
+  // The flush frees the sources; it does not say the signals landed. Wait for
+  // the last Set (every value before it is smaller), then read: a late Add
+  // shows as 5 more.
+  expect(net.waitSignal(CoopThread{}, 3, uint64_t(49) << 20), "the last SignalSet never landed: " + checkMessage(comm));
   expect(net.readSignal(3) == uint64_t(49) << 20, "SignalSet after SignalAdd on one QP was overtaken");
   comm.bootstrap().barrier();
   // Counters: a zero-byte put with only a counter still completes (a NOP carries it).

@@ -214,6 +214,9 @@ TEST_CASE("ibgda: the 16-bit WQE index and the CQ owner bit wrap; doorbell recor
         constexpr uint64_t kOps = 70000;  // > 2^16 WQEs
         for (uint64_t k = 0; k < kOps; ++k) net.putValue(world, 0, w, 8, k, SignalInc{0});
         expect(net.flush(CoopThread{}), "flush gave up: " + checkMessage(comm));
+        // flush: sources reusable, not signals landed. Once the last signal has,
+        // its payload (and every earlier one) has too.
+        expect(net.waitSignal(CoopThread{}, 0, kOps), "signal count after 2^16 WQEs: " + checkMessage(comm));
         expect(net.readSignal(0) == kOps, "signal count after 2^16 WQEs");
         uint64_t v;
         std::memcpy(&v, static_cast<char*>(comm.localPointer(w)) + 8, 8);
@@ -267,9 +270,11 @@ TEST_CASE("ibgda: a full queue makes producers wait for completions, never overw
         expect(consumedWhilePaused == 0, "the paused NIC consumed WQEs");
         expect(net.flush(CoopThread{}), "flush after resume");
         expect(st.done == 4 * kDepth, "every WQE completed");
-        uint64_t v;
-        std::memcpy(&v, static_cast<char*>(comm.localPointer(w)) + 8 * 23, 8);
-        expect(v == 100 + 23, "the last value written to slot 23");
+        // A completion is not remote visibility, and no signal counts these
+        // values: poll for the last one, bounded.
+        const auto* slot23 = static_cast<const uint64_t*>(comm.localPointer(w, 8 * 23));
+        expect(gintest::eventually(comm, [&] { return atomicLoad(slot23, MemoryOrder::Acquire) == 100 + 23; }),
+               "the last value written to slot 23 is " + std::to_string(atomicLoad(slot23, MemoryOrder::Acquire)));
         comm.check();
         comm.deregisterWindow(w);
       },
@@ -431,6 +436,9 @@ TEST_CASE("ibgda deferred doorbell: posts only publish; one ring at flush covers
                "the NIC saw a doorbell before any flush");
         expect(net.readSignal(0) == 0, "a signal arrived without a doorbell");
         expect(net.flush(CoopThread{}), "flush: " + checkMessage(comm));
+        // The flush rang the doorbell and saw the completions; the signals are
+        // waited for (bounded), not read at once: no doorbell, no signals.
+        expect(net.waitSignal(CoopThread{}, 0, 10), "signals after the flush's ring: " + checkMessage(comm));
         expect(net.readSignal(0) == 10, "signals after the flush's ring");
         expect(mlx5::bswap32(qp->dbrec[mlx5::kDbrSend]) == 20, "one ring covers all 20 WQEs");
         expect(qp->state->rung == 20, "rung index");
