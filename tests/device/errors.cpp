@@ -4,6 +4,12 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <catch2/generators/catch_generators.hpp>
+
+#include <chrono>
+#include <cstdio>
+
+#include "../common/processes.hpp"
 #include "../common/ranks.hpp"
 
 using namespace gin;
@@ -58,9 +64,82 @@ TEST_CASE("a barrier with a rank that never arrives names the missing peer", "[e
         msgs[size_t(comm.rank())] = checkMessage(comm);
       },
       gintest::cpuConfig(200'000'000ull)));
-  CHECK_THAT(msgs[0], ContainsSubstring("lsaBarrier") && ContainsSubstring("peer 2") && ContainsSubstring("id 11"));
-  CHECK_THAT(msgs[1], ContainsSubstring("lsaBarrier") && ContainsSubstring("peer 2"));
+  // The first of ranks 0 and 1 to give up names peer 2; the other may stop
+  // on that failure instead of its own timeout (Op::PeerFailed).
+  auto own = [](const std::string& m) { return m.find("peerFailed") == std::string::npos; };
+  CHECK((own(msgs[0]) || own(msgs[1])));
+  for (int r : {0, 1}) {
+    CAPTURE(r, msgs[size_t(r)]);
+    if (own(msgs[size_t(r)]))
+      CHECK_THAT(msgs[size_t(r)],
+                 ContainsSubstring("lsaBarrier") && ContainsSubstring("peer 2") && ContainsSubstring("id 11"));
+    else
+      CHECK_THAT(msgs[size_t(r)], ContainsSubstring("stopped its lsaBarrier") &&
+                                      ContainsSubstring("because rank " + std::to_string(1 - r) + " failed first"));
+  }
   CHECK(msgs[2].empty());
+}
+
+namespace {
+// Rank 0 gives up on a signal nobody sends after 300 ms; the other ranks wait
+// for signals nobody sends either, with a 120 s timeout of their own. Each
+// returns the time its wait took (ms) and its check() message.
+std::pair<long, std::string> oneRankFails(Comm& comm) {
+  DevComm dc = comm.devComm();
+  dc.timeoutNs = comm.rank() == 0 ? 300'000'000ull : 120'000'000'000ull;
+  Net net(dc, comm.rank() % dc.nContexts);
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool ok = net.waitSignal(CoopThread{}, 20 + uint32_t(comm.rank()), 1);
+  const long ms = long(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+  expect(!ok, "the wait should stop");
+  // Stopped: later waits of the same rank return at once too.
+  expect(!net.waitSignal(CoopThread{}, 30, 1), "a later wait should stop at once");
+  return {ms, checkMessage(comm)};
+}
+void expectPeerFailed(int rank, long ms, const std::string& msg) {
+  CAPTURE(rank, ms, msg);
+  if (rank == 0) {
+    CHECK_THAT(msg, ContainsSubstring("rank 0: waitSignal timed out") && ContainsSubstring("id 20"));
+  } else {
+    // Stopped by rank 0's failure, long before its own 120 s timeout.
+    CHECK(ms < 60'000);
+    CHECK_THAT(msg, ContainsSubstring("rank " + std::to_string(rank) + ": peerFailed") &&
+                        ContainsSubstring("stopped its waitSignal") &&
+                        ContainsSubstring("(id " + std::to_string(20 + rank) + ")") &&
+                        ContainsSubstring("because rank 0 failed first"));
+  }
+}
+}  // namespace
+
+TEST_CASE("one rank's failure stops every rank's waits (threads): peerFailed names the rank that failed first",
+          "[errors][abort]") {
+  const int n = GENERATE(2, 4, 8);
+  std::vector<std::pair<long, std::string>> got{size_t(n)};
+  REQUIRE_NOTHROW(runRanks(
+      n, [&](Comm& comm) { got[size_t(comm.rank())] = oneRankFails(comm); }, gintest::cpuConfig(300'000'000ull)));
+  for (int r = 0; r < n; ++r) expectPeerFailed(r, got[size_t(r)].first, got[size_t(r)].second);
+}
+
+TEST_CASE("one rank's failure stops every rank's waits (processes): peerFailed names the rank that failed first",
+          "[errors][abort]") {
+  const UniqueId id = makeUniqueId();
+  const int n = 3;
+  const auto status = gintest::forkRanks(
+      n,
+      [&](int r) {
+        TcpBootstrap bs(id, r, n);
+        Comm comm(bs, gintest::cpuConfig(300'000'000ull));
+        const auto [ms, msg] = oneRankFails(comm);
+        // The child reports through its exit code (Catch's checks live in the parent).
+        const bool good = r == 0 ? msg.find("waitSignal timed out") != std::string::npos
+                                 : ms < 60'000 && msg.find("because rank 0 failed first") != std::string::npos;
+        if (!good) std::fprintf(stderr, "rank %d: after %ld ms: %s\n", r, ms, msg.c_str());
+        bs.barrier();
+        return good ? 0 : 1;
+      },
+      150);
+  for (int r = 0; r < n; ++r) CHECK(status[size_t(r)] == 0);
 }
 
 TEST_CASE("waitCounter that cannot finish reports the counter", "[errors][timeout]") {

@@ -23,10 +23,10 @@ CommConfig proxyConfig(uint32_t ringSlots, uint64_t timeoutNs = 20'000'000'000ul
 }
 
 // Over the proxy the GPUs never address each other, so ranks may share a GPU
-// (round-robin): 1, 2 and 4 ranks run even on a one-GPU machine. Each rank
+// (round-robin): 1, 2, 3, 4 and 8 ranks run even on a one-GPU machine. Each rank
 // launches on its own non-blocking stream, so ranks sharing a GPU run their
 // kernels side by side.
-std::vector<int> rankCounts() { return {1, 2, 4}; }
+std::vector<int> rankCounts() { return {1, 2, 3, 4, 8}; }
 
 void runRanks(int n, const std::function<void(Comm&, cudaStream_t)>& body, CommConfig cfg) {
   gputest::runRanksOnStreams(n, body, cfg);

@@ -16,10 +16,12 @@
 #define GIN_HD __host__ __device__
 #define GIN_DEVICE __device__
 #define GIN_INLINE __forceinline__
+#define GIN_NOINLINE __noinline__
 #else
 #define GIN_HD
 #define GIN_DEVICE
 #define GIN_INLINE inline
+#define GIN_NOINLINE __attribute__((noinline))
 #endif
 
 // Loop unrolling hint for nvcc's device pass; host compilers unroll on their own.

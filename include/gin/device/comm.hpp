@@ -69,6 +69,11 @@ struct DevComm {
   DeviceErrorRecord* error = nullptr;
   uint32_t* abortFlag = nullptr;
   uint32_t* errorClaim = nullptr;
+  // Raised (to the failing rank + 1) by the host when any rank of the lsa
+  // team failed; host memory (shared between the team's processes, mapped
+  // into the GPU), which waits read every 256 polls, so one rank's failure
+  // stops every rank's waits within about a millisecond (Op::PeerFailed).
+  const uint32_t* teamAbort = nullptr;
 
   // ibgda transport: QPs and key tables; nullptr when no peer uses it.
   const IbgdaDev* ibgda = nullptr;
@@ -138,11 +143,24 @@ struct WaitWhat {
   uint64_t expected;
 };
 
+// Whether another rank of the team failed (DevComm::teamAbort); the first
+// wait of this rank to see it records Op::PeerFailed, which stops the others.
+// Out of line: the cold path of every wait.
+GIN_HD GIN_NOINLINE inline bool peerFailed(const DevComm& c, const WaitWhat& what) {
+  const uint32_t v = c.teamAbort ? atomicLoad<Scope::System>(c.teamAbort, MemoryOrder::Relaxed) : 0u;
+  if (v == 0) return false;
+  // v - 1 == c.rank: this rank's own failure, already in its record.
+  if (int(v) - 1 != c.rank)
+    recordError(c, Op::PeerFailed, int(v) - 1, what.context, uint64_t(what.op), what.id, what.expected);
+  return true;
+}
+
 // Spin until ready(poll()) holds. The clock and the abort flag are looked at
-// every 64 polls (the clock starts then too), so a wait that is already
+// every 64 polls (the clock starts then too), the team's abort word (host
+// memory: a PCIe read on GPUs) every 256, so a wait that is already
 // satisfied costs one poll. On timeout the error record gets `what` and the
-// last value seen; on abort (another wait failed) it returns at once. Returns
-// whether the condition was met.
+// last value seen; on abort (another wait, or another rank, failed) it
+// returns at once. Returns whether the condition was met.
 template <class Poll, class Ready>
 GIN_HD bool boundedPoll(const DevComm& c, Poll poll, Ready ready, const WaitWhat& what) {
   uint64_t start = 0;
@@ -151,6 +169,7 @@ GIN_HD bool boundedPoll(const DevComm& c, Poll poll, Ready ready, const WaitWhat
     if (ready(v)) return true;
     if ((spins & 63) == 0) {
       if (aborted(c)) return false;
+      if ((spins & 255) == 0 && peerFailed(c, what)) return false;
       const uint64_t now = nowNs();
       if (start == 0) start = now;
       if (c.timeoutNs != 0 && now - start > c.timeoutNs) {

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
@@ -182,9 +183,12 @@ class Comm {
     if (dev_.proxyRings) startProxy();
     if (std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Ibgda)) != transports_.end()) startIbgda();
     if (rank_ == 0 && detail::envDebug()) printTransports();
+    watcher_ = std::thread([this] { watchForFailure(); });  // last: nothing may throw after it starts
   }
 
   ~Comm() {
+    watcherStop_.store(true, std::memory_order_release);
+    if (watcher_.joinable()) watcher_.join();
     // Our engine writes into peers' memory: it drains and stops before the
     // barrier that lets them free it. So does our (soft) NIC.
     engine_.reset();
@@ -201,14 +205,16 @@ class Comm {
       // A peer failed or never came: its engine or NIC (or kernel) may still
       // write into what we share. Leak it rather than free it under them.
       shared_.leak();
+      teamPage_.leak();
       proxySignals_.leak();
+#if GIN_WITH_CUDA
+      teamRegistration_.leak();
+      proxySignalsRegistration_.leak();
+#endif
       for (auto& [handle, rec] : windows_) rec->buffer.leak();
       for (auto& a : userAllocs_) a->leak();
       return;
     }
-#if GIN_WITH_CUDA
-    if (proxySignalsRegistered_) (void)cudaHostUnregister(proxySignalsRegistered_);
-#endif
   }
   Comm(const Comm&) = delete;
   Comm& operator=(const Comm&) = delete;
@@ -430,6 +436,17 @@ class Comm {
 
   SharedBuffer shared_;  // signals + barrier inboxes, mapped by lsa peers
   std::vector<PeerMapping> sharedPeers_;
+  // The team abort word (DevComm::teamAbort): host memory, one page per rank,
+  // mapped by every lsa member; the watcher raises every member's word once
+  // this rank's error record is filled.
+  SharedBuffer teamPage_;
+  std::vector<PeerMapping> teamPeers_;
+  std::vector<uint32_t*> teamWords_;  // [lsaSize] each member's word, mapped here
+#if GIN_WITH_CUDA
+  HostRegistration teamRegistration_;  // teamPage_, on GPU ranks
+#endif
+  std::thread watcher_;
+  std::atomic<bool> watcherStop_{false};
   DeviceTable local_;                        // shadows, counters, epochs, pointer tables
   HostMappedBuffer record_;                  // the device error record
   DeviceErrorRecord* hostRecord_ = nullptr;  // its host address
@@ -452,7 +469,9 @@ class Comm {
   SharedBuffer proxySignals_;
   std::vector<PeerMapping> proxySignalPeers_;
   HostMappedBuffer proxyCounters_;
-  void* proxySignalsRegistered_ = nullptr;  // cudaHostRegister'd (unregistered in the destructor)
+#if GIN_WITH_CUDA
+  HostRegistration proxySignalsRegistration_;  // proxySignals_, on GPU ranks
+#endif
   WindowDirectory dir_;
   std::vector<int> engineCpus_;  // the engine threads' CPUs (empty: not pinned)
 #if GIN_WITH_CUDA
@@ -695,6 +714,7 @@ class Comm {
     // would cost every wait about a microsecond.
     record_ = HostMappedBuffer(gpu_, sizeof(DeviceErrorRecord));
     hostRecord_ = static_cast<DeviceErrorRecord*>(record_.host());
+    placeTeamAbort();
 
     char* base = local_.data();
     dev_.nContexts = cfg_.nContexts;
@@ -753,11 +773,8 @@ class Comm {
 #if GIN_WITH_CUDA
     proxySignals_ =
         SharedBuffer::allocate(lsaAllSameProcess_ ? SharedBuffer::Backing::Heap : SharedBuffer::Backing::Shm, sigBytes);
-    GIN_CUDA_CHECK(cudaHostRegister(proxySignals_.data(), sigBytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
-    proxySignalsRegistered_ = proxySignals_.data();
-    void* d = nullptr;
-    GIN_CUDA_CHECK(cudaHostGetDevicePointer(&d, proxySignals_.data(), 0));
-    *signals = static_cast<uint64_t*>(d);
+    proxySignalsRegistration_ = HostRegistration(proxySignals_.data(), sigBytes);
+    *signals = reinterpret_cast<uint64_t*>(proxySignalsRegistration_.device(proxySignals_.data()));
     std::vector<char*> hostBases =
         exchange(proxySignals_.share(proxySignals_.data()), proxySignals_.data(), proxySignalPeers_);
     proxySignals_.unlinkName();
@@ -835,6 +852,47 @@ class Comm {
     }
     engine_ = std::make_unique<ProxyEngine>(dev_, std::move(rings), std::move(wires), dir_, nSignalWords_, cfg_.proxy,
                                             std::move(hooks));
+  }
+
+  // The team abort words: a page per rank in host memory that every lsa
+  // member maps (shared memory across processes), so raising them needs no
+  // CUDA call and a GPU reads its own with a mapped load.
+  void placeTeamAbort() {
+    teamPage_ =
+        SharedBuffer::allocate(lsaAllSameProcess_ ? SharedBuffer::Backing::Heap : SharedBuffer::Backing::Shm, 64);
+    std::vector<char*> bases = exchange(teamPage_.share(teamPage_.data()), teamPage_.data(), teamPeers_);
+    teamPage_.unlinkName();
+    for (char* b : bases) teamWords_.push_back(reinterpret_cast<uint32_t*>(b));
+    dev_.teamAbort = reinterpret_cast<const uint32_t*>(teamPage_.data());
+#if GIN_WITH_CUDA
+    if (gpu_) {
+      teamRegistration_ = HostRegistration(teamPage_.data(), 64);
+      dev_.teamAbort = reinterpret_cast<const uint32_t*>(teamRegistration_.device(teamPage_.data()));
+    }
+#endif
+  }
+
+  // The watcher thread: once this rank's error record is complete (a failure
+  // of its own, not a PeerFailed that another rank's failure caused), raise
+  // every lsa member's team abort word to rank + 1, so their waits stop within
+  // about a millisecond instead of one timeout each. Reads host memory only:
+  // never waits on CUDA.
+  void watchForFailure() {
+    for (;;) {
+      // Read the flag first: a failure recorded just before ~Comm stops the
+      // watcher is still passed on by this last look.
+      const bool last = watcherStop_.load(std::memory_order_acquire);
+      if (atomicLoad<Scope::System>(&hostRecord_->state, MemoryOrder::Acquire) == 2u) {
+        if (Op(hostRecord_->op) != Op::PeerFailed)
+          for (uint32_t* w : teamWords_) {
+            uint32_t idle = 0;
+            (void)atomicCompareExchange<Scope::System>(w, idle, uint32_t(rank_ + 1));
+          }
+        return;
+      }
+      if (last) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   // Whether this rank's producers store puts to its lsa members themselves
@@ -1050,7 +1108,7 @@ class Comm {
         s += "; verbs wire on " + verbs_->deviceName() + " port " + std::to_string(verbs_->port()) +
              (verbs_->roce() ? " (RoCE, GID index " + std::to_string(verbs_->gidIndex()) + ")" : " (InfiniBand)");
 #endif
-      if (gpu_) s += "; GPU: copy-engine copies, signals and counters in host memory";
+      if (gpu_) s += std::string("; GPU: ") + (dev_.proxyLsaStores ? "producers store to mapped peers" : "side-context copies") + ", signals and counters in host memory";
       s += "; " + std::to_string(cfg_.proxy.threads) + " engine thread(s)";
       s += engineCpus_.empty() ? std::string(", not pinned")
                                : ", on " + std::to_string(engineCpus_.size()) + " CPU(s) from " +

@@ -15,14 +15,17 @@
 #pragma once
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gin/device/comm.hpp"
 #include "gin/device/transport/ibgda.hpp"
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/memory.hpp"
+#include "gin/host/side_context.hpp"
 #include "gin/host/soft_nic.hpp"
 #include "gin/host/window.hpp"
 
@@ -121,10 +124,14 @@ class IbgdaTransport {
     nic_ = std::make_unique<SoftNic>(device == IbgdaConfig::Device::SoftSink ? SoftNic::Mode::Sink
                                                                              : SoftNic::Mode::Execute);
     // GPU ranks: windows are device memory, which the soft NIC reaches by
-    // copies on a stream of its own (synchronous: the payload lands before
-    // the CQE and before any later WQE of the QP). The Comm keeps the signal
+    // side-context copies (synchronous: the payload lands before the CQE and
+    // before any later WQE of the QP). The Comm keeps the signal
     // arrays in mapped host memory for it, so atomics stay CPU atomics.
-    if (gpu) startDeviceCopies();
+    if (gpu) {
+      startDeviceCopies();
+    } else if (const char* e = std::getenv("GIN_SOFT_NIC_DEFERRED_COPIES"); e && std::string(e) == "1") {
+      startDeferredHostCopies();
+    }
     const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg.qpDepth;
 
     // NIC-facing memory: per QP the SQ, the CQ, a line with the doorbell
@@ -188,10 +195,7 @@ class IbgdaTransport {
   }
 
   ~IbgdaTransport() {
-    nic_.reset();  // the NIC drains and stops before the queues go
-#if GIN_WITH_CUDA
-    if (copyStream_) (void)cudaStreamDestroy(copyStream_);
-#endif
+    nic_.reset();  // the NIC drains and stops before the queues go (and before its copier)
 #if GIN_IBGDA_MLX5
     mlx5_.reset();
 #endif
@@ -242,14 +246,14 @@ class IbgdaTransport {
                   std::to_string(cfg_.maxWindows) + " windows at once (window " + std::to_string(live_[slot]) +
                   " still holds slot " + std::to_string(slot) + "); raise it or deregister windows");
     live_[slot] = id;
-    nic_->addLocalRegion(keyOf(id), reinterpret_cast<uint64_t>(local), bytes, local, gpu_);
+    nic_->addLocalRegion(keyOf(id), reinterpret_cast<uint64_t>(local), bytes, local, gpu_ || deferred_);
     std::vector<IbgdaRemoteKey> rem(static_cast<size_t>(nRanks_));
     for (int p = 0; p < nRanks_; ++p) {
       rem[size_t(p)] = IbgdaRemoteKey{ads[size_t(p)].addr, ads[size_t(p)].key, 0};
       const int li = p - lsaBase_;
       if (li >= 0 && li < int(lsaBases.size()))
         nic_->addRemoteRegion(p, ads[size_t(p)].key, ads[size_t(p)].addr, ads[size_t(p)].bytes, lsaBases[size_t(li)],
-                              gpu_);
+                              gpu_ || deferred_);
     }
     table_.upload(tablePad_ + offWinRemote_ + size_t(slot) * size_t(nRanks_) * sizeof(IbgdaRemoteKey), rem.data(),
                   rem.size() * sizeof(IbgdaRemoteKey));
@@ -298,43 +302,67 @@ class IbgdaTransport {
   std::vector<uint32_t> live_;  // window id per slot, 0: free
   std::unique_ptr<SoftNic> nic_;
   bool gpu_ = false;
+  bool deferred_ = false;  // CPU ranks, test mode: windows as "device" regions with queued copies
+  std::vector<std::pair<char*, std::vector<char>>> queued_;  // deferred_: copies not yet applied (NIC thread only)
 #if GIN_WITH_CUDA
-  cudaStream_t copyStream_ = nullptr;
+  std::unique_ptr<SideCopier> copier_;
   int cudaDevice_ = 0;
   static constexpr size_t kBounceBytes = 1u << 20;
-  HostMappedBuffer bounce_;  // pinned staging of device-to-device copies
+  HostMappedBuffer bounce_;  // pinned staging of plain host memory
 #endif
 
-  // The soft NIC's copies for GPU ranks: cudaMemcpyAsync on a non-blocking
-  // stream (never behind the rank's kernels), then wait for it.
+  // Test mode for CPU ranks (GIN_SOFT_NIC_DEFERRED_COPIES=1): windows count as
+  // device memory and their copies land only when the NIC flushes, as the
+  // side-context copies of GPU ranks do, so the CPU suites check that the NIC
+  // never completes or signals before a deferred payload has landed.
+  void startDeferredHostCopies() {
+    deferred_ = true;
+    nic_->setDeviceCopy([this](void* dst, const void* src, size_t n) {
+      const char* from = static_cast<const char*>(src);
+      queued_.emplace_back(static_cast<char*>(dst), std::vector<char>(from, from + n));
+    });
+    nic_->setDeviceFlush([this] {
+      for (auto& [dst, bytes] : queued_) std::memcpy(dst, bytes.data(), bytes.size());
+      queued_.clear();
+    });
+  }
+
+  // The soft NIC's copies for GPU ranks: kernels of gin's side context
+  // (side_context.hpp), which never queue behind the user's kernels that post
+  // these WQEs and wait for them. Copies between device (or pinned) memory and
+  // small inline payloads are queued, and the NIC waits for them (flush)
+  // before it writes their CQEs or applies a later WQE; plain host memory on
+  // either side of anything larger goes through a pinned bounce buffer,
+  // synchronously.
   void startDeviceCopies() {
 #if GIN_WITH_CUDA
     GIN_CUDA_CHECK(cudaGetDevice(&cudaDevice_));
-    GIN_CUDA_CHECK(cudaStreamCreateWithFlags(&copyStream_, cudaStreamNonBlocking));
+    copier_ = std::make_unique<SideCopier>(cudaDevice_);
     bounce_ = HostMappedBuffer(true, kBounceBytes);
-    // Only copy-engine copies: host <-> device. A device-to-device copy may
-    // run as a kernel, which waits for SM room that the spinning kernels
-    // posting these WQEs may never give back; so device-to-device goes
-    // through a pinned bounce buffer, in pieces.
     nic_->setDeviceCopy([this](void* dst, const void* src, size_t n) {
-      GIN_CUDA_CHECK(cudaSetDevice(cudaDevice_));
-      cudaPointerAttributes a{}, b{};
-      GIN_CUDA_CHECK(cudaPointerGetAttributes(&a, src));
-      GIN_CUDA_CHECK(cudaPointerGetAttributes(&b, dst));
-      if (a.type == cudaMemoryTypeDevice && b.type == cudaMemoryTypeDevice) {
-        char* stage = static_cast<char*>(bounce_.host());
-        for (size_t off = 0; off < n; off += kBounceBytes) {
-          const size_t k = n - off < kBounceBytes ? n - off : kBounceBytes;
-          GIN_CUDA_CHECK(
-              cudaMemcpyAsync(stage, static_cast<const char*>(src) + off, k, cudaMemcpyDeviceToHost, copyStream_));
-          GIN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, stage, k, cudaMemcpyHostToDevice, copyStream_));
-          GIN_CUDA_CHECK(cudaStreamSynchronize(copyStream_));
+      auto plainHost = [](const void* p) {
+        cudaPointerAttributes a{};
+        if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+          (void)cudaGetLastError();
+          return true;
         }
-        return;
+        return a.type == cudaMemoryTypeUnregistered;
+      };
+      const bool srcPlain = plainHost(src), dstPlain = plainHost(dst);
+      if (!dstPlain && !srcPlain) return copier_->copy(dst, src, n);
+      if (!dstPlain && n <= SideCopier::kStageBytes) return copier_->copyValue(dst, src, n);
+      char* stage = static_cast<char*>(bounce_.host());
+      for (size_t off = 0; off < n; off += kBounceBytes) {
+        const size_t k = n - off < kBounceBytes ? n - off : kBounceBytes;
+        const char* from = static_cast<const char*>(src) + off;
+        char* to = static_cast<char*>(dst) + off;
+        if (srcPlain) std::memcpy(stage, from, k);
+        copier_->copy(dstPlain ? stage : to, srcPlain ? stage : from, k);
+        copier_->complete();
+        if (dstPlain) std::memcpy(to, stage, k);
       }
-      GIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, copyStream_));
-      GIN_CUDA_CHECK(cudaStreamSynchronize(copyStream_));
     });
+    nic_->setDeviceFlush([this] { copier_->complete(); });
 #else
     throw Error("GPU ranks need the CUDA runtime");
 #endif

@@ -22,6 +22,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "gin/core/error.hpp"
@@ -151,6 +152,44 @@ class ShmSegment {
     unlink();
   }
 };
+
+#if GIN_WITH_CUDA
+// Host memory registered with the GPU (mapped, portable) for as long as this
+// lives; declare it after the buffer it registers, so it goes first. leak()
+// keeps the registration (the buffer is being leaked too).
+class HostRegistration {
+ public:
+  HostRegistration() = default;
+  HostRegistration(void* p, size_t bytes) {
+    GIN_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
+    p_ = p;
+  }
+  HostRegistration(HostRegistration&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  HostRegistration& operator=(HostRegistration&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  ~HostRegistration() { release(); }
+  // The device address of a registered host address.
+  template <class T>
+  T* device(T* host) const {
+    void* d = nullptr;
+    GIN_CUDA_CHECK(cudaHostGetDevicePointer(&d, const_cast<std::remove_const_t<T>*>(host), 0));
+    return static_cast<T*>(d);
+  }
+  void leak() { p_ = nullptr; }
+
+ private:
+  void* p_ = nullptr;
+  void release() {
+    if (p_) (void)cudaHostUnregister(p_);
+    p_ = nullptr;
+  }
+};
+#endif
 
 // Zeroed host memory the device can also write: mapped pinned memory on a GPU
 // (host() and device() are two addresses of it), plain heap memory on CPU ranks.

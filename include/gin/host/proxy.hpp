@@ -5,8 +5,8 @@
 //
 // Every ring has exactly one consumer thread (ring c: thread c % threads),
 // which executes its descriptors in ticket order. Payloads may still be in
-// flight when a put returns (GPU windows move through copy-engine copies on
-// the thread's stream); the thread calls its wire's complete() before any
+// flight when a put returns (GPU windows move through copy kernels of gin's
+// side context, see GpuCopier); the thread calls its wire's complete() before any
 // signal or counter action and before it publishes the consumer index, so
 // per-(context, peer) order (payload before signal, earlier puts before later
 // signals) holds and a flushed source may be reused. A descriptor the engine cannot carry out
@@ -37,6 +37,7 @@
 #include "gin/device/transport/proxy.hpp"
 #include "gin/host/idle.hpp"
 #include "gin/host/memory.hpp"
+#include "gin/host/side_context.hpp"
 
 namespace gin {
 
@@ -216,72 +217,22 @@ class Wire {
 };
 
 #if GIN_WITH_CUDA
-// Copies into and between GPU windows for one engine thread: copy-engine
-// copies on a non-blocking stream of the rank's GPU (so they run next to the
-// user's kernels, which may be waiting for them), and a pinned staging area
-// for values that live in the descriptor. Only that thread uses it, after
-// bind(); each engine thread has its own, so complete() waits for that
-// thread's copies only.
-class GpuCopier {
+// Copies into and between GPU windows for one host thread (an engine thread,
+// the tcp wire's receiver): kernels of gin's side context (side_context.hpp),
+// which never queue behind the user's kernels, so a kernel waiting for these
+// copies cannot block them. Each thread has its own, so complete() waits for
+// that thread's copies only. bind() makes the rank's GPU current for the
+// thread's other CUDA calls.
+class GpuCopier : public SideCopier {
  public:
-  static constexpr size_t kStageSlots = 256;  // 8-byte values in flight before complete()
-  explicit GpuCopier(int device) : device_(device), stage_(true, kStageSlots * 8) {
-    GIN_CUDA_CHECK(cudaSetDevice(device_));
-    GIN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  }
-  ~GpuCopier() {
-    if (stream_) {
-      (void)cudaStreamSynchronize(stream_);
-      (void)cudaStreamDestroy(stream_);
-    }
-  }
-  GpuCopier(const GpuCopier&) = delete;
-  GpuCopier& operator=(const GpuCopier&) = delete;
-
-  void bind() const { GIN_CUDA_CHECK(cudaSetDevice(device_)); }
-  void copy(void* dst, const void* src, size_t n) {
-    GIN_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, stream_));
-    pending_ = true;
-  }
-  void copyValue(void* dst, const void* bytes, size_t n) {
-    if (staged_ == kStageSlots) complete();
-    char* slot = static_cast<char*>(stage_.host()) + 8 * staged_++;
-    std::memcpy(slot, bytes, n);
-    copy(dst, slot, n);
-  }
-  // Read or write one word of device memory from the host (quiesce, the
-  // abort flag), synchronously.
-  uint64_t load64(const uint64_t* src) {
-    complete();
-    GIN_CUDA_CHECK(cudaMemcpyAsync(stage_.host(), src, 8, cudaMemcpyDeviceToHost, stream_));
-    GIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    uint64_t v;
-    std::memcpy(&v, stage_.host(), 8);
-    return v;
-  }
-  void store32(uint32_t* dst, uint32_t v) {
-    copyValue(dst, &v, 4);
-    complete();
-  }
-  void complete() {
-    if (!pending_) return;
-    GIN_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    pending_ = false;
-    staged_ = 0;
-  }
-
- private:
-  int device_;
-  cudaStream_t stream_ = nullptr;
-  HostMappedBuffer stage_;
-  size_t staged_ = 0;
-  bool pending_ = false;
+  explicit GpuCopier(int device) : SideCopier(device) { bind(); }
+  void bind() const { GIN_CUDA_CHECK(cudaSetDevice(device())); }
 };
 #endif
 
 // Targets mapped in this process: the lsa mappings the Comm already made (peer
 // windows through the directory, peer signal arrays, host addresses). A copy
-// (memcpy on CPU ranks; a copy-engine copy with a GpuCopier), then, after the
+// (memcpy on CPU ranks; a side-context copy with a GpuCopier, when the producers do not store themselves), then, after the
 // engine's complete(), a release atomic on the peer's signal word: the signal
 // cannot overtake the payload. On GPUs the signal arrays of a proxy
 // communicator live in host memory, so the atomic is a CPU atomic.

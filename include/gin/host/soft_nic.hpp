@@ -29,9 +29,9 @@
 //
 // Device memory: a region added with device = true (GPU windows of GPU
 // ranks) is reached through the copy function given to setDeviceCopy (the
-// ibgda transport passes a synchronous cudaMemcpy on its own stream), so a
-// WRITE's payload has landed before its CQE and before any later WQE's
-// effect. Atomics need host memory (the Comm keeps GPU ranks' signal arrays
+// ibgda transport passes side-context copies, queued, with setDeviceFlush to
+// wait for them); a WRITE's payload has landed before its CQE and before any
+// later WQE's effect. Atomics need host memory (the Comm keeps GPU ranks' signal arrays
 // there); an atomic aimed at a device region fails with a remote access error.
 //
 // Sink mode only completes: every WQE gets a success CQE without being read
@@ -112,6 +112,14 @@ class SoftNic {
   // once the bytes have landed.
   using DeviceCopy = std::function<void(void* dst, const void* src, size_t n)>;
   void setDeviceCopy(DeviceCopy copy) { deviceCopy_ = std::move(copy); }
+  // Before start(), optional: with a flush, the device copy may return before
+  // its bytes land. The NIC then writes the CQEs of the WRITEs that used it
+  // only after flush() returned, and calls it before any effect of a later WQE
+  // that is not such a WRITE (atomics, host writes, errors) and at the end of
+  // each pass over a QP: the payload still lands before its CQE and before
+  // any later WQE's effect, and a run of WRITEs costs one wait, not one each.
+  using DeviceFlush = std::function<void()>;
+  void setDeviceFlush(DeviceFlush flush) { deviceFlush_ = std::move(flush); }
   void removeLocalRegion(uint32_t lkey) {
     std::lock_guard<std::mutex> lk(mu_);
     regions_.erase(regionKey(-1, lkey));
@@ -189,6 +197,14 @@ class SoftNic {
   std::mutex mu_;
   std::map<uint64_t, Region> regions_;
   DeviceCopy deviceCopy_;
+  DeviceFlush deviceFlush_;
+  // WRITEs whose device copies may still be in flight: their CQEs (index in
+  // the CQ reserved, or ~0 for none) wait for the next settle().
+  struct Later {
+    QpState* q;
+    uint64_t pi, cqIndex;
+  };
+  std::vector<Later> later_;
   std::atomic<bool> stop_{false}, paused_{false}, done_{false};
   std::atomic<uint64_t> executed_{0}, errors_{0}, parks_{0};
   std::thread thread_;
@@ -261,23 +277,50 @@ class SoftNic {
       ++did;
       if (q.failed.load(std::memory_order_relaxed)) break;
     }
+    settle();
     return did;
+  }
+
+  // CQE number cqIndex of QP p, for WQE pi; stored last word last, with release.
+  static void writeCqe(const Qp& p, uint64_t cqIndex, uint64_t pi, uint8_t syndrome, uint8_t wqeOpcode, bool err) {
+    mlx5::Cqe64* e = p.cq + (cqIndex & (p.nCqe - 1));
+    mlx5::Cqe64 c;
+    mlx5::fillCqe(c, uint16_t(pi), p.qpn, 0, err ? syndrome : 0, 0, err ? wqeOpcode : 0);
+    c.b[mlx5::kCqeOpOwn] =
+        mlx5::makeOpOwn(err ? mlx5::kCqeReqErr : mlx5::kCqeReq, mlx5::cqeExpectedOwner(cqIndex, p.nCqe));
+    std::memcpy(e->b, c.b, mlx5::kCqeWqeCounter);
+    uint32_t tail;
+    std::memcpy(&tail, c.b + mlx5::kCqeWqeCounter, 4);
+    // Release: the CQE body, and every effect of the WQE, before the owner bit.
+    atomicStore(reinterpret_cast<uint32_t*>(e->b + mlx5::kCqeWqeCounter), tail, MemoryOrder::Release);
+  }
+
+  // A WRITE whose payload went to the device copy: complete it now, or (with
+  // a device flush) once the copies have landed.
+  void completeWrite(QpState& q, uint8_t op, bool wantCqe) {
+    if (!deviceFlush_) return complete(q, 0, op, false, wantCqe);
+    later_.push_back(Later{&q, q.pi, wantCqe ? q.cqPi++ : ~uint64_t(0)});
+    ++q.pi;
+  }
+
+  // Every deferred WRITE has landed: write their CQEs, in order.
+  void settle() {
+    if (later_.empty()) return;
+    deviceFlush_();
+    for (const Later& l : later_) {
+      if (l.cqIndex != ~uint64_t(0)) writeCqe(l.q->qp, l.cqIndex, l.pi, 0, 0, false);
+      l.q->consumed.store(l.pi + 1, std::memory_order_release);
+      executed_.fetch_add(1, std::memory_order_relaxed);
+    }
+    later_.clear();
   }
 
   // Write the CQE for WQE q.pi, then advance. err: an error CQE and the QP fails.
   void complete(QpState& q, uint8_t syndrome, uint8_t wqeOpcode, bool err, bool wantCqe = true) {
+    settle();  // earlier WRITEs land (and complete) first
     const Qp& p = q.qp;
     if (err || wantCqe) {
-      mlx5::Cqe64* e = p.cq + (q.cqPi & (p.nCqe - 1));
-      mlx5::Cqe64 c;
-      mlx5::fillCqe(c, uint16_t(q.pi), p.qpn, 0, err ? syndrome : 0, 0, err ? wqeOpcode : 0);
-      c.b[mlx5::kCqeOpOwn] =
-          mlx5::makeOpOwn(err ? mlx5::kCqeReqErr : mlx5::kCqeReq, mlx5::cqeExpectedOwner(q.cqPi, p.nCqe));
-      std::memcpy(e->b, c.b, mlx5::kCqeWqeCounter);
-      uint32_t tail;
-      std::memcpy(&tail, c.b + mlx5::kCqeWqeCounter, 4);
-      // Release: the CQE body, and every effect of the WQE, before the owner bit.
-      atomicStore(reinterpret_cast<uint32_t*>(e->b + mlx5::kCqeWqeCounter), tail, MemoryOrder::Release);
+      writeCqe(p, q.cqPi, q.pi, syndrome, wqeOpcode, err);
       ++q.cqPi;
     }
     ++q.pi;
@@ -321,7 +364,10 @@ class SoftNic {
             uint8_t bytes[mlx5::kMaxInlineInOneBB];
             std::memcpy(bytes, w + 36, n);
             if (n) deviceCopy_(dst, bytes, n);
-          } else if (n == 8 && (raddr & 7) == 0) {
+            return completeWrite(q, op, wantCqe);
+          }
+          settle();  // a host write (a SignalSet) after every earlier payload
+          if (n == 8 && (raddr & 7) == 0) {
             // An aligned 8-byte write (SignalSet): one store, release, so a
             // waiter's acquire load sees earlier WQEs' payload.
             uint64_t v;
@@ -341,10 +387,12 @@ class SoftNic {
         if (!src) return complete(q, mlx5::kSynLocalProtErr, op, true);
         char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n, &dstDevice);
         if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
-        if (n && (srcDevice || dstDevice))
+        if (n && (srcDevice || dstDevice)) {
           deviceCopy_(dst, src, n);
-        else if (n)
-          std::memmove(dst, src, n);
+          return completeWrite(q, op, wantCqe);
+        }
+        settle();
+        if (n) std::memmove(dst, src, n);
         return complete(q, 0, op, false, wantCqe);
       }
       case mlx5::kOpAtomicFa:
@@ -364,6 +412,7 @@ class SoftNic {
         if (raddr & 7) return complete(q, mlx5::kSynRemoteInvalReqErr, op, true);
         char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, 8, &dstDevice);
         if (!dst || dstDevice) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
+        settle();  // the signal-after-payload rule: earlier WRITEs land first
         uint64_t* word = reinterpret_cast<uint64_t*>(dst);
         uint64_t old;
         // Release: earlier WQEs' payload is visible before the new value
