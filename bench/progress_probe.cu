@@ -117,6 +117,20 @@ void tryMethod(Env& env, const std::string& m, int blocks, int threads) {
     CK(cudaGetLastError());
     CK(cudaStreamSynchronize(cudaStream_t(env.sideStream)));
     cuCtxSetCurrent(env.primary);
+  } else if (m == "kernel-second-context-during-cudaFree") {
+    // Another thread of the process frees memory (which synchronizes the
+    // user's context, so it waits for the spinning kernel) while this one
+    // writes the word from the second context.
+    void* junk = nullptr;
+    CK(cudaMalloc(&junk, 1 << 20));
+    std::thread freer([junk] { CK(cudaFree(junk)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    cuCtxSetCurrent(env.side);
+    setWord<<<1, 1, 0, cudaStream_t(env.sideStream)>>>(flag, 1);
+    CK(cudaGetLastError());
+    CK(cudaStreamSynchronize(cudaStream_t(env.sideStream)));
+    cuCtxSetCurrent(env.primary);
+    freer.join();
   } else if (m == "memcpy-green-context") {
     if (dk(cuMemcpyHtoDAsync(CUdeviceptr(flag), one, 4, env.greenStream), "cuMemcpyHtoDAsync"))
       dk(cuStreamSynchronize(env.greenStream), "cuStreamSynchronize");
@@ -128,7 +142,7 @@ void tryMethod(Env& env, const std::string& m, int blocks, int threads) {
   const double t1 = now();
   CK(cudaDeviceSynchronize());
   const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  std::printf("%-24s %4d x %4d  conns=%-7s  write done after %8.4f s, kernel saw %s\n", m.c_str(), blocks, threads,
+  std::printf("%-38s %4d x %4d  conns=%-7s  write done after %8.4f s, kernel saw %s\n", m.c_str(), blocks, threads,
               conns ? conns : "default", t1 - t0,
               out[0] == 1   ? "the write"
               : out[0] == 2 ? "TIMEOUT"
@@ -208,7 +222,8 @@ int main() {
       dk(cuGreenCtxStreamCreate(&env.greenStream, env.green, CU_STREAM_NON_BLOCKING, 0), "cuGreenCtxStreamCreate");
   }
   for (const char* m : {"memcpy-h2d-other-stream", "memcpy-d2d-other-stream", "kernel-other-stream",
-                        "memcpy-second-context", "kernel-second-context", "memcpy-green-context",
+                        "memcpy-second-context", "kernel-second-context", "kernel-second-context-during-cudaFree",
+                        "memcpy-green-context",
                         "kernel-green-context", "managed-cpu-store"}) {
     if (std::strstr(m, "green") && !env.greenStream) continue;
     for (int blocks : {1, 264}) tryMethod(env, m, blocks, blocks == 1 ? 32 : 1024);

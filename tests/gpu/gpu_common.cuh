@@ -55,16 +55,36 @@ inline void runGpus(int n, const std::function<void(gin::Comm&)>& body, gin::Com
       body);
 }
 
+// CUDA's hardware queues (docs/design/progress.md). gin's own progress needs
+// none of the user's, but a test that runs several ranks in one process,
+// each launching kernels that wait for the other ranks' kernels, needs each
+// rank's stream in a queue of its own: with fewer queues, a launch that
+// depends on a rank's waiting kernel (its next kernel on the same stream)
+// holds up every launch behind it in the shared queue, another rank's
+// included, and the ranks wait for each other until the timeout. That is
+// CUDA's rule for any program, not gin's; with CUDA_DEVICE_MAX_CONNECTIONS=1
+// (Megatron-LM) run one rank per process, as tests/gpu/processes.cu does.
+inline int hardwareQueues() {
+  const char* e = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return e && *e ? std::atoi(e) : 8;
+}
+// Whether n ranks of this process (round-robin on the GPUs) each get a queue
+// for their stream, with one left for the default stream.
+inline bool queuesFor(int n) {
+  const int perGpu = (n + gpuCount() - 1) / gpuCount();
+  return perGpu == 1 || hardwareQueues() >= perGpu + 1;
+}
+// First thing in main(): unless the caller chose, give the process CUDA's
+// maximum of 32 queues, so the in-process cases run up to 8 ranks per GPU.
+inline void widenQueues() { ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0); }
+
 // n ranks on the visible GPUs round-robin (several ranks may share one),
 // each with its own non-blocking stream so ranks sharing a GPU run their
 // kernels side by side: body(comm, stream).
 //
-// Ranks sharing a GPU must not allocate or free device or pinned memory
-// (cudaMalloc, cudaFree, cudaMallocHost, ...) while another rank's kernel may
-// be waiting on its proxy engine or soft NIC: those calls synchronize the
-// device, so the engine's next copy queues behind the waiting kernel, which
-// waits for that copy (the wait then times out). Allocate before the barrier
-// that precedes a launch and free after the barrier that follows it.
+// Ranks sharing a GPU allocate before the barrier that precedes a launch and
+// free after the barrier that follows it: cudaMalloc and cudaFree synchronize
+// the device, so one rank's free would wait for another rank's kernel.
 inline void runRanksOnStreams(int n, const std::function<void(gin::Comm&, cudaStream_t)>& body, gin::CommConfig cfg) {
   const int gpus = gpuCount();
   gintest::runRankThreads(

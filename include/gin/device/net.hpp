@@ -94,7 +94,7 @@ class Net {
       if (viaProxy(world)) {
         if (const int li = proxyStoreIndex(world); li >= 0) {
           lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
-          proxyActions(coop, world, remote, local, alreadyReleased);
+          proxyActions(coop, world, remote, local);
           return;
         }
         ProxyDesc d = proxyDesc(ProxyOp::Put, world, remote, local);
@@ -149,7 +149,7 @@ class Net {
       if (viaProxy(world)) {
         if (const int li = proxyStoreIndex(world); li >= 0) {
           if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
-          proxyActions(coop, world, remote, None{}, alreadyReleased);
+          proxyActions(coop, world, remote, None{});
           return;
         }
         ProxyDesc d = proxyDesc(ProxyOp::PutValue, world, remote, None{});
@@ -489,7 +489,7 @@ class Net {
   // as one descriptor (the push's system-scope release orders the coop's
   // stores before the engine's signal). Nothing to push without actions.
   template <class Coop, class RemoteAction, class LocalAction>
-  GIN_HD void proxyActions(Coop coop, int world, RemoteAction remote, LocalAction local, Scope alreadyReleased) const {
+  GIN_HD void proxyActions(Coop coop, int world, RemoteAction remote, LocalAction local) const {
     if constexpr (!std::is_same_v<RemoteAction, None> || !std::is_same_v<LocalAction, None>) {
       const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, local);
       if (d.action != uint8_t(ProxyAction::None) || d.counterId != kProxyNoCounter)
@@ -497,7 +497,6 @@ class Net {
     } else {
       (void)coop, (void)world, (void)remote, (void)local;
     }
-    (void)alreadyReleased;
   }
   // The coop's writes (the put's source, the data a signal publishes) are
   // ordered before the push by the sync; one thread pushes, with a

@@ -307,8 +307,6 @@ class IbgdaTransport {
 #if GIN_WITH_CUDA
   std::unique_ptr<SideCopier> copier_;
   int cudaDevice_ = 0;
-  static constexpr size_t kBounceBytes = 1u << 20;
-  HostMappedBuffer bounce_;  // pinned staging of plain host memory
 #endif
 
   // Test mode for CPU ranks (GIN_SOFT_NIC_DEFERRED_COPIES=1): windows count as
@@ -317,7 +315,7 @@ class IbgdaTransport {
   // never completes or signals before a deferred payload has landed.
   void startDeferredHostCopies() {
     deferred_ = true;
-    nic_->setDeviceCopy([this](void* dst, const void* src, size_t n) {
+    nic_->setDeviceCopy([this](void* dst, const void* src, size_t n, bool) {
       const char* from = static_cast<const char*>(src);
       queued_.emplace_back(static_cast<char*>(dst), std::vector<char>(from, from + n));
     });
@@ -329,38 +327,20 @@ class IbgdaTransport {
 
   // The soft NIC's copies for GPU ranks: kernels of gin's side context
   // (side_context.hpp), which never queue behind the user's kernels that post
-  // these WQEs and wait for them. Copies between device (or pinned) memory and
-  // small inline payloads are queued, and the NIC waits for them (flush)
-  // before it writes their CQEs or applies a later WQE; plain host memory on
-  // either side of anything larger goes through a pinned bounce buffer,
-  // synchronously.
+  // these WQEs and wait for them. They are queued, and the NIC waits for them
+  // (flush) before it writes their CQEs or applies a later WQE. No CUDA
+  // runtime call of the user's context on this path: one could wait for a
+  // lock that a thread blocked in cudaDeviceSynchronize holds (a rank
+  // waiting for the very kernels this NIC serves).
   void startDeviceCopies() {
 #if GIN_WITH_CUDA
     GIN_CUDA_CHECK(cudaGetDevice(&cudaDevice_));
     copier_ = std::make_unique<SideCopier>(cudaDevice_);
-    bounce_ = HostMappedBuffer(true, kBounceBytes);
-    nic_->setDeviceCopy([this](void* dst, const void* src, size_t n) {
-      auto plainHost = [](const void* p) {
-        cudaPointerAttributes a{};
-        if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-          (void)cudaGetLastError();
-          return true;
-        }
-        return a.type == cudaMemoryTypeUnregistered;
-      };
-      const bool srcPlain = plainHost(src), dstPlain = plainHost(dst);
-      if (!dstPlain && !srcPlain) return copier_->copy(dst, src, n);
-      if (!dstPlain && n <= SideCopier::kStageBytes) return copier_->copyValue(dst, src, n);
-      char* stage = static_cast<char*>(bounce_.host());
-      for (size_t off = 0; off < n; off += kBounceBytes) {
-        const size_t k = n - off < kBounceBytes ? n - off : kBounceBytes;
-        const char* from = static_cast<const char*>(src) + off;
-        char* to = static_cast<char*>(dst) + off;
-        if (srcPlain) std::memcpy(stage, from, k);
-        copier_->copy(dstPlain ? stage : to, srcPlain ? stage : from, k);
-        copier_->complete();
-        if (dstPlain) std::memcpy(to, stage, k);
-      }
+    nic_->setDeviceCopy([this](void* dst, const void* src, size_t n, bool inlineBytes) {
+      if (inlineBytes)
+        copier_->copyValue(dst, src, n);  // staged: the bytes are gone after the call
+      else
+        copier_->copy(dst, src, n);
     });
     nic_->setDeviceFlush([this] { copier_->complete(); });
 #else

@@ -109,8 +109,11 @@ class SoftNic {
     regions_[regionKey(peer, rkey)] = Region{addr, bytes, map, device};
   }
   // Before start(): how to copy when either side is device memory; returns
-  // once the bytes have landed.
-  using DeviceCopy = std::function<void(void* dst, const void* src, size_t n)>;
+  // once the bytes have landed (or, with a flush, once they are queued).
+  // inlineBytes: `src` is a WQE's inline payload (at most 28 bytes) in plain
+  // host memory that is gone after the call; otherwise both ends are memory
+  // the NIC's regions name (device memory, or host memory registered with it).
+  using DeviceCopy = std::function<void(void* dst, const void* src, size_t n, bool inlineBytes)>;
   void setDeviceCopy(DeviceCopy copy) { deviceCopy_ = std::move(copy); }
   // Before start(), optional: with a flush, the device copy may return before
   // its bytes land. The NIC then writes the CQEs of the WRITEs that used it
@@ -363,7 +366,7 @@ class SoftNic {
           if (dstDevice) {
             uint8_t bytes[mlx5::kMaxInlineInOneBB];
             std::memcpy(bytes, w + 36, n);
-            if (n) deviceCopy_(dst, bytes, n);
+            if (n) deviceCopy_(dst, bytes, n, true);
             return completeWrite(q, op, wantCqe);
           }
           settle();  // a host write (a SignalSet) after every earlier payload
@@ -388,7 +391,7 @@ class SoftNic {
         char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n, &dstDevice);
         if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
         if (n && (srcDevice || dstDevice)) {
-          deviceCopy_(dst, src, n);
+          deviceCopy_(dst, src, n, false);
           return completeWrite(q, op, wantCqe);
         }
         settle();
