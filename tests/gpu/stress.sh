@@ -31,6 +31,7 @@ cases=(
   "moe|GIN_TIMEOUT_MS=20000|$g/test_gpu_moe"
   "moe-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TIMEOUT_MS=20000|$g/test_gpu_moe"
   "processes-proxy-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TRANSPORT=proxy|$g/test_gpu_processes"
+  "processes-proxy-tcp-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TRANSPORT=proxy GIN_PROXY_WIRE=tcp|$g/test_gpu_processes"
   "lsa|GIN_TIMEOUT_MS=20000|$g/test_gpu_lsa"
   "allreduce-proxy|GIN_TRANSPORT=proxy GIN_TIMEOUT_MS=20000|$g/test_gpu_allreduce"
   "signal-lat-proxy2||$b signal-lat --transport proxy --ranks 2 --no-nccl"

@@ -157,8 +157,8 @@ GIN_HD GIN_NOINLINE inline bool peerFailed(const DevComm& c, const WaitWhat& wha
 
 // Spin until ready(poll()) holds. The clock and the abort flag are looked at
 // every 64 polls (the clock starts then too), the team's abort word (host
-// memory: a PCIe read on GPUs) every 256, so a wait that is already
-// satisfied costs one poll. On timeout the error record gets `what` and the
+// memory: a PCIe read on GPUs) every 256 once the wait has lasted 20 us, so a
+// wait that is already satisfied costs one poll. On timeout the error record gets `what` and the
 // last value seen; on abort (another wait, or another rank, failed) it
 // returns at once. Returns whether the condition was met.
 template <class Poll, class Ready>
@@ -169,9 +169,11 @@ GIN_HD bool boundedPoll(const DevComm& c, Poll poll, Ready ready, const WaitWhat
     if (ready(v)) return true;
     if ((spins & 63) == 0) {
       if (aborted(c)) return false;
-      if ((spins & 255) == 0 && peerFailed(c, what)) return false;
       const uint64_t now = nowNs();
       if (start == 0) start = now;
+      // The team's word is host memory (a PCIe read on GPUs): not on the
+      // path of a wait that is about to end, only once it has lasted 20 us.
+      if ((spins & 255) == 0 && now - start > 20'000 && peerFailed(c, what)) return false;
       if (c.timeoutNs != 0 && now - start > c.timeoutNs) {
         recordError(c, what.op, what.peer, what.context, what.id, what.expected, v);
         return false;

@@ -19,7 +19,7 @@
 //  - put() returns once the source has been handed to the kernel's socket
 //    buffer: the engine's CounterInc then counts a consumed source.
 //  - GPU windows (TcpGpu): the sender copies each chunk of the source into a
-//    pinned staging buffer (copy engine, waited for; one buffer per engine
+//    pinned staging buffer (a side-context copy, waited for; one buffer per engine
 //    thread sending at that moment) before it sends it; the
 //    receiver copies each checked payload into the window and waits for that
 //    copy before it applies the frame's action, so signal-after-payload holds.
@@ -428,6 +428,10 @@ class TcpWire final : public Wire {
   std::mutex stagesMu_;
   std::vector<std::unique_ptr<SendStage>> stages_;  // free ones
   std::unique_ptr<GpuCopier> recvCopier_;           // the receiver thread's staging-to-device copies
+  // The receiver's pinned bounce buffer: side-context copy kernels read
+  // pinned memory only, and a frame's payload arrives in pageable staging.
+  static constexpr size_t kRecvBounce = size_t(1) << 20;
+  HostMappedBuffer recvBounce_;
 #endif
   int rank_ = 0, nRanks_ = 0, port_ = 0;
   std::vector<std::unique_ptr<Peer>> peers_;
@@ -500,8 +504,13 @@ class TcpWire final : public Wire {
   void deliver(char* dst, const char* src, uint64_t n) {
 #if GIN_WITH_CUDA
     if (recvCopier_) {
-      recvCopier_->copy(dst, src, size_t(n));
-      recvCopier_->complete();
+      char* bounce = static_cast<char*>(recvBounce_.host());
+      for (uint64_t off = 0; off < n; off += kRecvBounce) {
+        const size_t k = size_t(std::min<uint64_t>(n - off, kRecvBounce));
+        std::memcpy(bounce, src + off, k);
+        recvCopier_->copy(dst + off, bounce, k);
+        recvCopier_->complete();
+      }
       return;
     }
 #endif
@@ -689,6 +698,7 @@ class TcpWire final : public Wire {
     if (gpu_.device >= 0) {
       try {
         recvCopier_ = std::make_unique<GpuCopier>(gpu_.device);  // binds this thread to the GPU
+        recvBounce_ = HostMappedBuffer(true, kRecvBounce);
       } catch (const Error& e) {
         std::fprintf(stderr, "%sreceiver cannot use GPU %d: %s\n", me().c_str(), gpu_.device, e.what());
         fail(Op::ProxyEngine, -1, 0, 0, 0);
