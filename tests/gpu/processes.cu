@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -127,7 +128,7 @@ int main() {
       waitpid(pid, &st, 0);
       if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failures;
     }
-    std::printf("%d processes on %d GPUs: %s\n", n, n, failures ? "FAILED" : "passed");
+    std::printf("%d processes on %d GPU(s): %s\n", n, std::min(n, gpus), failures ? "FAILED" : "passed");
   }
   return failures ? 1 : 0;
 }
