@@ -95,6 +95,7 @@ int main() {
   // own CUDA context (so CUDA_DEVICE_MAX_CONNECTIONS=1 holds nobody up).
   const char* tr = std::getenv("GIN_TRANSPORT");
   const bool shared = tr && std::string(tr) == "proxy";
+  if (gpus == 0) return gputest::skipNoGpu("GPU processes suite");
   if (gpus < 2 && !shared) {
     std::printf("SKIP one-process-per-GPU suite: %d GPU(s) visible, need 2 (or GIN_TRANSPORT=proxy)\n", gpus);
     return 77;
