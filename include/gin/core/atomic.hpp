@@ -15,6 +15,21 @@
 #include <atomic>
 #endif
 
+// GIN_TSAN: 1 when host code is built with ThreadSanitizer (GCC or clang).
+#if !GIN_DEVICE_CODE && defined(__SANITIZE_THREAD__)
+#define GIN_TSAN 1
+#elif !GIN_DEVICE_CODE && defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define GIN_TSAN 1
+#endif
+#endif
+#ifndef GIN_TSAN
+#define GIN_TSAN 0
+#endif
+#if GIN_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace gin {
 
 enum class Scope : int { Thread = 0, Block = 1, Device = 2, System = 3 };
@@ -44,6 +59,44 @@ inline constexpr std::memory_order storeOrder(MemoryOrder o) {
          : o == MemoryOrder::AcqRel ? std::memory_order_release
                                     : toStd(o);
 }
+
+#if GIN_TSAN
+// ThreadSanitizer does not model std::atomic_thread_fence, so the publications
+// gin builds on fences (fence<System>() then relaxed signals: allreduce's
+// releaseAll, a caller's `alreadyReleased = Scope::System`; relaxed polls then
+// a fence) look like races to it although C++ orders them ([atomics.fences]).
+// Under TSan only, each host thread tells it what its fences do:
+//  - release side: after a fence, the thread's relaxed stores and
+//    read-modify-writes are performed as release (they then carry the writes
+//    made before the fence, and also the few made between the fence and them),
+//    until the thread's next acquire load, i.e. until it moves on to wait for
+//    something; a relaxed publication with no fence before it is still reported;
+//  - acquire side: a fence acquires at the word the thread last loaded relaxed
+//    (the poll that ended just before it).
+struct TsanFenceState {
+  bool releasing = false;
+  const void* lastRelaxedLoad = nullptr;
+};
+inline thread_local TsanFenceState tsanFenceState;
+inline void tsanFence() {
+  TsanFenceState& t = tsanFenceState;
+  if (t.lastRelaxedLoad != nullptr) __tsan_acquire(const_cast<void*>(t.lastRelaxedLoad));
+  t.lastRelaxedLoad = nullptr;
+  t.releasing = true;
+}
+inline MemoryOrder tsanLoad(const void* p, MemoryOrder o) {
+  if (o == MemoryOrder::Relaxed || o == MemoryOrder::Release)
+    tsanFenceState.lastRelaxedLoad = p;
+  else
+    tsanFenceState.releasing = false;
+  return o;
+}
+// A store or read-modify-write after a fence: at least release.
+inline MemoryOrder tsanWrite(MemoryOrder o) {
+  if (!tsanFenceState.releasing) return o;
+  return o == MemoryOrder::Relaxed ? MemoryOrder::Release : o == MemoryOrder::Acquire ? MemoryOrder::AcqRel : o;
+}
+#endif
 #else
 __device__ __forceinline__ constexpr cuda::memory_order toCuda(MemoryOrder o) {
   return o == MemoryOrder::Relaxed   ? cuda::memory_order_relaxed
@@ -114,6 +167,14 @@ GIN_HD GIN_INLINE void fence() {
     asm volatile("fence.acq_rel.gpu;" ::: "memory");
   else if constexpr (S == Scope::Block)
     asm volatile("fence.acq_rel.cta;" ::: "memory");
+#elif GIN_TSAN
+  // The same full fence (both become __tsan_atomic_thread_fence, which fences
+  // but records nothing), spelled so GCC does not warn that TSan ignores it
+  // (-Wtsan, at every atomic_thread_fence); tsanFence() tells TSan what it orders.
+  if constexpr (S != Scope::Thread) {
+    __sync_synchronize();
+    detail::tsanFence();
+  }
 #else
   if constexpr (S != Scope::Thread) std::atomic_thread_fence(std::memory_order_seq_cst);
 #endif
@@ -136,6 +197,9 @@ GIN_HD GIN_INLINE T atomicLoad(const T* p, MemoryOrder order = MemoryOrder::Acqu
     return r.load(order == MemoryOrder::Relaxed ? cuda::memory_order_relaxed : cuda::memory_order_acquire);
   }
 #else
+#if GIN_TSAN
+  order = detail::tsanLoad(p, order);
+#endif
   return std::atomic_ref<T>(*const_cast<T*>(p)).load(detail::loadOrder(order));
 #endif
 }
@@ -156,6 +220,9 @@ GIN_HD GIN_INLINE void atomicStore(T* p, T v, MemoryOrder order = MemoryOrder::R
     r.store(v, order == MemoryOrder::Relaxed ? cuda::memory_order_relaxed : cuda::memory_order_release);
   }
 #else
+#if GIN_TSAN
+  order = detail::tsanWrite(order);
+#endif
   std::atomic_ref<T>(*p).store(v, detail::storeOrder(order));
 #endif
 }
@@ -174,6 +241,9 @@ GIN_HD GIN_INLINE void atomicAdd(uint64_t* p, uint64_t v, MemoryOrder order = Me
     r.fetch_add(v, detail::toCuda(order));
   }
 #else
+#if GIN_TSAN
+  order = detail::tsanWrite(order);
+#endif
   std::atomic_ref<uint64_t>(*p).fetch_add(v, detail::toStd(order));
 #endif
 }
@@ -184,6 +254,9 @@ GIN_HD GIN_INLINE T atomicFetchAdd(T* p, T v, MemoryOrder order = MemoryOrder::A
   cuda::atomic_ref<T, detail::CudaScope<S>::value> r(*p);
   return r.fetch_add(v, detail::toCuda(order));
 #else
+#if GIN_TSAN
+  order = detail::tsanWrite(order);
+#endif
   return std::atomic_ref<T>(*p).fetch_add(v, detail::toStd(order));
 #endif
 }
@@ -194,6 +267,9 @@ GIN_HD GIN_INLINE bool atomicCompareExchange(T* p, T& expected, T desired, Memor
   cuda::atomic_ref<T, detail::CudaScope<S>::value> r(*p);
   return r.compare_exchange_strong(expected, desired, detail::toCuda(order));
 #else
+#if GIN_TSAN
+  order = detail::tsanWrite(order);
+#endif
   return std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired, detail::toStd(order));
 #endif
 }
