@@ -221,8 +221,10 @@ class CpuLayer {
     const Plan p = plan(l_, ll_, in);
     l_.sendList = p.sendList.data();
     l_.sendCount = p.sendCount.data();
-    std::memcpy(comm_.localPointer(l_.x), p.x.data(), p.x.size());
-    std::memcpy(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
+    // Empty vectors (no metadata, no tokens) have no data() to copy from:
+    // memcpy from a null pointer is undefined even for 0 bytes.
+    if (!p.x.empty()) std::memcpy(comm_.localPointer(l_.x), p.x.data(), p.x.size());
+    if (!p.meta.empty()) std::memcpy(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
     gin::Net<> net(l_.dc, 0);
     for (uint32_t s = l_.sig.base; s < l_.sig.base + signalsNeeded(sh_); ++s) net.resetSignal(s);
     comm_.bootstrap().barrier();  // every rank reset before anyone signals

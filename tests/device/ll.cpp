@@ -246,9 +246,9 @@ TEST_CASE("LL: a packet that never arrives gives a gin::Error naming llWait, the
         Window w = comm.allocWindow(4096);
         if (comm.rank() == 0) {
           // Packets 0..2 arrive, packet 3 holds last round's flag forever.
-          uint8_t payload[16] = {};
+          uint8_t payload[3 * ll::kPayloadBytes<ll::Packet16>] = {};
           ll::Packet16* p = static_cast<ll::Packet16*>(comm.localPointer(w));
-          ll::putPackets(CoopThread{}, p, payload, 16 * 3, 41);
+          ll::putPackets(CoopThread{}, p, payload, sizeof payload, 41);
           ll::store(p + 3, 0, 40);
           uint8_t out[64];
           returned = ll::getPacketsFromWindow<ll::Packet16>(CoopThread{}, dc, out, w, 0, 64, 41, 1);
