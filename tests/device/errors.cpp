@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <string>
+#include <utility>
 
 #include "../common/processes.hpp"
 #include "../common/ranks.hpp"
@@ -135,6 +137,44 @@ TEST_CASE("one rank's failure stops every rank's waits (processes): peerFailed n
         const bool good = r == 0 ? msg.find("waitSignal timed out") != std::string::npos
                                  : ms < 60'000 && msg.find("because rank 0 failed first") != std::string::npos;
         if (!good) std::fprintf(stderr, "rank %d: after %ld ms: %s\n", r, ms, msg.c_str());
+        bs.barrier();
+        return good ? 0 : 1;
+      },
+      150);
+  for (int r = 0; r < n; ++r) CHECK(status[size_t(r)] == 0);
+}
+
+TEST_CASE("one rank's failure stops the waits of ranks on other hosts: peerFailed names the rank that failed first",
+          "[errors][abort][hosts]") {
+  // Processes on pretend hosts (proxy over the tcp wire between hosts): only
+  // the cross-host abort channel can stop the ranks of other hosts before
+  // their own 120 s timeout. Rank 0 stays alive (its connections open) until
+  // the others are done, so no lost peer stops them either. 3 hosts of one
+  // rank; 2 hosts of 2 ranks (rank 1 stops through its host's team words).
+  const auto shape = GENERATE(std::make_pair(3, 1), std::make_pair(4, 2));
+  const int n = shape.first, perHost = shape.second;
+  CAPTURE(n, perHost);
+  const UniqueId id = makeUniqueId();
+  const auto status = gintest::forkRanks(
+      n,
+      [&](int r) {
+        const std::string host = "abort-host-" + std::to_string(r / perHost);
+        ::setenv("GIN_HOST_ID", host.c_str(), 1);
+        TcpBootstrap bs(id, r, n);
+        Comm comm(bs, gintest::cpuConfig(20'000'000'000ull));
+        if (comm.lsaSize() != perHost || comm.railSize() != n / perHost ||
+            comm.transportTo((r + perHost) % n) != Transport::Proxy)
+          return 3;
+        const auto [ms, msg] = oneRankFails(comm);
+        // The steady clock is one for all processes: the stop times compare.
+        const long long at =
+            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
+                .count();
+        std::fprintf(stderr, "rank %d: stopped after %ld ms (steady clock %lld us): %s\n", r, ms, at, msg.c_str());
+        const bool good = r == 0 ? msg.find("waitSignal timed out") != std::string::npos
+                                 : ms < 10'000 &&
+                                       msg.find("rank " + std::to_string(r) + ": peerFailed") != std::string::npos &&
+                                       msg.find("because rank 0 failed first") != std::string::npos;
         bs.barrier();
         return good ? 0 : 1;
       },

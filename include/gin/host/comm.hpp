@@ -34,6 +34,7 @@
 
 #include "gin/device/comm.hpp"
 #include "gin/device/window.hpp"
+#include "gin/host/abort_channel.hpp"
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/ibgda.hpp"
 #include "gin/host/memory.hpp"
@@ -171,6 +172,8 @@ class Comm {
     cfg_.transport = detail::envTransport(cfg_.transport);
     cfg_.proxy.wire = detail::envProxyWire(cfg_.proxy.wire);
     discover();
+    // Every rank knows the host count, so all or none take part.
+    if (dev_.railSize > 1) openAbortChannel();
     if (std::find(transports_.begin(), transports_.end(), uint8_t(Transport::Proxy)) != transports_.end()) {
       // Checked on every rank together, so a bad list stops all of them.
       agreeOn("proxy engine CPUs", [&] { engineCpus_ = engineCpus(); });
@@ -445,6 +448,7 @@ class Comm {
 #if GIN_WITH_CUDA
   HostRegistration teamRegistration_;  // teamPage_, on GPU ranks
 #endif
+  AbortChannel abortChannel_;  // several hosts: failures to and from the other hosts (the watcher uses it)
   std::thread watcher_;
   std::atomic<bool> watcherStop_{false};
   DeviceTable local_;                        // shadows, counters, epochs, pointer tables
@@ -872,24 +876,46 @@ class Comm {
 #endif
   }
 
+  // The abort channel (several hosts): this rank tells every rank of the
+  // other hosts, the lowest of each host first. Collective.
+  void openAbortChannel() {
+    const int L = dev_.lsaSize, me = dev_.railRank;
+    std::vector<int> targets;
+    for (int i = 0; i < L; ++i)
+      for (int node = 0; node < dev_.railSize; ++node)
+        if (node != me) targets.push_back(node * L + i);
+    abortChannel_.open(bs_, detail::tcpWireAddress(bs_, true), targets);
+  }
+
+  // Every lsa member's team abort word to `origin` (failed rank + 1), where
+  // no failure is there yet.
+  void raiseTeamAbort(uint32_t origin) {
+    for (uint32_t* w : teamWords_) {
+      uint32_t idle = 0;
+      (void)atomicCompareExchange<Scope::System>(w, idle, origin);
+    }
+  }
+
   // The watcher thread: once this rank's error record is complete (a failure
   // of its own, not a PeerFailed that another rank's failure caused), raise
-  // every lsa member's team abort word to rank + 1, so their waits stop within
-  // about a millisecond instead of one timeout each. Reads host memory only:
-  // never waits on CUDA.
+  // every lsa member's team abort word to rank + 1 and tell the other hosts,
+  // so their waits stop within about a millisecond (a few across hosts)
+  // instead of one timeout each. Until then, a failure another host reports
+  // raises this host's words the same way. Reads host memory and
+  // non-blocking sockets only: never waits on CUDA.
   void watchForFailure() {
     for (;;) {
       // Read the flag first: a failure recorded just before ~Comm stops the
       // watcher is still passed on by this last look.
       const bool last = watcherStop_.load(std::memory_order_acquire);
       if (atomicLoad<Scope::System>(&hostRecord_->state, MemoryOrder::Acquire) == 2u) {
-        if (Op(hostRecord_->op) != Op::PeerFailed)
-          for (uint32_t* w : teamWords_) {
-            uint32_t idle = 0;
-            (void)atomicCompareExchange<Scope::System>(w, idle, uint32_t(rank_ + 1));
-          }
+        if (Op(hostRecord_->op) != Op::PeerFailed) {
+          raiseTeamAbort(uint32_t(rank_ + 1));
+          abortChannel_.notify(uint32_t(rank_ + 1));  // bounded: about a second at most
+        }
         return;
       }
+      if (const uint32_t origin = abortChannel_.poll()) raiseTeamAbort(origin);
       if (last) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
