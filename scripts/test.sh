@@ -2,10 +2,13 @@
 # The README's test command: installs the dependencies, builds everything with
 # gpu=auto (GPU code is compiled when nvcc is found; GPU tests skip themselves
 # with exit code 77 on a machine without a GPU), runs every meson test suite,
-# then the install/consumer checks (tests/consumers/run.sh).
+# then the install/consumer checks (tests/consumers/run.sh), then the CPU-rank
+# suites under ThreadSanitizer and ASan+UBSan (scripts/sanitize.sh; SANITIZE=0
+# skips them, SANITIZE=full runs every host test under both).
 #
 # Ends with one line "N passed, M failed" (", K skipped" when any were skipped),
-# counting meson's tests and the consumer checks; exits non-zero on any failure.
+# counting meson's tests (the sanitizer runs' too) and the consumer checks;
+# exits non-zero on any failure.
 # BUILD_DIR overrides the build directory (default: build).
 set -euo pipefail
 
@@ -57,56 +60,28 @@ if ! bash tests/consumers/run.sh 2>&1 | tee "$consumer_out"; then
   grep -q '^consumer .*: FAIL$' "$consumer_out" || failures+=("tests/consumers/run.sh")
 fi
 
+# --- the same CPU-rank suites under sanitizers ----------------------------------------------
+# ThreadSanitizer and ASan+UBSan builds of their own (scripts/sanitize.sh, which
+# says which tests the ci selection leaves out). SANITIZE=0 skips them,
+# SANITIZE=full runs every host test under both.
+san_logs=()
+san_failures="$(mktemp)"
+trap 'rm -f "$consumer_out" "$san_failures"' EXIT
+case "${SANITIZE:-ci}" in
+  0) ;;
+  *)
+    san_mode=ci
+    [ "${SANITIZE:-ci}" = full ] && san_mode=full
+    GIN_SANITIZE_FAILURES="$san_failures" BUILD_DIR="$build" bash scripts/sanitize.sh "$san_mode" ||
+      failures+=("scripts/sanitize.sh $san_mode")
+    while read -r f; do failures+=("sanitizers: $f"); done <"$san_failures"
+    for s in ${SANITIZERS:-tsan asan}; do san_logs+=("$s=$build-$s/meson-logs/testlog.json"); done
+    ;;
+esac
+
 # --- summary --------------------------------------------------------------------------
-read -r passed failed skipped < <(python3 - "$testlog" "$consumer_out" <<'PY'
-import json, os, re, sys
-testlog, consumers = sys.argv[1], sys.argv[2]
-passed = failed = skipped = 0
-bad = []
-logs = []  # (name, output) of each failed meson test
-if os.path.exists(testlog):
-    with open(testlog) as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            t = json.loads(line)
-            r = t.get("result", "")
-            if r in ("OK", "EXPECTEDFAIL"):
-                passed += 1
-            elif r == "SKIP":
-                skipped += 1
-            else:  # FAIL, TIMEOUT, UNEXPECTEDPASS, ERROR, INTERRUPT, ...
-                failed += 1
-                bad.append(f"{t.get('name', '?')} ({r})")
-                logs.append((t.get("name", "?"), (t.get("stdout") or "") + (t.get("stderr") or "")))
-with open(consumers) as f:
-    for line in f:
-        m = re.match(r"^consumer (\S+): (PASS|FAIL)$", line.strip())
-        if m:
-            if m.group(2) == "PASS":
-                passed += 1
-            else:
-                failed += 1
-                bad.append(f"consumer {m.group(1)}")
-# CI keeps only the tail of this script's output: the lines around each
-# failed assertion come last, next to the summary, so a rare failure can be
-# read from the CI record.
-for name, out in logs[:3]:
-    lines = out.splitlines()
-    keep = set()
-    for i, line in enumerate(lines):
-        if "FAILED" in line or "unexpected exception" in line or "error" in line.lower():
-            keep.update(range(max(0, i - 2), min(len(lines), i + 8)))
-    shown = [lines[i] for i in sorted(keep)][:60] or lines[-30:]
-    print(f"--- {name}: the lines around its failures ---", file=sys.stderr)
-    for line in shown:
-        print("  " + line[:300], file=sys.stderr)
-for b in bad:
-    print(f"FAILED: {b}", file=sys.stderr)
-print(passed, failed, skipped)
-PY
-) || { echo "could not compute the test summary" >&2; exit 1; }
+read -r passed failed skipped < <(python3 scripts/test_summary.py --consumers "$consumer_out" "$testlog" \
+  "${san_logs[@]+"${san_logs[@]}"}") || { echo "could not compute the test summary" >&2; exit 1; }
 for f in "${failures[@]+"${failures[@]}"}"; do
   echo "FAILED: $f" >&2
   failed=$((failed + 1))
