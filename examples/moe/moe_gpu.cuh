@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -315,7 +316,14 @@ class GpuLayer {
   ~GpuLayer() {
     (void)cudaStreamSynchronize(st_);
     for (void* p : allocs_) (void)cudaFree(p);
-    closeLayer(comm_, l_);
+    // Deregistering is collective and fails where a rank left after an
+    // error; a destructor must not throw (that ends the process), so the
+    // error is printed, not lost.
+    try {
+      closeLayer(comm_, l_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "moe: closing the layer of rank %d: %s\n", comm_.rank(), e.what());
+    }
   }
 
   // Upload the inputs (not timed by callers that time run()).

@@ -36,7 +36,16 @@ using gintest::expect;
 using gintest::Failure;
 using gintest::pattern;
 
-inline gin::CommConfig gpuConfig(uint64_t timeoutNs = 20'000'000'000ull) {
+// The bound on the suite's waits: GIN_TIMEOUT_MS when set (tests/gpu/sanitize.sh
+// raises it, instrumented kernels run 10-100x slower), else 20 s. Cases that
+// expect a wait to fail pass their own short bound.
+inline uint64_t suiteTimeoutNs() {
+  const char* e = std::getenv("GIN_TIMEOUT_MS");
+  const unsigned long long ms = e && *e ? std::strtoull(e, nullptr, 10) : 0;
+  return ms ? ms * 1'000'000ull : 20'000'000'000ull;
+}
+
+inline gin::CommConfig gpuConfig(uint64_t timeoutNs = suiteTimeoutNs()) {
   gin::CommConfig c;
   c.device = gin::DeviceKind::Gpu;
   c.timeoutNs = timeoutNs;
@@ -73,6 +82,12 @@ inline int hardwareQueues() {
 inline bool queuesFor(int n) {
   const int perGpu = (n + gpuCount() - 1) / gpuCount();
   return perGpu == 1 || hardwareQueues() >= perGpu + 1;
+}
+// GIN_GPU_TEST_MAX_RANKS: the most in-process ranks a case runs (default: all
+// it lists). tests/gpu/sanitize.sh lowers it for the slowest tools.
+inline int maxRanks() {
+  const char* e = std::getenv("GIN_GPU_TEST_MAX_RANKS");
+  return e && *e ? std::atoi(e) : 1 << 30;
 }
 // First thing in main(): unless the caller chose, give the process CUDA's
 // maximum of 32 queues, so the in-process cases run up to 8 ranks per GPU.

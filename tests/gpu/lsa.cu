@@ -70,7 +70,9 @@ void putTest(int n, size_t bytes, size_t mis, uint64_t seed) {
     int* ok = nullptr;
     GPU_CHECK(cudaMalloc(&ok, sizeof(int) * nCtx));
     putAll<K><<<n * nCtx, 256>>>(dc, dst, src, bytes, slot, mis);
+    GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
     waitAll<<<nCtx, 128>>>(dc, uint64_t(n), uint64_t(n * nCtx), ok);
+    GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
     comm.synchronize();
     std::vector<int> okh(static_cast<size_t>(nCtx));
     GPU_CHECK(cudaMemcpy(okh.data(), ok, sizeof(int) * nCtx, cudaMemcpyDeviceToHost));
@@ -92,15 +94,14 @@ void putTest(int n, size_t bytes, size_t mis, uint64_t seed) {
   });
 }
 
-// One rank per GPU; over the proxy (GIN_TRANSPORT=proxy) the GPUs never
-// address each other, so ranks share them: 1, 2, 3, 4 and 8 even on one GPU.
+// One rank per GPU (runGpus: rank r on GPU r, kernels on the legacy stream,
+// which ranks sharing a GPU would share, so one rank's waiting kernel would
+// hold the next one's back). Ranks sharing a GPU run in the proxy, ibgda and
+// moe suites (a stream per rank) and in tests/gpu/processes.cu.
 std::vector<int> rankCounts() {
-  const char* t = std::getenv("GIN_TRANSPORT");
-  const bool shared = t && std::string(t) == "proxy";
-  if (shared) return {1, 2, 3, 4, 8};
   std::vector<int> v;
   for (int n : {1, 2, 4})
-    if (n <= gputest::gpuCount()) v.push_back(n);
+    if (n <= gputest::gpuCount() && n <= gputest::maxRanks()) v.push_back(n);
   return v;
 }
 }  // namespace
@@ -155,7 +156,9 @@ TEST_CASE("GPU contention: every warp of 132 CTAs puts with a signal on 4 contex
       int* ok = nullptr;
       GPU_CHECK(cudaMalloc(&ok, 4 * sizeof(int)));
       contention<<<kCtas, 32 * kWarps>>>(dc, dst, src, kChunk);
+      GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
       waitContention<<<4, 32>>>(dc, uint64_t(kCtas) * kWarps / 4, ok);
+      GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
       comm.synchronize();
       int okh[4];
       GPU_CHECK(cudaMemcpy(okh, ok, sizeof okh, cudaMemcpyDeviceToHost));
@@ -215,6 +218,7 @@ TEST_CASE("GPU signals: Inc/Add/Set, putValue, wrap-around, shadows and reset", 
       GPU_CHECK(cudaMalloc(&out, 16 * 8));
       GPU_CHECK(cudaMemset(out, 0, 16 * 8));
       signalOps<<<1, 32>>>(comm.devComm(), w, out);
+      GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
       comm.synchronize();
       unsigned long long h[16];
       GPU_CHECK(cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost));
@@ -276,7 +280,9 @@ TEST_CASE("GPU barriers: lsa and world sessions on 1, 32 and 132 CTAs, one index
         GPU_CHECK(cudaMalloc(&bad, sizeof(int)));
         GPU_CHECK(cudaMemset(bad, 0, sizeof(int)));
         barrierRounds<false><<<ctas, 128>>>(comm.devComm(), w, 50, bad);
+        GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
         barrierRounds<true><<<ctas, 64>>>(comm.devComm(), w, 20, bad);
+        GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
         comm.synchronize();
         int h = -1;
         GPU_CHECK(cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost));
@@ -310,6 +316,7 @@ TEST_CASE("GPU: a wait that cannot finish gives a gin::Error naming rank, op, co
         GPU_CHECK(cudaMalloc(&toldOk, sizeof(int)));
         GPU_CHECK(cudaMemset(toldOk, 0, sizeof(int)));
         waitForever<<<4, 256>>>(comm.devComm(), toldOk);
+        GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
         try {
           comm.synchronize();
         } catch (const Error& e) {

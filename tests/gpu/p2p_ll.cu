@@ -21,15 +21,14 @@ namespace {
 constexpr uint8_t kPoison = 0xAB;
 enum class Kind { Thread, Warp, Block };
 
-// One rank per GPU; over the proxy (GIN_TRANSPORT=proxy) the GPUs never
-// address each other, so ranks share them: 1, 2, 3, 4 and 8 even on one GPU.
+// One rank per GPU (runGpus: rank r on GPU r, kernels on the legacy stream,
+// which ranks sharing a GPU would share, so one rank's waiting kernel would
+// hold the next one's back). Ranks sharing a GPU run in the proxy, ibgda and
+// moe suites (a stream per rank) and in tests/gpu/processes.cu.
 std::vector<int> rankCounts() {
-  const char* t = std::getenv("GIN_TRANSPORT");
-  const bool shared = t && std::string(t) == "proxy";
-  if (shared) return {1, 2, 3, 4, 8};
   std::vector<int> v;
   for (int n : {1, 2, 4})
-    if (n <= gputest::gpuCount()) v.push_back(n);
+    if (n <= gputest::gpuCount() && n <= gputest::maxRanks()) v.push_back(n);
   return v;
 }
 
@@ -92,6 +91,7 @@ void llTest(int n, uint64_t seed) {
       GPU_CHECK(cudaMemset(dst, kPoison, slot * n));
       llRound<K, P>
           <<<n, 256>>>(comm.devComm(), w, buf, src, slot, dst, slot, bytes, mis, ll::flagForRound(r), r % 2, failed);
+      GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
       comm.synchronize();
       GPU_CHECK(cudaMemcpy(h.data(), dst, h.size(), cudaMemcpyDeviceToHost));
       for (int p = 0; p < n; ++p) {
@@ -174,6 +174,7 @@ void llRaceTest(int n) {
     GPU_CHECK(cudaDeviceSynchronize());
     comm.bootstrap().barrier();
     llRace<P><<<2, 512>>>(comm.devComm(), w, kPackets, 2000, counts);
+    GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
     comm.synchronize();
     unsigned long long h[3];
     GPU_CHECK(cudaMemcpy(h, counts, sizeof h, cudaMemcpyDeviceToHost));
@@ -228,6 +229,7 @@ TEST_CASE("GPU LL: a packet that never arrives gives a gin::Error naming llWait"
         GPU_CHECK(cudaMalloc(&d, sizeof(int)));
         GPU_CHECK(cudaMemset(d, 0, sizeof(int)));
         llNever<<<1, 128>>>(comm.devComm(), w, d);
+        GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
         try {
           comm.synchronize();
         } catch (const Error& e) {
@@ -291,6 +293,7 @@ void p2pRingTest(int n, uint64_t seed) {
       GPU_CHECK(cudaDeviceSynchronize());
       p2pRing<K, Separate>
           <<<Separate ? 2 : 1, 256>>>(comm.devComm(), fifo, src, smis, bytes, dst + dmis, bytes, failed);
+      GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
       comm.synchronize();
       GPU_CHECK(cudaMemcpy(h.data(), dst, slot, cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < dmis; ++i) expect(h[i] == kPoison, "recv wrote before the destination");
@@ -346,6 +349,7 @@ void p2pAllToAllTest(int n) {
       GPU_CHECK(cudaMemset(dst, kPoison, slot * n));
       GPU_CHECK(cudaDeviceSynchronize());
       p2pAllToAll<<<2 * n, 512>>>(comm.devComm(), fifo, src, slot, bytes, dst, failed);
+      GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
       comm.synchronize();
       GPU_CHECK(cudaMemcpy(h.data(), dst, h.size(), cudaMemcpyDeviceToHost));
       for (int p = 0; p < n; ++p) {
@@ -405,6 +409,7 @@ TEST_CASE("GPU p2p: a recv nobody sends to gives a gin::Error naming p2pRecv, ev
         GPU_CHECK(cudaMalloc(&d, sizeof(int)));
         GPU_CHECK(cudaMemset(d, 0, sizeof(int)));
         p2pNever<<<1, 256>>>(comm.devComm(), fifo, dst, d);
+        GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
         try {
           comm.synchronize();
         } catch (const Error& e) {
@@ -455,7 +460,8 @@ void allReduceTest(int n) {
       GPU_CHECK(cudaMemcpy(comm.localPointer(w), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
       GPU_CHECK(cudaDeviceSynchronize());
       comm.bootstrap().barrier();
-      allReduceKernel<T><<<1, 512>>>(comm.devComm(), fifo, w, count, tmp, tmpElts, failed);
+      allReduceKernel<T><<<1, 256>>>(comm.devComm(), fifo, w, count, tmp, tmpElts, failed);
+      GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
       comm.synchronize();
       GPU_CHECK(cudaMemcpy(h.data(), comm.localPointer(w), h.size() * sizeof(T), cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < count; ++i) {

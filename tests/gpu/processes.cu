@@ -41,7 +41,7 @@ int worker() {
   auto bs = TcpBootstrap::fromEnvironment();
   CommConfig cfg;
   cfg.device = DeviceKind::Gpu;
-  cfg.timeoutNs = 20'000'000'000ull;
+  cfg.timeoutNs = gputest::suiteTimeoutNs();
   Comm comm(*bs, cfg);
   const int me = comm.rank(), n = comm.nRanks(), prev = (me + n - 1) % n;
   if (comm.lsaSize() != n) {
@@ -56,14 +56,15 @@ int worker() {
   cudaMemset(comm.localPointer(dst), 0xAB, kBytes);
   // A user buffer from cudaMalloc, registered at an interior offset.
   char* user = nullptr;
-  cudaMalloc(&user, 1 << 16);
+  GPU_CHECK(cudaMalloc(&user, 1 << 16));
   Window uw = comm.registerWindow(user + 256, 4096);
   cudaDeviceSynchronize();
   comm.bootstrap().barrier();
   int* bad = nullptr;
-  cudaMalloc(&bad, sizeof(int));
-  cudaMemset(bad, 0, sizeof(int));
+  GPU_CHECK(cudaMalloc(&bad, sizeof(int)));
+  GPU_CHECK(cudaMemset(bad, 0, sizeof(int)));
   ring<<<32, 512>>>(comm.devComm(), dst, src, kBytes, 10, bad);
+  GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
   comm.synchronize();
   int hb = -1;
   cudaMemcpy(&hb, bad, sizeof hb, cudaMemcpyDeviceToHost);
@@ -73,6 +74,7 @@ int worker() {
   comm.bootstrap().barrier();
   comm.deregisterWindow(uw);
   cudaFree(user);
+  cudaFree(bad);
   std::printf("rank %d of %d (GPU %d): %zu wrong bytes, barrier/wait failures %d\n", me, n, comm.cudaDevice(), wrong,
               hb);
   return (wrong == 0 && hb == 0) ? 0 : 1;

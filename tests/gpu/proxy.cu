@@ -15,7 +15,7 @@ using namespace gin;
 using gputest::expect;
 
 namespace {
-CommConfig proxyConfig(uint32_t ringSlots, uint64_t timeoutNs = 20'000'000'000ull) {
+CommConfig proxyConfig(uint32_t ringSlots, uint64_t timeoutNs = gputest::suiteTimeoutNs()) {
   CommConfig c = gputest::gpuConfig(timeoutNs);
   c.transport = TransportChoice::Proxy;
   c.proxy.ringSlots = ringSlots;
@@ -29,7 +29,7 @@ CommConfig proxyConfig(uint32_t ringSlots, uint64_t timeoutNs = 20'000'000'000ul
 std::vector<int> rankCounts() {
   std::vector<int> v;
   for (int n : {1, 2, 3, 4, 8})
-    if (gputest::queuesFor(n)) v.push_back(n);
+    if (gputest::queuesFor(n) && n <= gputest::maxRanks()) v.push_back(n);
   return v;
 }
 
@@ -78,7 +78,9 @@ TEST_CASE("GPU proxy: every warp of 132 CTAs pushes signals through 16-slot ring
           GPU_CHECK(cudaMemcpy(wantDev, want.data(), 8 * want.size(), cudaMemcpyHostToDevice));
           comm.bootstrap().barrier();
           signalStorm<<<ctas, threads, 0, st>>>(dc, per);
+          GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
           waitSums<<<nCtx, 64, 0, st>>>(dc, wantDev, ok);
+          GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
           comm.synchronize();
           std::vector<int> okh(static_cast<size_t>(nCtx), 0);
           GPU_CHECK(cudaMemcpy(okh.data(), ok, sizeof(int) * nCtx, cudaMemcpyDeviceToHost));
@@ -147,6 +149,7 @@ TEST_CASE("GPU proxy: flush means the engine has read the source; counters count
           GPU_CHECK(cudaDeviceSynchronize());
           comm.bootstrap().barrier();
           putFlushReuse<<<1, 256, 0, st>>>(dc, dst, src, bytes, rounds, bad);
+          GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
           comm.synchronize();
           int h = -1;
           GPU_CHECK(cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost));
@@ -199,6 +202,7 @@ TEST_CASE("GPU proxy: a descriptor the host engine rejects becomes a gin::Error 
         GPU_CHECK(cudaMemset(d, 0, sizeof(int)));
         const auto t0 = std::chrono::steady_clock::now();
         badWindowThenWait<<<2, 128, 0, st>>>(comm.devComm(), d);
+        GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
         try {
           comm.synchronize();
         } catch (const Error& e) {

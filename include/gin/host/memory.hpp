@@ -66,6 +66,13 @@ inline int cudaDeviceCountOrZero() {
 // driver's cuMemGetAddressRange through the runtime's entry-point lookup, so
 // programs need not link libcuda.
 inline std::pair<char*, size_t> cudaAllocationRange(const void* p) {
+  // Ask what the pointer is first: the driver's range query on host memory
+  // fails, and a failing API call is an error to compute-sanitizer.
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess || a.type != cudaMemoryTypeDevice) {
+    (void)cudaGetLastError();  // clear it: not the caller's error
+    throw Error("registerWindow: the pointer is not device memory from cudaMalloc (or Comm::memAlloc) on this GPU");
+  }
   using Fn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult q{};
