@@ -53,6 +53,23 @@ TEST_CASE("a waitSignal nobody answers times out and names rank, op, context, id
                           ContainsSubstring("expected 5") && ContainsSubstring("observed 3"));
 }
 
+TEST_CASE("a device failure after one the host started keeps the host's: the first failure is the one reported",
+          "[errors]") {
+  REQUIRE_NOTHROW(runRanks(1, [](Comm& comm) {
+    const DevComm dc = comm.devComm();
+    // What a GPU rank's engine or wire does (Comm::hostRecordError): claim the
+    // record's state, not the device-side claim word.
+    uint32_t idle = 0;
+    expect(atomicCompareExchange<Scope::System>(&dc.error->state, idle, 1u), "the record was idle");
+    fillErrorRecord(*dc.error, Op::ProxyEngine, comm.rank(), 0, -1, 7, 0, 0);
+    // A device wait gives up afterwards: it must not overwrite the record.
+    recordError(dc, Op::WaitSignal, 0, 2, 99, 1, 0);
+    expect(dc.error->op == uint32_t(Op::ProxyEngine) && dc.error->objectId == 7 && dc.error->context == -1,
+           "the device's later failure overwrote the host's record (op " + std::to_string(dc.error->op) + ")");
+    expect(aborted(dc), "the device's failure still raises the abort flag");
+  }));
+}
+
 TEST_CASE("a barrier with a rank that never arrives names the missing peer", "[errors][timeout][barrier]") {
   std::vector<std::string> msgs(3);
   REQUIRE_NOTHROW(runRanks(

@@ -305,6 +305,36 @@ TEST_CASE("ibgda: a queue that stays full times out into the error record", "[ib
   REQUIRE_THAT(msg, ContainsSubstring("ibgdaQueueFull") && ContainsSubstring("context 3"));
 }
 
+TEST_CASE("ibgda: a soft NIC that stops on an error ends the waits on it at once, naming it", "[ibgda]") {
+  // Windows count as device memory (GIN_SOFT_NIC_DEFERRED_COPIES), so the
+  // NIC's copies go through its copy hook; the test swaps in one that fails,
+  // as a side-context copy on a GPU rank can. Before the NIC told the Comm,
+  // the flush below waited out its whole 20 s timeout.
+  gintest::EnvVar deferred("GIN_SOFT_NIC_DEFERRED_COPIES", "1");
+  std::string msg;
+  long long ms = -1;
+  REQUIRE_NOTHROW(runRanks(
+      1,
+      [&](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Window src = comm.allocWindow(256), dst = comm.allocWindow(256);
+        SoftNic& nic = comm.ibgda()->nic();
+        nic.pause(true);  // parked: the hook is not in use while it changes
+        nic.setDeviceCopy([](void*, const void*, size_t, bool) { throw Error("injected copy failure"); });
+        nic.pause(false);
+        Net net(dc, 0);
+        const auto t0 = std::chrono::steady_clock::now();
+        net.put(teamWorld(dc), 0, dst, 0, src, 0, 256);
+        expect(!net.flush(CoopThread{}), "flush succeeded although the NIC stopped");
+        ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        msg = checkMessage(comm);
+      },
+      ibgdaConfig(20'000'000'000ull)));
+  CAPTURE(ms);
+  CHECK(ms < 5000);
+  REQUIRE_THAT(msg, ContainsSubstring("ibgdaNic") && ContainsSubstring("soft NIC stopped"));
+}
+
 TEST_CASE("ibgda: a bad rkey, a bad lkey, an address out of bounds: error CQE, error record, no write, no hang",
           "[ibgda]") {
   enum class Fault { Rkey, Lkey, RemoteBounds, SignalRkey };

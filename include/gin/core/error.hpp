@@ -49,6 +49,8 @@ enum class Op : uint32_t {
   // A wait stopped because another rank of the communicator failed first
   // (peer: that rank; objectId: the Op of the wait; expected: its id).
   PeerFailed,
+  // The ibgda transport's soft NIC thread stopped (its reason printed to stderr).
+  IbgdaNic,
 };
 
 // Why the tcp wire rejected a frame (DeviceErrorRecord::objectId for Op::WireFrame).
@@ -121,6 +123,7 @@ GIN_HD inline const char* opName(Op op) {
     case Op::AllReduceRecv: return "allReduceRecv";
     case Op::IbgdaCqeCompressed: return "ibgdaCompressedCqe";
     case Op::PeerFailed: return "peerFailed";
+    case Op::IbgdaNic: return "ibgdaNic";
   }
   return "unknown";
 }
@@ -185,6 +188,10 @@ inline std::string describe(const DeviceErrorRecord& r) {
   }
   if (op == Op::ProxyEngine) {
     s += " (the host proxy engine stopped; its message was printed to stderr)";
+    return s;
+  }
+  if (op == Op::IbgdaNic) {
+    s += " (the ibgda soft NIC stopped consuming work requests; its message was printed to stderr)";
     return s;
   }
   if (op == Op::PeerLost) {

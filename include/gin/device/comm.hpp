@@ -121,7 +121,12 @@ GIN_HD inline void recordError(const DevComm& c, Op op, int peer, int context, u
                                uint64_t observed) {
   if (c.error && c.errorClaim) {
     uint32_t idle = 0;
-    if (atomicCompareExchange<Scope::Device>(c.errorClaim, idle, 1u)) {
+    // The claim word is device memory; a GPU rank's host threads (engine,
+    // wires) cannot take it and claim the record's state instead (host memory,
+    // which GPU atomics do not reach atomically over PCIe). A record they
+    // started holds the first failure: keep it.
+    if (atomicCompareExchange<Scope::Device>(c.errorClaim, idle, 1u) &&
+        atomicLoad<Scope::System>(&c.error->state, MemoryOrder::Acquire) == 0u) {
       atomicStore<Scope::System>(&c.error->state, 1u, MemoryOrder::Relaxed);  // host threads read it (hasError)
       fillErrorRecord(*c.error, op, c.rank, peer, context, id, expected, observed);
     }

@@ -1089,6 +1089,12 @@ class Comm {
   void startIbgda() {
     ibgda_ = std::make_unique<IbgdaTransport>(bs_, dev_, transports_, lsaSignalPtrs_, nSignalWords_, gpu_, cfg_.ibgda);
     dev_.ibgda = ibgda_->dev();
+    ibgda_->onNicStopped([this](const char*) {
+#if GIN_WITH_CUDA
+      if (gpu_) return hostRecordError(Op::IbgdaNic, -1, -1, 0, 0, 0);
+#endif
+      recordError(dev_, Op::IbgdaNic, -1, -1, 0, 0, 0);
+    });
   }
 
   // Collective when any pair uses verbs: every rank builds the wire (a rank

@@ -226,6 +226,10 @@ class IbgdaTransport {
   // Whether the soft NIC carries the queues, and the WQEs it has completed
   // without error so far (0 on an mlx5 device, which does not count them).
   bool softNic() const { return nic_ != nullptr; }
+  // What to do if the soft NIC stops on an error (no-op on the mlx5 NIC).
+  void onNicStopped(SoftNic::Stopped f) {
+    if (nic_) nic_->setOnStop(std::move(f));
+  }
   uint64_t nicExecuted() const { return nic_ ? nic_->executed() : 0; }
 
   // The key this rank's NIC gives window `id` (0: the signal array). Keys are

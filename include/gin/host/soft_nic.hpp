@@ -123,6 +123,13 @@ class SoftNic {
   // any later WQE's effect, and a run of WRITEs costs one wait, not one each.
   using DeviceFlush = std::function<void()>;
   void setDeviceFlush(DeviceFlush flush) { deviceFlush_ = std::move(flush); }
+  // Called once, on the NIC thread, if it stops on an error (a copy that
+  // failed, say): what the owner does to stop the waits that depend on it.
+  using Stopped = std::function<void(const char* why)>;
+  void setOnStop(Stopped f) {
+    std::lock_guard<std::mutex> lk(mu_);
+    onStop_ = std::move(f);
+  }
   void removeLocalRegion(uint32_t lkey) {
     std::lock_guard<std::mutex> lk(mu_);
     regions_.erase(regionKey(-1, lkey));
@@ -201,6 +208,7 @@ class SoftNic {
   std::map<uint64_t, Region> regions_;
   DeviceCopy deviceCopy_;
   DeviceFlush deviceFlush_;
+  Stopped onStop_;  // under mu_
   // WRITEs whose device copies may still be in flight: their CQEs (index in
   // the CQ reserved, or ~0 for none) wait for the next settle().
   struct Later {
@@ -250,6 +258,12 @@ class SoftNic {
       }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "gin: soft NIC stopped: %s\n", e.what());
+      Stopped tell;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        tell = onStop_;
+      }
+      if (tell) tell(e.what());  // the Comm records it: waits on this NIC's work stop now, not at their timeout
     }
     done_.store(true, std::memory_order_release);
   }
