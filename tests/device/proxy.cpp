@@ -838,14 +838,21 @@ TEST_CASE("proxy: an engine thread that fails stops every thread and records pro
   put.bytes = 8;
   put.counterId = kProxyNoCounter;
   REQUIRE(proxy::push(c, 1, put, true));  // thread 1's wire throws
+  // running() turns false when the first thread exits, which the healthy
+  // threads may do before the failing one has finished its record and raised
+  // the abort flag (its last write): wait for those too, reading them as the
+  // engine writes them (a plain read here raced with it under TSan).
+  const auto recorded = [&] {
+    return !engine.running() && atomicLoad<Scope::System>(&rec.state, MemoryOrder::Acquire) == 2u &&
+           atomicLoad<Scope::System>(&claimAndAbort[1], MemoryOrder::Acquire) == 1u;
+  };
   const auto t0 = std::chrono::steady_clock::now();
-  while (engine.running() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+  while (!recorded() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  CHECK_FALSE(engine.running());
-  CHECK(rec.state == 2u);
+  REQUIRE(recorded());
   CHECK(rec.op == uint32_t(Op::ProxyEngine));
   // The other threads stop too: what is pushed on their rings now stays.
-  claimAndAbort[1] = 0;  // let the pushes through
+  atomicStore<Scope::System>(&claimAndAbort[1], 0u, MemoryOrder::Release);  // let the pushes through
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   REQUIRE(proxy::push(c, 0, sig, true));
   REQUIRE(proxy::push(c, 2, sig, true));
