@@ -98,7 +98,7 @@ std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
   std::vector<Tuned> v;
   v.push_back({"auto", {}});
   coll::RingTuning a;
-  a.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 64 KiB over lsa)
+  a.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 512 KiB / n over lsa)
   a.chunkBytes = tinyBytes;
   a.blocks = 3;
   a.bidirAgMaxBytes = -1;
@@ -210,7 +210,7 @@ TEST_CASE("ring AllReduce: the Hopper auto-tuning table", "[allreduce][plan]") {
   // Tiny: the minimum shard size (16 B).
   p = plan(8, 32);
   CHECK(p.chunkBytes == 16);
-  // gin's default from 1 MiB: 16 blocks, chunk = bytes / (n x 16) in [64 KiB, 512 KiB].
+  // gin's default from 512 KiB: 16 blocks, chunk = bytes / (n x 16) in [16 KiB, 512 KiB].
   t = coll::RingTuning{};
   p = plan(2, 1ull << 30);
   CHECK((p.nBlocks == 16 && p.chunkBytes == (512 << 10) && p.slots == 4));
@@ -218,10 +218,14 @@ TEST_CASE("ring AllReduce: the Hopper auto-tuning table", "[allreduce][plan]") {
   CHECK((p.nBlocks == 16 && p.chunkBytes == (384 << 10)));  // 16 units of 8 x 384 KiB
   p = plan(2, 2 << 20);
   CHECK((p.nBlocks == 16 && p.chunkBytes == (64 << 10)));
-  p = plan(2, 1 << 20);  // 64 KiB chunks at least: 8 units, 8 blocks
-  CHECK((p.nBlocks == 8 && p.chunkBytes == (64 << 10)));
-  p = plan(2, 512 << 10);  // below 1 MiB: the table
-  CHECK((p.nBlocks == 2 && p.chunkBytes == (128 << 10)));
+  p = plan(2, 1 << 20);
+  CHECK((p.nBlocks == 16 && p.chunkBytes == (32 << 10)));
+  p = plan(2, 512 << 10);
+  CHECK((p.nBlocks == 16 && p.chunkBytes == (16 << 10)));
+  p = plan(8, 1 << 20);  // 16 KiB chunks at least: 8 units, 8 blocks
+  CHECK((p.nBlocks == 8 && p.chunkBytes == (16 << 10)));
+  p = plan(2, 256 << 10);  // below 512 KiB: the table
+  CHECK((p.nBlocks == 1 && p.chunkBytes == (64 << 10)));
   t.blocks = 6;
   CHECK(plan(2, 1ull << 30).nBlocks == 6);  // an exact block count still wins
 }

@@ -230,6 +230,10 @@ struct RingWorkspace {
 };
 // The LL buffer's first 64 bytes hold one call count per block.
 inline constexpr uint32_t kLlMaxBlocks = 8;
+// Threads per block of the GPU kernel, at most: its launch bounds, so the
+// compiler may give each thread 128 registers (with 1024 the kernel spilled;
+// 16 blocks of 1024 threads were no faster than 512 on 2 H200s).
+inline constexpr uint32_t kRingMaxThreads = 512;
 static_assert(std::is_trivially_copyable_v<RingWorkspace>);
 
 // The LL buffer: bytes of one slot (a message of llMaxBytes as LL16 packets),

@@ -16,8 +16,8 @@
 //   minimum shard size (16 B), rounded up to the element size and to 16 B;
 //   blocks x threads by chunk: < 16 KiB: 1 x 384, < 128 KiB: 1 x 512,
 //   < 512 KiB: 2 x 512, else 4 x 512 (never more blocks than units) -- except
-//   that from 1 MiB gin uses 16 x 512 blocks with chunk = bytes / (nRanks x
-//   16) kept in [64 KiB, 512 KiB] (the "wide" plan: a CTA of gin's lsa puts
+//   that from 512 KiB gin uses 16 x 512 blocks with chunk = bytes / (nRanks x
+//   16) kept in [16 KiB, 512 KiB] (the "wide" plan: a CTA of gin's lsa puts
 //   moves ~30 GB/s, so 2-4 blocks could not reach NCCL's bandwidth;
 //   RingTuning::wideBlocks = 0 restores the table);
 //   bidirectional AllGather for messages of at most 4 MiB.
@@ -34,19 +34,20 @@
 //   GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE  0: never bidirectional, -1: always,
 //                                      > 0: for messages up to that many bytes (default 4M)
 //   GIN_ALLREDUCE_RING_MAX_BLOCKS      at most this many blocks, 1 .. 1024 (and the workspace's maxBlocks)
-//   GIN_ALLREDUCE_RING_BLOCK_SIZE      threads per block, a multiple of 32 from 32 to 1024
+//   GIN_ALLREDUCE_RING_BLOCK_SIZE      threads per block, a multiple of 32 from 32 to 512
 //   GIN_ALLREDUCE_RING_NUM_BLOCKS      (gin's own, for tuning experiments) exactly this many blocks, 1 .. 1024,
 //                                      still capped by the workspace's maxBlocks and the number of units
 //   GIN_ALLREDUCE_LL_MAX_SIZE          (gin's own) messages up to this size take the one-shot LL16 path
-//                                      when every peer is reached by lsa; 0: never (default 64K, capped
-//                                      by the workspace's llMaxBytes)
+//                                      when every peer is reached by lsa; 0: never (default 512K / nRanks,
+//                                      capped by the workspace's llMaxBytes, 256K by default)
 //   GIN_ALLREDUCE_LL_BLOCKS            (gin's own; read by createRingWorkspace) blocks of every LL call,
-//                                      1 .. 8 (default RingWorkspaceConfig::llBlocks = 1)
+//                                      1 .. 8 (default RingWorkspaceConfig::llBlocks = 8)
 //
-// Small messages (at most 64 KiB by default) on lsa-only communicators go
-// one shot with LL16 packets (gin/device/allreduce.hpp): one hop of latency
-// instead of 2(n - 1) signalled steps. On 2 H200s it beat the ring at every
-// size up to 64 KiB and NCCL up to 16 KiB (docs/performance.md).
+// Small messages (up to 512 KiB / nRanks by default) on lsa-only
+// communicators go one shot with LL16 packets (gin/device/allreduce.hpp): one
+// hop of latency instead of 2(n - 1) signalled steps. On 2 H200s, with 8
+// blocks, it beat the ring at every size up to 256 KiB and NCCL up to 128 KiB
+// (docs/performance.md).
 #pragma once
 
 #include <algorithm>
@@ -71,15 +72,22 @@ struct RingTuning {
   uint32_t blockSize = 0;               // 0: auto
   uint32_t blocks = 0;                  // exact block count; 0: auto (GIN_ALLREDUCE_RING_NUM_BLOCKS)
   // Messages up to this size take the one-shot LL16 path when every peer is
-  // reached by lsa (and the workspace has an LL buffer that large); 0: never.
-  uint64_t llMaxBytes = 64ull << 10;
+  // reached by lsa (and the workspace has an LL buffer that large); 0: never;
+  // kLlAuto: kLlAutoBytes / nRanks (256 KiB on 2 ranks, 64 KiB on 8: every
+  // rank writes its whole message to every peer, so the traffic grows with
+  // the ranks; measured on 2 H200s only, docs/performance.md).
+  uint64_t llMaxBytes = kLlAuto;
   // Messages of wideMinBytes or more: wideBlocks blocks (0: keep the
-  // table), chunk = bytes / (nRanks x wideBlocks) within [64 KiB,
+  // table), chunk = bytes / (nRanks x wideBlocks) within [wideMinChunkBytes,
   // wideChunkBytes]; capped like any block count by maxBlocks, the workspace
   // and the number of units.
   uint32_t wideBlocks = 16;
   uint64_t wideChunkBytes = 512ull << 10;
-  uint64_t wideMinBytes = 1ull << 20;
+  uint64_t wideMinChunkBytes = 16ull << 10;
+  uint64_t wideMinBytes = 512ull << 10;
+
+  static constexpr uint64_t kLlAuto = ~uint64_t(0);
+  static constexpr uint64_t kLlAutoBytes = 512ull << 10;
 };
 
 namespace detail {
@@ -155,9 +163,9 @@ inline RingTuning ringTuningFromEnv(RingTuning base = {}) {
     base.llMaxBytes = uint64_t(v);
   if (const char* e = std::getenv("GIN_ALLREDUCE_RING_BLOCK_SIZE")) {
     int64_t b = 0;
-    if (!detail::parseBytes(e, &b) || b < 32 || b > 1024 || b % 32 != 0)
+    if (!detail::parseBytes(e, &b) || b < 32 || b > int64_t(kRingMaxThreads) || b % 32 != 0)
       throw Error(std::string("GIN_ALLREDUCE_RING_BLOCK_SIZE=") + e +
-                  " is not allowed: expected a number of threads that is a multiple of 32 from 32 to 1024");
+                  " is not allowed: expected a number of threads that is a multiple of 32 from 32 to 512");
     base.blockSize = uint32_t(b);
   }
   return base;
@@ -170,11 +178,12 @@ struct RingWorkspaceConfig {
   uint32_t maxBlocks = 16;          // blocks a plan may use: 4 signal ids each
   int64_t signalBase = -1;          // first signal id; -1: the top 4 x maxBlocks ids (p2p's default too: set
                                     // one of them explicitly when both are used)
-  uint64_t llMaxBytes = 64ull << 10;  // largest LL message: an LL window of 64 + 2 x nRanks x 2 x this bytes; 0: none
+  uint64_t llMaxBytes = 256ull << 10;  // largest LL message: an LL window of 64 + 2 x nRanks x 2 x this bytes; 0: none
   // Blocks of every LL call, 1 .. kLlMaxBlocks (GIN_ALLREDUCE_LL_BLOCKS
-  // overrides): each writes and reduces its share of the packets. 1 is what
-  // was measured (docs/performance.md); more are tested on CPU ranks only so far.
-  uint32_t llBlocks = 1;
+  // overrides): each writes and reduces its share of the packets. On 2 H200s
+  // 8 blocks were fastest at every LL size (4 KiB: 5.1 us against 7.9 with
+  // one; 128 KiB: 8.1 against 44; docs/performance.md).
+  uint32_t llBlocks = kLlMaxBlocks;
 };
 
 // Collective: allocates the temporary window and reserves the signal ids,
@@ -260,14 +269,17 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
   uint32_t blocks = chunk < (16u << 10) ? 1 : chunk < (128u << 10) ? 1 : chunk < (512u << 10) ? 2 : 4;
   p.blockSize = chunk < (16u << 10) ? 384 : 512;
   // Wide (gin's change to the table): from wideMinBytes on, wideBlocks
-  // blocks, each with one unit while the chunk stays in [64 KiB,
+  // blocks, each with one unit while the chunk stays in [wideMinChunkBytes,
   // wideChunkBytes]. One CTA moves ~30 GB/s through gin's lsa puts (2 H200s,
   // 2026-11-23), so the table's 2-4 blocks capped the ring at ~120 GB/s busBw;
-  // 16 blocks reached 283-313 GB/s from 64 MiB, and 16 blocks of 64-256 KiB
-  // chunks beat 2-4 blocks of 512 KiB from 2 to 8 MiB.
+  // 16 blocks reached 283-313 GB/s from 64 MiB, 16 blocks of 64-256 KiB
+  // chunks beat 2-4 blocks of 512 KiB from 2 to 8 MiB, and 16 blocks of 16-32
+  // KiB chunks took 512 KiB in 18.3 us and 1 MiB in 19.8 against the table's
+  // 25.2 and 8 blocks of 64 KiB's 20.6 (2026-11-25).
   // An explicit chunk size or chunk count keeps the table's shape.
   if (t.chunkBytes == 0 && t.numChunks == 0 && t.wideBlocks > 0 && total >= t.wideMinBytes) {
-    chunk = std::clamp<uint64_t>(total / (n * t.wideBlocks), 64u << 10, std::max<uint64_t>(t.wideChunkBytes, 64u << 10));
+    const uint64_t lo = std::max<uint64_t>(t.wideMinChunkBytes, 16);
+    chunk = std::clamp<uint64_t>(total / (n * t.wideBlocks), lo, std::max(t.wideChunkBytes, lo));
     chunk = std::min<uint64_t>(chunk, std::max<uint64_t>(1, t.maxBdpBytes / p.numChunks));
     chunk = roundChunk(std::max(chunk, t.minShardBytes));
     blocks = t.wideBlocks;
@@ -275,7 +287,13 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
   }
   if (t.maxBlocks) blocks = std::min(blocks, t.maxBlocks);
   if (t.blocks) blocks = t.blocks;
-  if (t.blockSize) p.blockSize = t.blockSize;
+  if (t.blockSize) {
+    if (t.blockSize > kRingMaxThreads || t.blockSize % 32 != 0)
+      throw Error("planRingAllReduce: RingTuning::blockSize " + std::to_string(t.blockSize) +
+                  " is not a multiple of 32 from 32 to " + std::to_string(kRingMaxThreads) +
+                  " (the kernel's launch bounds)");
+    p.blockSize = t.blockSize;
+  }
   blocks = std::min(blocks, ws.maxBlocks);
   auto units = [&] { return (count + chunk / elt * n - 1) / (chunk / elt * n); };
   blocks = uint32_t(std::clamp<uint64_t>(units(), 1, blocks));
@@ -295,7 +313,8 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
   // Small messages: the workspace's llBlocks blocks write LL16 packets to
   // every peer, each its share (8 payload bytes per packet; up to 512
   // threads per block, one packet each while they last).
-  if (n > 1 && total > 0 && total <= std::min(t.llMaxBytes, ws.llMaxBytes)) {
+  const uint64_t llMax = t.llMaxBytes == RingTuning::kLlAuto ? RingTuning::kLlAutoBytes / n : t.llMaxBytes;
+  if (n > 1 && total > 0 && total <= std::min(llMax, ws.llMaxBytes)) {
     p.ll = 1;
     p.nBlocks = llBlocks(ws);
     const uint64_t packets = ((total + 7) / 8 + p.nBlocks - 1) / p.nBlocks;
@@ -358,7 +377,7 @@ void runRingAllReduce(Comm& comm, const RingWorkspace& ws, const RingPlan& plan,
 // One CTA per block of the plan. kBidir = false: the one-way variant (no
 // reverse AllGather code, fewer registers).
 template <class T, class Op, bool kBidir, unsigned Backends>
-__global__ void __launch_bounds__(1024) ringAllReduceKernel(DevComm dc, RingWorkspace ws, RingPlan plan, Window sendWin,
+__global__ void __launch_bounds__(kRingMaxThreads) ringAllReduceKernel(DevComm dc, RingWorkspace ws, RingPlan plan, Window sendWin,
                                                             size_t sendOffset, Window recvWin, size_t recvOffset) {
   (void)ringAllReduceBlock<T, Op, kBidir, Backends>(CoopBlock{}, dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset,
                                                     blockIdx.x, Op{});
