@@ -98,7 +98,7 @@ std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
   std::vector<Tuned> v;
   v.push_back({"auto", {}});
   coll::RingTuning a;
-  a.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 512 KiB / n over lsa)
+  a.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 2 MiB / n over lsa)
   a.chunkBytes = tinyBytes;
   a.blocks = 3;
   a.bidirAgMaxBytes = -1;
@@ -286,12 +286,12 @@ TEST_CASE("ring AllReduce: bad environment values are errors that say what is al
     }
   }
   // The LL block count belongs to the workspace: createRingWorkspace reads it.
-  for (const char* v : {"0", "9", "two"}) {
+  for (const char* v : {"0", "33", "two"}) {
     CAPTURE(v);
     gintest::EnvVar e("GIN_ALLREDUCE_LL_BLOCKS", v);
     CHECK_THROWS_WITH(runRanks(1, [](Comm& comm) { (void)coll::createRingWorkspace(comm); }),
                       Catch::Matchers::ContainsSubstring(std::string("GIN_ALLREDUCE_LL_BLOCKS=") + v) &&
-                          Catch::Matchers::ContainsSubstring("from 1 to 8"));
+                          Catch::Matchers::ContainsSubstring("from 1 to 32"));
   }
   {
     gintest::EnvVar e("GIN_ALLREDUCE_LL_BLOCKS", "5");
@@ -302,9 +302,9 @@ TEST_CASE("ring AllReduce: bad environment values are errors that say what is al
     }));
   }
   coll::RingWorkspaceConfig tooMany;
-  tooMany.llBlocks = 9;
+  tooMany.llBlocks = 33;
   CHECK_THROWS_WITH(runRanks(1, [&](Comm& comm) { (void)coll::createRingWorkspace(comm, tooMany); }),
-                    Catch::Matchers::ContainsSubstring("llBlocks must be from 1 to 8"));
+                    Catch::Matchers::ContainsSubstring("llBlocks must be from 1 to 32"));
 }
 
 TEST_CASE("ring AllReduce: called again and again with changing plans on one workspace", "[allreduce]") {
@@ -401,10 +401,10 @@ TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only", 
 TEST_CASE("LL AllReduce: back to back without barriers, both buffer halves, every rank checks every call",
           "[allreduce][ll]") {
   if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("LL runs over lsa only");
-  // 1, 3 and 8 blocks per call (3 and 8: shares of different sizes, and
-  // blocks with no packet at all for the smallest counts).
+  // 1, 3, 8 and 32 blocks per call (3, 8 and 32: shares of different sizes,
+  // and blocks with no packet at all for the smallest counts).
   for (auto [n, llBlocks] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{5, 1}, std::pair{2, 3}, std::pair{3, 8},
-                             std::pair{4, 3}}) {
+                             std::pair{2, 32}, std::pair{4, 3}}) {
     CAPTURE(n, llBlocks);
     REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
       coll::RingWorkspaceConfig wc;

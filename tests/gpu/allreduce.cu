@@ -104,7 +104,7 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes, uint32_t l
         tiny.chunkBytes = 48;  // rounded to 48: 16-byte vectors, pieces that wrap the slots many times
         tiny.blocks = 3;
         tiny.bidirAgMaxBytes = -1;
-        tiny.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 64 KiB over lsa)
+        tiny.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 2 MiB / n over lsa)
         coll::RingTuning oneWay;
         oneWay.chunkBytes = 4096;
         oneWay.blocks = 2;

@@ -228,8 +228,9 @@ struct RingWorkspace {
                         // none if llMaxBytes == 0
   uint64_t llMaxBytes;  // the largest message the LL path carries
 };
-// The LL buffer's first 64 bytes hold one call count per block.
-inline constexpr uint32_t kLlMaxBlocks = 8;
+// The LL buffer's first kLlHeaderBytes hold one call count per block.
+inline constexpr uint32_t kLlMaxBlocks = 32;
+inline constexpr uint64_t kLlHeaderBytes = 8ull * kLlMaxBlocks;
 // Threads per block of the GPU kernel, at most: its launch bounds, so the
 // compiler may give each thread 128 registers (with 1024 the kernel spilled;
 // 16 blocks of 1024 threads were no faster than 512 on 2 H200s).
@@ -240,7 +241,7 @@ static_assert(std::is_trivially_copyable_v<RingWorkspace>);
 // and where half `parity`'s slot for source rank `src` starts.
 GIN_HD GIN_INLINE uint64_t llSlotBytes(const RingWorkspace& w) { return ll::bufferBytes<ll::Packet16>(w.llMaxBytes); }
 GIN_HD GIN_INLINE uint64_t llSlotOffset(const RingWorkspace& w, uint64_t parity, int src) {
-  return 64 + (parity * uint64_t(w.nRanks) + uint64_t(src)) * llSlotBytes(w);
+  return kLlHeaderBytes + (parity * uint64_t(w.nRanks) + uint64_t(src)) * llSlotBytes(w);
 }
 GIN_HD GIN_INLINE uint64_t llBufferBytes(const RingWorkspace& w) { return llSlotOffset(w, 2, 0); }
 // Blocks of an LL call on workspace w.

@@ -38,15 +38,15 @@
 //   GIN_ALLREDUCE_RING_NUM_BLOCKS      (gin's own, for tuning experiments) exactly this many blocks, 1 .. 1024,
 //                                      still capped by the workspace's maxBlocks and the number of units
 //   GIN_ALLREDUCE_LL_MAX_SIZE          (gin's own) messages up to this size take the one-shot LL16 path
-//                                      when every peer is reached by lsa; 0: never (default 512K / nRanks,
-//                                      capped by the workspace's llMaxBytes, 256K by default)
+//                                      when every peer is reached by lsa; 0: never (default 2M / nRanks,
+//                                      capped by the workspace's llMaxBytes, the same by default)
 //   GIN_ALLREDUCE_LL_BLOCKS            (gin's own; read by createRingWorkspace) blocks of every LL call,
-//                                      1 .. 8 (default RingWorkspaceConfig::llBlocks = 8)
+//                                      1 .. 32 (default RingWorkspaceConfig::llBlocks = 32)
 //
-// Small messages (up to 512 KiB / nRanks by default) on lsa-only
+// Small messages (up to 2 MiB / nRanks by default) on lsa-only
 // communicators go one shot with LL16 packets (gin/device/allreduce.hpp): one
-// hop of latency instead of 2(n - 1) signalled steps. On 2 H200s, with 8
-// blocks, it beat the ring at every size up to 256 KiB and NCCL up to 128 KiB
+// hop of latency instead of 2(n - 1) signalled steps. On 2 H200s, with 32
+// blocks, it beat the ring at every size up to 1 MiB and NCCL up to 512 KiB
 // (docs/performance.md).
 #pragma once
 
@@ -73,7 +73,7 @@ struct RingTuning {
   uint32_t blocks = 0;                  // exact block count; 0: auto (GIN_ALLREDUCE_RING_NUM_BLOCKS)
   // Messages up to this size take the one-shot LL16 path when every peer is
   // reached by lsa (and the workspace has an LL buffer that large); 0: never;
-  // kLlAuto: kLlAutoBytes / nRanks (256 KiB on 2 ranks, 64 KiB on 8: every
+  // kLlAuto: kLlAutoBytes / nRanks (1 MiB on 2 ranks, 256 KiB on 8: every
   // rank writes its whole message to every peer, so the traffic grows with
   // the ranks; measured on 2 H200s only, docs/performance.md).
   uint64_t llMaxBytes = kLlAuto;
@@ -87,7 +87,7 @@ struct RingTuning {
   uint64_t wideMinBytes = 512ull << 10;
 
   static constexpr uint64_t kLlAuto = ~uint64_t(0);
-  static constexpr uint64_t kLlAutoBytes = 512ull << 10;
+  static constexpr uint64_t kLlAutoBytes = 2ull << 20;
 };
 
 namespace detail {
@@ -178,11 +178,14 @@ struct RingWorkspaceConfig {
   uint32_t maxBlocks = 16;          // blocks a plan may use: 4 signal ids each
   int64_t signalBase = -1;          // first signal id; -1: the top 4 x maxBlocks ids (p2p's default too: set
                                     // one of them explicitly when both are used)
-  uint64_t llMaxBytes = 256ull << 10;  // largest LL message: an LL window of 64 + 2 x nRanks x 2 x this bytes; 0: none
+  // Largest LL message: an LL window of 256 + 2 x nRanks x 2 x this bytes;
+  // 0: none; RingTuning::kLlAuto: what the default tuning takes on this many
+  // ranks (2 MiB / nRanks, so the window is 8 MiB at any rank count).
+  uint64_t llMaxBytes = RingTuning::kLlAuto;
   // Blocks of every LL call, 1 .. kLlMaxBlocks (GIN_ALLREDUCE_LL_BLOCKS
   // overrides): each writes and reduces its share of the packets. On 2 H200s
-  // 8 blocks were fastest at every LL size (4 KiB: 5.1 us against 7.9 with
-  // one; 128 KiB: 8.1 against 44; docs/performance.md).
+  // 32 blocks took 5.3 / 6.4 / 15.3 us at 4 KiB / 128 KiB / 1 MiB, against
+  // 4.9 / 7.9 / 38.7 with 8 and 7.9 / 44 / 307 with one (docs/performance.md).
   uint32_t llBlocks = kLlMaxBlocks;
 };
 
@@ -190,12 +193,17 @@ struct RingWorkspaceConfig {
 // whose signals and shadows must be zero (unused) now: the AllReduce keeps
 // its running counts in them.
 inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& cfg = {}) {
-  if (cfg.llMaxBytes > (1ull << 30))
-    throw Error("createRingWorkspace: llMaxBytes " + std::to_string(cfg.llMaxBytes) +
+  const uint64_t llMaxBytes =
+      cfg.llMaxBytes != RingTuning::kLlAuto ? cfg.llMaxBytes
+      : comm.nRanks() > 1                   ? RingTuning::kLlAutoBytes / uint64_t(comm.nRanks())
+                                            : 0;  // one rank never takes the LL path
+  if (llMaxBytes > (1ull << 30))
+    throw Error("createRingWorkspace: llMaxBytes " + std::to_string(llMaxBytes) +
                 " is larger than the 1 GiB the LL path allows; LL packets pay off for small messages only");
   uint32_t llBlocks = cfg.llBlocks;
   int64_t v = 0;
-  if (detail::envBytes("GIN_ALLREDUCE_LL_BLOCKS", 1, kLlMaxBlocks, "a whole number of blocks from 1 to 8", &v))
+  if (detail::envBytes("GIN_ALLREDUCE_LL_BLOCKS", 1, kLlMaxBlocks,
+                       ("a whole number of blocks from 1 to " + std::to_string(kLlMaxBlocks)).c_str(), &v))
     llBlocks = uint32_t(v);
   if (llBlocks < 1 || llBlocks > kLlMaxBlocks)
     throw Error("createRingWorkspace: llBlocks must be from 1 to " + std::to_string(kLlMaxBlocks) + " (got " +
@@ -215,9 +223,9 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
   w.signalBase = uint32_t(base);
   w.maxBlocks = cfg.maxBlocks;
   w.nRanks = comm.nRanks();
-  w.llMaxBytes = cfg.llMaxBytes;
+  w.llMaxBytes = llMaxBytes;
   w.llBlocks = llBlocks;
-  if (cfg.llMaxBytes) w.ll = comm.allocWindow(size_t(llBufferBytes(w)));
+  if (llMaxBytes) w.ll = comm.allocWindow(size_t(llBufferBytes(w)));
   return w;
 }
 
