@@ -2476,7 +2476,7 @@ void runAllReduce(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
   wc.maxBlocks = kArMaxBlocks;
   wc.signalBase = kArSignalBase;
   // Room for LL messages up to 1 MiB on GPUs, so GIN_ALLREDUCE_LL_MAX_SIZE can
-  // be swept that far; the plan's own limit (64 KiB by default) decides.
+  // be swept that far; the plan's own limit (2 MiB / nRanks by default) decides.
   if (gpu) wc.llMaxBytes = 1ull << 20;
   const gin::coll::RingWorkspace ws = gin::coll::createRingWorkspace(comm, wc);
   Window send = comm.allocWindow(size_t(maxBytes + kGuard)), recv = comm.allocWindow(size_t(maxBytes + kGuard));

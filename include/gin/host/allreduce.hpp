@@ -193,10 +193,9 @@ struct RingWorkspaceConfig {
 // whose signals and shadows must be zero (unused) now: the AllReduce keeps
 // its running counts in them.
 inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& cfg = {}) {
-  const uint64_t llMaxBytes =
-      cfg.llMaxBytes != RingTuning::kLlAuto ? cfg.llMaxBytes
-      : comm.nRanks() > 1                   ? RingTuning::kLlAutoBytes / uint64_t(comm.nRanks())
-                                            : 0;  // one rank never takes the LL path
+  uint64_t llMaxBytes = cfg.llMaxBytes;
+  if (llMaxBytes == RingTuning::kLlAuto)  // one rank never takes the LL path
+    llMaxBytes = comm.nRanks() > 1 ? RingTuning::kLlAutoBytes / uint64_t(comm.nRanks()) : 0;
   if (llMaxBytes > (1ull << 30))
     throw Error("createRingWorkspace: llMaxBytes " + std::to_string(llMaxBytes) +
                 " is larger than the 1 GiB the LL path allows; LL packets pay off for small messages only");
@@ -385,8 +384,9 @@ void runRingAllReduce(Comm& comm, const RingWorkspace& ws, const RingPlan& plan,
 // One CTA per block of the plan. kBidir = false: the one-way variant (no
 // reverse AllGather code, fewer registers).
 template <class T, class Op, bool kBidir, unsigned Backends>
-__global__ void __launch_bounds__(kRingMaxThreads) ringAllReduceKernel(DevComm dc, RingWorkspace ws, RingPlan plan, Window sendWin,
-                                                            size_t sendOffset, Window recvWin, size_t recvOffset) {
+__global__ void __launch_bounds__(kRingMaxThreads)
+    ringAllReduceKernel(DevComm dc, RingWorkspace ws, RingPlan plan, Window sendWin, size_t sendOffset, Window recvWin,
+                        size_t recvOffset) {
   (void)ringAllReduceBlock<T, Op, kBidir, Backends>(CoopBlock{}, dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset,
                                                     blockIdx.x, Op{});
 }
