@@ -94,7 +94,7 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes, uint32_t l
         wc.tmpBytes = tmpBytes;
         wc.maxBlocks = 4;
         wc.signalBase = 8;
-        wc.llBlocks = llBlocks;  // the "auto" tuning's LL16 calls (lsa, up to 64 KiB)
+        wc.llBlocks = llBlocks;  // the "auto" tuning's LL16 calls (lsa, up to 2 MiB / n)
         const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
         Bufs b;
         b.bytes = kHead + maxCount * 8 + kTail;
@@ -154,6 +154,14 @@ TEST_CASE("GPU LL AllReduce with 4 blocks: counts from 1 to the 64 KiB LL limit"
   for (int n : rankCounts()) {
     CAPTURE(n);
     REQUIRE_NOTHROW(run(n, {1, 3, 97, 4099, 8191}, 8u << 20, 4));
+  }
+}
+
+TEST_CASE("GPU LL AllReduce with 32 blocks (the default): counts up to the 1 MiB LL limit of 2 ranks",
+          "[gpu][allreduce][ll]") {
+  for (int n : rankCounts()) {
+    CAPTURE(n);
+    REQUIRE_NOTHROW(run(n, {1, 3, 97, 4099, 65537, 131071}, 8u << 20, 32));
   }
 }
 
