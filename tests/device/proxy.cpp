@@ -419,9 +419,9 @@ TEST_CASE("proxy: the engine rejects bad descriptors without writing anything", 
           // Over a network wire the engine's "consumed" is "sent": wait for
           // the good descriptor's signal, which follows its payload.
           // A host-side poll, not a wait: rank 0's rejections are failures, and
-        // a wait here may see them (the team abort) before the good signal.
-        expect(gintest::eventually(comm, [&] { return Net(comm.devComm(), 0).readSignal(6) >= 1; }),
-               "the good descriptor's signal never came");
+          // a wait here may see them (the team abort) before the good signal.
+          expect(gintest::eventually(comm, [&] { return Net(comm.devComm(), 0).readSignal(6) >= 1; }),
+                 "the good descriptor's signal never came");
           const auto* b = static_cast<const uint8_t*>(comm.localPointer(w));
           for (size_t i = 0; i < 256; ++i)
             if (i < 128 || i >= 136) expect(b[i] == kPoison, "a rejected descriptor wrote byte " + std::to_string(i));

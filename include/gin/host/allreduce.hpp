@@ -88,6 +88,8 @@ struct RingTuning {
 
   static constexpr uint64_t kLlAuto = ~uint64_t(0);
   static constexpr uint64_t kLlAutoBytes = 2ull << 20;
+  // What kLlAuto means on nRanks ranks (0 for one rank, which never takes LL).
+  static constexpr uint64_t llAutoBytes(int nRanks) { return nRanks > 1 ? kLlAutoBytes / uint64_t(nRanks) : 0; }
 };
 
 namespace detail {
@@ -193,9 +195,8 @@ struct RingWorkspaceConfig {
 // whose signals and shadows must be zero (unused) now: the AllReduce keeps
 // its running counts in them.
 inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& cfg = {}) {
-  uint64_t llMaxBytes = cfg.llMaxBytes;
-  if (llMaxBytes == RingTuning::kLlAuto)  // one rank never takes the LL path
-    llMaxBytes = comm.nRanks() > 1 ? RingTuning::kLlAutoBytes / uint64_t(comm.nRanks()) : 0;
+  const uint64_t llMaxBytes =
+      cfg.llMaxBytes == RingTuning::kLlAuto ? RingTuning::llAutoBytes(comm.nRanks()) : cfg.llMaxBytes;
   if (llMaxBytes > (1ull << 30))
     throw Error("createRingWorkspace: llMaxBytes " + std::to_string(llMaxBytes) +
                 " is larger than the 1 GiB the LL path allows; LL packets pay off for small messages only");
@@ -320,7 +321,7 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
   // Small messages: the workspace's llBlocks blocks write LL16 packets to
   // every peer, each its share (8 payload bytes per packet; up to 512
   // threads per block, one packet each while they last).
-  const uint64_t llMax = t.llMaxBytes == RingTuning::kLlAuto ? RingTuning::kLlAutoBytes / n : t.llMaxBytes;
+  const uint64_t llMax = t.llMaxBytes == RingTuning::kLlAuto ? RingTuning::llAutoBytes(nRanks) : t.llMaxBytes;
   if (n > 1 && total > 0 && total <= std::min(llMax, ws.llMaxBytes)) {
     p.ll = 1;
     p.nBlocks = llBlocks(ws);
