@@ -2461,6 +2461,8 @@ double busBw(uint64_t bytes, int n, double seconds) {
 }
 
 std::string shortPlan(const gin::coll::RingPlan& p) {
+  if (p.ll) return fmt("LL16 %ux%u", p.nBlocks, p.blockSize);
+  if (p.direct) return fmt("direct %ux%u", p.nBlocks, p.blockSize);
   return fmt("d%u c%s %ux%u s%u %s", p.depth, sizeName(p.chunkBytes).c_str(), p.nBlocks, p.blockSize, p.slots,
              p.bidir ? "bi" : "uni");
 }
@@ -2476,7 +2478,7 @@ void runAllReduce(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
   wc.maxBlocks = kArMaxBlocks;
   wc.signalBase = kArSignalBase;
   // Room for LL messages up to 1 MiB on GPUs, so GIN_ALLREDUCE_LL_MAX_SIZE can
-  // be swept that far; the plan's own limit (2 MiB / nRanks by default) decides.
+  // be swept that far; the plan's own limit (1 MiB / nRanks by default) decides.
   if (gpu) wc.llMaxBytes = 1ull << 20;
   const gin::coll::RingWorkspace ws = gin::coll::createRingWorkspace(comm, wc);
   Window send = comm.allocWindow(size_t(maxBytes + kGuard)), recv = comm.allocWindow(size_t(maxBytes + kGuard));

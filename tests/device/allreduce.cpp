@@ -98,17 +98,23 @@ std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
   std::vector<Tuned> v;
   v.push_back({"auto", {}});
   coll::RingTuning a;
-  a.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 2 MiB / n over lsa)
+  a.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 1 MiB / n over lsa,
+  a.directMaxBytes = 0;  // then the two-shot direct path)
   a.chunkBytes = tinyBytes;
   a.blocks = 3;
   a.bidirAgMaxBytes = -1;
   v.push_back({"tiny chunks, 3 blocks, bidirectional", a});
   coll::RingTuning b;
   b.llMaxBytes = 0;
+  b.directMaxBytes = 0;
   b.chunkBytes = 56;  // not a multiple of 16: rounded up to 64
   b.blocks = 2;
   b.bidirAgMaxBytes = 0;
   v.push_back({"56 B chunks, 2 blocks, one-way", b});
+  coll::RingTuning d;
+  d.llMaxBytes = 0;  // over lsa: every count two-shot direct (through the proxy: the ring)
+  d.directBlocks = 3;
+  v.push_back({"two-shot direct, 3 blocks", d});
   return v;
 }
 
@@ -170,7 +176,8 @@ TEST_CASE("ring AllReduce: the Hopper auto-tuning table", "[allreduce][plan]") {
   ws.tmpBytes = 32ull << 20;
   ws.maxBlocks = 16;
   coll::RingTuning t{};
-  t.wideBlocks = 0;  // the issue's table as written
+  t.wideBlocks = 0;      // the issue's table as written
+  t.directMaxBytes = 0;  // (mid sizes would take the two-shot direct path)
   auto plan = [&](int n, uint64_t bytes) { return coll::planRingAllReduce(n, ws, bytes / 4, 4, t); };
   // 4 KiB on 8 ranks: 512 B per rank -> depth 1, 8 chunks of 512 B, 1 x 384, bidirectional.
   coll::RingPlan p = plan(8, 4 << 10);
@@ -212,6 +219,7 @@ TEST_CASE("ring AllReduce: the Hopper auto-tuning table", "[allreduce][plan]") {
   CHECK(p.chunkBytes == 16);
   // gin's default from 512 KiB: 16 blocks, chunk = bytes / (n x 16) in [16 KiB, 512 KiB].
   t = coll::RingTuning{};
+  t.directMaxBytes = 0;
   p = plan(2, 1ull << 30);
   CHECK((p.nBlocks == 16 && p.chunkBytes == (512 << 10) && p.slots == 4));
   p = plan(8, 48 << 20);
@@ -323,7 +331,9 @@ TEST_CASE("ring AllReduce: called again and again with changing plans on one wor
       t.chunkBytes = 16u << (i % 5);
       t.blocks = 1 + uint32_t(i % 4);
       t.bidirAgMaxBytes = i % 2 ? -1 : 0;
-      if (i % 4 != 1) t.llMaxBytes = 0;  // every fourth call one-shot LL16, between ring calls
+      if (i % 4 != 1) t.llMaxBytes = 0;      // every fourth call one-shot LL16,
+      if (i % 4 != 3) t.directMaxBytes = 0;  // every fourth two-shot direct, between ring calls
+      t.directBlocks = 1 + uint32_t(i % 5);
       const size_t count = size_t(1 + (i * 397) % 3000);
       oneCase<float, coll::Sum>(comm, ws, b, count, t, i % 3 == 0, uint64_t(i), results, "call " + std::to_string(i));
     }
@@ -431,6 +441,108 @@ TEST_CASE("LL AllReduce: back to back without barriers, both buffer halves, ever
         coll::runRingAllReduce<float, coll::Sum>(comm, ws, plan, send, 0, inPlace ? send : recv, 0);
         check<float, coll::Sum>(inPlace ? in : out, n, count, uint64_t(call), "LL call " + std::to_string(call));
         expect(out[count] == -7.0f, "LL call " + std::to_string(call) + " wrote past the output");
+      }
+      comm.check();
+      comm.bootstrap().barrier();
+      comm.deregisterWindow(send);
+      comm.deregisterWindow(recv);
+      coll::destroyRingWorkspace(comm, ws);
+    }));
+  }
+}
+
+TEST_CASE("direct AllReduce: the plan takes the two-shot path above the LL limit, over lsa only, up to 8 ranks",
+          "[allreduce][plan][direct]") {
+  coll::RingWorkspace ws{};
+  ws.tmpBytes = 32ull << 20;
+  ws.maxBlocks = 16;
+  ws.llMaxBytes = 64 << 10;
+  coll::RingTuning t{};
+  t.llMaxBytes = 64 << 10;
+  t.directMaxBytes = 8 << 20;
+  auto plan = [&](int n, uint64_t bytes) { return coll::planRingAllReduce(n, ws, bytes / 4, 4, t); };
+  CHECK((plan(4, 64 << 10).ll == 1 && plan(4, 64 << 10).direct == 0));  // LL first
+  coll::RingPlan p = plan(4, (64 << 10) + 4);
+  CHECK((p.direct == 1 && p.ll == 0 && p.nBlocks == 4 && p.blockSize == 512));  // one block per 16 KiB
+  CHECK(plan(4, 256 << 10).nBlocks == 16);
+  CHECK(plan(4, 8 << 20).nBlocks == coll::kLlMaxBlocks);  // at most 32
+  CHECK(plan(4, (8 << 20) + 4).direct == 0);               // past the limit: the ring
+  CHECK(plan(8, 1 << 20).direct == 1);
+  CHECK(plan(9, 1 << 20).direct == 0);  // more ranks than pointers in registers: the ring
+  CHECK(plan(1, 1 << 20).direct == 0);  // one rank: a copy
+  t.directBlocks = 3;
+  CHECK(plan(2, 1 << 20).nBlocks == 3);
+  {
+    gintest::EnvVar a("GIN_ALLREDUCE_DIRECT_MAX_SIZE", "0");
+    CHECK(coll::planRingAllReduce(4, ws, 1 << 18, 4, coll::ringTuningFromEnv()).direct == 0);
+  }
+  {
+    gintest::EnvVar a("GIN_ALLREDUCE_DIRECT_MAX_SIZE", "2M"), b("GIN_ALLREDUCE_DIRECT_BLOCKS", "7");
+    const coll::RingPlan q = coll::planRingAllReduce(4, ws, 1 << 19, 4, coll::ringTuningFromEnv());
+    CHECK((q.direct == 1 && q.nBlocks == 7));
+    CHECK(coll::planRingAllReduce(4, ws, (1 << 19) + 1, 4, coll::ringTuningFromEnv()).direct == 0);
+  }
+  for (const char* bad : {"0", "33", "x"}) {
+    gintest::EnvVar e("GIN_ALLREDUCE_DIRECT_BLOCKS", bad);
+    CHECK_THROWS_WITH(coll::ringTuningFromEnv(), Catch::Matchers::ContainsSubstring("GIN_ALLREDUCE_DIRECT_BLOCKS=") &&
+                                                     Catch::Matchers::ContainsSubstring("from 1 to 32"));
+  }
+  // A direct plan made without the Comm is refused on a proxy communicator.
+  if (const char* tr = std::getenv("GIN_TRANSPORT"); tr && std::string(tr) != "proxy") return;
+  CommConfig cfg = gintest::cpuConfig();
+  cfg.transport = TransportChoice::Proxy;
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [&](Comm& comm) {
+        const coll::RingWorkspace w = coll::createRingWorkspace(comm);
+        expect(coll::planRingAllReduce(comm, w, 1 << 20, 4).direct == 0, "direct planned over the proxy");
+        coll::RingTuning d;
+        d.llMaxBytes = 0;
+        const coll::RingPlan dp = coll::planRingAllReduce(2, w, 16, 4, d);
+        expect(dp.direct == 1, "the generic planner did not take the direct path");
+        try {
+          coll::runRingAllReduce<float, coll::Sum>(comm, w, dp, w.tmp, 0, w.tmp, 0);
+          expect(false, "a direct plan ran over the proxy");
+        } catch (const gin::Error& e) {
+          expect(std::string(e.what()).find("two-shot direct path, which needs every peer reached by lsa") !=
+                     std::string::npos,
+                 e.what());
+        }
+        comm.bootstrap().barrier();
+        coll::destroyRingWorkspace(comm, w);
+      },
+      cfg));
+}
+
+TEST_CASE("direct AllReduce: back to back without barriers, 1 to 32 blocks, in place and not, every rank checks",
+          "[allreduce][direct]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("direct runs over lsa only");
+  for (auto [n, blocks] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 5}, std::pair{5, 32}, std::pair{8, 3}}) {
+    CAPTURE(n, blocks);
+    REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
+      coll::RingWorkspaceConfig wc;
+      wc.tmpBytes = 4096;
+      wc.maxBlocks = 2;
+      wc.llMaxBytes = 0;
+      const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
+      const size_t maxCount = 5000;
+      Window send = comm.allocWindow(maxCount * 4 + 64), recv = comm.allocWindow(maxCount * 4 + 64);
+      float* in = static_cast<float*>(comm.localPointer(send));
+      float* out = static_cast<float*>(comm.localPointer(recv));
+      for (int call = 0; call < 40; ++call) {
+        // Sizes and block counts change every call; no barrier between
+        // calls: the flags must keep calls apart by themselves.
+        const size_t count = call % 7 == 6 ? maxCount : size_t(1 + (call * 389) % maxCount);
+        const bool inPlace = call % 5 == 4;
+        for (size_t i = 0; i < count; ++i) in[i] = input<float, coll::Sum>(uint64_t(call), comm.rank(), i);
+        out[count] = -7.0f;  // guard
+        coll::RingTuning t;
+        t.directBlocks = uint32_t(call % 3 == 2 ? 1 : blocks);
+        const coll::RingPlan plan = coll::planRingAllReduce(comm, ws, count, 4, t);
+        expect(plan.direct == 1, "call " + std::to_string(call) + " did not take the direct path");
+        coll::runRingAllReduce<float, coll::Sum>(comm, ws, plan, send, 0, inPlace ? send : recv, 0);
+        check<float, coll::Sum>(inPlace ? in : out, n, count, uint64_t(call), "direct call " + std::to_string(call));
+        if (!inPlace) expect(out[count] == -7.0f, "direct call " + std::to_string(call) + " wrote past the output");
       }
       comm.check();
       comm.bootstrap().barrier();

@@ -2,7 +2,9 @@
 // by one process (one thread and one Comm per GPU): float, half, bfloat16,
 // double, int32 and int64 with sum, prod, min and max; counts 0, 1, primes and
 // 1 Mi + 3; in place and out of place; the auto plan, tiny chunks with
-// several blocks (the slots wrap many times), and the one-way kernel variant;
+// several blocks (the slots wrap many times), the one-way kernel variant, and
+// the two-shot direct path on 5 blocks for every count ("auto" takes LL16,
+// then direct, over lsa);
 // poisoned guards; results against the host reference
 // (tests/common/allreduce_ref.hpp) and bitwise identical on every rank.
 // Registered again with GIN_TRANSPORT=proxy. Skips (exit 77) without a GPU.
@@ -94,7 +96,7 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes, uint32_t l
         wc.tmpBytes = tmpBytes;
         wc.maxBlocks = 4;
         wc.signalBase = 8;
-        wc.llBlocks = llBlocks;  // the "auto" tuning's LL16 calls (lsa, up to 2 MiB / n)
+        wc.llBlocks = llBlocks;  // the "auto" tuning's LL16 calls (lsa, up to 1 MiB / n)
         const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
         Bufs b;
         b.bytes = kHead + maxCount * 8 + kTail;
@@ -104,20 +106,27 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes, uint32_t l
         tiny.chunkBytes = 48;  // rounded to 48: 16-byte vectors, pieces that wrap the slots many times
         tiny.blocks = 3;
         tiny.bidirAgMaxBytes = -1;
-        tiny.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 2 MiB / n over lsa)
+        tiny.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 1 MiB / n over lsa,
+        tiny.directMaxBytes = 0;  // then the two-shot direct path)
         coll::RingTuning oneWay;
         oneWay.chunkBytes = 4096;
         oneWay.blocks = 2;
         oneWay.bidirAgMaxBytes = 0;
         oneWay.llMaxBytes = 0;
+        oneWay.directMaxBytes = 0;
+        coll::RingTuning direct;  // over lsa every count two-shot direct (with the proxy forced: the ring)
+        direct.llMaxBytes = 0;
+        direct.directBlocks = 5;
         const struct {
           const char* name;
           coll::RingTuning t;
         } tunings[] = {{"auto", {}},
                        {"48 B chunks, 3 blocks, bidirectional", tiny},
-                       {"4 KiB chunks, 2 blocks, one-way kernel", oneWay}};
+                       {"4 KiB chunks, 2 blocks, one-way kernel", oneWay},
+                       {"two-shot direct, 5 blocks", direct}};
         for (const auto& tu : tunings) {
-          const std::vector<size_t> small(counts.begin(), counts.end() - (std::string(tu.name) == "auto" ? 0 : 1));
+          const bool all = tu.t.chunkBytes == 0;  // auto and direct: quick enough for the largest count
+          const std::vector<size_t> small(counts.begin(), counts.end() - (all ? 0 : 1));
           allOps<float>(comm, st, ws, b, small, tu.t, false, results, std::string("float ") + tu.name);
           allOps<coll::Half>(comm, st, ws, b, small, tu.t, true, results, std::string("half ") + tu.name);
           allOps<coll::BFloat16>(comm, st, ws, b, small, tu.t, false, results, std::string("bfloat16 ") + tu.name);
@@ -157,7 +166,7 @@ TEST_CASE("GPU LL AllReduce with 4 blocks: counts from 1 to the 64 KiB LL limit"
   }
 }
 
-TEST_CASE("GPU LL AllReduce with 32 blocks (the default): counts up to the 1 MiB LL limit of 2 ranks",
+TEST_CASE("GPU LL AllReduce with 32 blocks (the default): counts around the 512 KiB LL limit of 2 ranks",
           "[gpu][allreduce][ll]") {
   for (int n : rankCounts()) {
     CAPTURE(n);

@@ -76,6 +76,20 @@
 // read peer packets of call c + 1 (its call c + 1 is over, stream order), and
 // a peer writes those only after its whole call c (which read that half) is
 // over.
+//
+// Mid-size messages (plan.direct, lsa-only communicators of at most
+// kDirectMaxRanks ranks): two-shot over load/store, no staging. The count is
+// cut into nRanks shards; rank r owns shard r, split over the plan's blocks.
+// Block b: (1) entry barrier with block b of every rank, (2) for its piece of
+// shard r, load the n inputs straight from the peers' send windows, reduce
+// them in rank order and store the sum into all n outputs, (3) exit barrier.
+// Each barrier is one flag word per (block, source rank) in every rank's
+// `ll` window, written by its one source with a system-scope release: call c
+// of block b writes 2c - 1 at entry and 2c at exit (c counted per block in
+// the window's header, so equal on every rank). The entry barrier says every
+// input is ready and every rank is done with its output; the exit barrier
+// that every read of our input and every store into our output is done. In
+// place works: only rank r reads or writes shard r, input before output.
 #pragma once
 
 #include <cstring>
@@ -224,13 +238,18 @@ struct RingWorkspace {
   uint32_t maxBlocks;   // blocks a plan may use
   int32_t nRanks;
   uint32_t llBlocks;    // blocks of every LL call, 1 .. kLlMaxBlocks (0 reads as 1)
-  Window ll;            // per rank: LL call counts (a word per block), then 2 x nRanks LL16 slots (llSlotOffset);
-                        // none if llMaxBytes == 0
-  uint64_t llMaxBytes;  // the largest message the LL path carries
+  Window ll;            // per rank (nRanks > 1): LL and direct call counts (a word per block each), the direct
+                        // path's flags (kLlMaxBlocks x nRanks words), then 2 x nRanks LL16 slots (llSlotOffset)
+  uint64_t llMaxBytes;  // the largest message the LL path carries (0: no LL slots)
 };
-// The LL buffer's first kLlHeaderBytes hold one call count per block.
+// The LL buffer's first kLlHeaderBytes hold one LL call count per block, then
+// one direct call count per block (kDirectCallsOffset), then the direct
+// flags (directFlagOffset).
 inline constexpr uint32_t kLlMaxBlocks = 32;
 inline constexpr uint64_t kLlHeaderBytes = 8ull * kLlMaxBlocks;
+inline constexpr uint64_t kDirectCallsOffset = kLlHeaderBytes;
+// The direct path keeps a pointer per rank in registers: lsa teams up to 8.
+inline constexpr int kDirectMaxRanks = 8;
 // Threads per block of the GPU kernel, at most: its launch bounds, so the
 // compiler may give each thread 128 registers (with 1024 the kernel spilled;
 // 16 blocks of 1024 threads were no faster than 512 on 2 H200s).
@@ -240,8 +259,12 @@ static_assert(std::is_trivially_copyable_v<RingWorkspace>);
 // The LL buffer: bytes of one slot (a message of llMaxBytes as LL16 packets),
 // and where half `parity`'s slot for source rank `src` starts.
 GIN_HD GIN_INLINE uint64_t llSlotBytes(const RingWorkspace& w) { return ll::bufferBytes<ll::Packet16>(w.llMaxBytes); }
+// The direct path's flag word of block b written by rank src.
+GIN_HD GIN_INLINE uint64_t directFlagOffset(const RingWorkspace& w, uint32_t b, int src) {
+  return 2 * kLlHeaderBytes + 8ull * (uint64_t(b) * uint64_t(w.nRanks) + uint64_t(src));
+}
 GIN_HD GIN_INLINE uint64_t llSlotOffset(const RingWorkspace& w, uint64_t parity, int src) {
-  return kLlHeaderBytes + (parity * uint64_t(w.nRanks) + uint64_t(src)) * llSlotBytes(w);
+  return directFlagOffset(w, kLlMaxBlocks, 0) + (parity * uint64_t(w.nRanks) + uint64_t(src)) * llSlotBytes(w);
 }
 GIN_HD GIN_INLINE uint64_t llBufferBytes(const RingWorkspace& w) { return llSlotOffset(w, 2, 0); }
 // Blocks of an LL call on workspace w.
@@ -262,7 +285,8 @@ struct RingPlan {
   uint32_t blockSize;  // threads per CTA
   uint32_t slots;      // temporary slots per block
   uint32_t bidir;      // 1: bidirectional AllGather
-  uint32_t ll;         // 1: one-shot LL16 (small messages, lsa peers only; one block)
+  uint32_t ll;         // 1: one-shot LL16 (small messages, lsa peers only; llBlocks blocks)
+  uint32_t direct;     // 1: two-shot over load/store (lsa peers only, nBlocks <= kLlMaxBlocks)
 };
 static_assert(std::is_trivially_copyable_v<RingPlan>);
 
@@ -373,7 +397,9 @@ class RingBlock {
     const uint64_t bytes = p_.count * p_.eltBytes;
     const bool ok = p_.nRanks == dc_.nRanks && ws_.nRanks == dc_.nRanks && p_.eltBytes == eltBytes && p_.nBlocks >= 1 &&
                     block_ < p_.nBlocks && fits(sendWin, sendOffset, bytes) && fits(recvWin, recvOffset, bytes) &&
-                    (p_.ll ? p_.nBlocks == llBlocks(ws_) && llBlocks(ws_) <= kLlMaxBlocks &&
+                    (p_.direct ? p_.nBlocks <= kLlMaxBlocks && dc_.nRanks <= kDirectMaxRanks &&
+                                     fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.proxyAll == 0 && dc_.ibgdaAll == 0
+                     : p_.ll ? p_.nBlocks == llBlocks(ws_) && llBlocks(ws_) <= kLlMaxBlocks &&
                                  p_.count * eltBytes <= ws_.llMaxBytes &&
                                  fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.proxyAll == 0 && dc_.ibgdaAll == 0
                            : p_.nBlocks <= ws_.maxBlocks && p_.slots >= 2 && fits(ws_.tmp, 0, ws_.tmpBytes) &&
@@ -398,6 +424,7 @@ class RingBlock {
       return coop.syncAll(true);
     }
     if (p_.ll) return runLL(coop, in, out, op);
+    if (p_.direct) return runDirect<T>(coop, sendWin, sendOffset, recvWin, recvOffset, op);
     next_ = (me + 1) % n;
     prev_ = (me + n - 1) % n;
     const bool bidir = kBidir && p_.bidir != 0;
@@ -554,6 +581,137 @@ class RingBlock {
     if (coop.rank() == 0) volatileStore(calls, call);
     coop.sync();
     return ok;
+  }
+
+  // The two-shot path (see the top of the file). Shards and pieces are whole
+  // 16-byte vectors where the message allows, so every block streams 16-byte
+  // loads and stores when the windows are 16-byte aligned.
+  template <class T, class Op, class Coop>
+  GIN_HD bool runDirect(Coop coop, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset, Op op) {
+    using E = EltTraits<T>;
+    const int n = dc_.nRanks, me = dc_.rank;
+    const Team world = teamWorld(dc_);
+    const T* src[kDirectMaxRanks] = {};
+    T* dst[kDirectMaxRanks] = {};
+    GIN_UNROLL
+    for (int j = 0; j < kDirectMaxRanks; ++j)
+      if (j < n) {
+        src[j] = static_cast<const T*>(peerPointer(dc_, world, j, sendWin, sendOffset));
+        dst[j] = static_cast<T*>(peerPointer(dc_, world, j, recvWin, recvOffset));
+      }
+    constexpr uint64_t kV = sizeof(T) < 16 ? 16 / sizeof(T) : 1;
+    const uint64_t count = p_.count, nb = p_.nBlocks;
+    const uint64_t shard = ((count + uint64_t(n) - 1) / uint64_t(n) + kV - 1) / kV * kV;
+    const uint64_t piece = ((shard + nb - 1) / nb + kV - 1) / kV * kV;
+    const uint64_t sEnd = shard * uint64_t(me + 1) < count ? shard * uint64_t(me + 1) : count;
+    uint64_t begin = shard * uint64_t(me) + piece * block_, end = begin + piece < sEnd ? begin + piece : sEnd;
+    if (begin > end) begin = end;
+
+    uint64_t* calls = static_cast<uint64_t*>(localPointer(ws_.ll, size_t(kDirectCallsOffset + 8 * block_)));
+    const uint64_t call = volatileLoad(calls) + 1;
+    bool ok = directBarrier(coop, 2 * call - 1);
+    if (ok) {
+      uintptr_t bits = 0;
+      for (int j = 0; j < n; ++j) bits |= uintptr_t(src[j] + begin) | uintptr_t(dst[j] + begin);
+      uint64_t i = begin;
+#if GIN_DEVICE_CODE
+      if (sizeof(T) <= 16 && (bits & 15) == 0) {
+        // Two vectors per thread per round: 2n loads in flight before the first sum.
+        const uint64_t nv = (end - begin) / kV, stride = uint64_t(coop.size());
+        auto sum = [&](const uint4* x) {
+          typename E::Compute acc[kV];
+          const T* t0 = reinterpret_cast<const T*>(&x[0]);
+          GIN_UNROLL
+          for (uint64_t k = 0; k < kV; ++k) acc[k] = E::load(t0[k]);
+          GIN_UNROLL
+          for (int j = 1; j < kDirectMaxRanks; ++j)
+            if (j < n) {
+              const T* tj = reinterpret_cast<const T*>(&x[j]);
+              GIN_UNROLL
+              for (uint64_t k = 0; k < kV; ++k) acc[k] = op(acc[k], E::load(tj[k]));
+            }
+          uint4 z;
+          T* tz = reinterpret_cast<T*>(&z);
+          GIN_UNROLL
+          for (uint64_t k = 0; k < kV; ++k) tz[k] = E::store(acc[k]);
+          return z;
+        };
+        auto storeAll = [&](uint64_t e, uint4 z) {
+          GIN_UNROLL
+          for (int j = 0; j < kDirectMaxRanks; ++j)
+            if (j < n) *reinterpret_cast<uint4*>(dst[j] + e) = z;
+        };
+        uint64_t v = uint64_t(coop.rank());
+        for (; v + stride < nv; v += 2 * stride) {
+          const uint64_t e0 = begin + v * kV, e1 = e0 + stride * kV;
+          uint4 x0[kDirectMaxRanks], x1[kDirectMaxRanks];
+          GIN_UNROLL
+          for (int j = 0; j < kDirectMaxRanks; ++j)
+            if (j < n) x0[j] = directLoad(src[j] + e0), x1[j] = directLoad(src[j] + e1);
+          storeAll(e0, sum(x0));
+          storeAll(e1, sum(x1));
+        }
+        if (v < nv) {
+          const uint64_t e0 = begin + v * kV;
+          uint4 x0[kDirectMaxRanks];
+          GIN_UNROLL
+          for (int j = 0; j < kDirectMaxRanks; ++j)
+            if (j < n) x0[j] = directLoad(src[j] + e0);
+          storeAll(e0, sum(x0));
+        }
+        i = begin + nv * kV;
+      }
+#else
+      (void)bits;
+#endif
+      for (i += uint64_t(coop.rank()); i < end; i += uint64_t(coop.size())) {
+        typename E::Compute acc = E::load(src[0][i]);
+        for (int j = 1; j < n; ++j) acc = op(acc, E::load(src[j][i]));
+        const T z = E::store(acc);
+        for (int j = 0; j < n; ++j) dst[j][i] = z;
+      }
+    }
+    ok = ok && directBarrier(coop, 2 * call);
+    ok = coop.syncAll(ok);
+    if (coop.rank() == 0) volatileStore(calls, call);
+    coop.sync();
+    return ok;
+  }
+#if GIN_DEVICE_CODE
+  // A 16-byte load that bypasses the (incoherent) L1: the data is a peer's.
+  GIN_DEVICE GIN_INLINE static uint4 directLoad(const void* p) {
+    uint4 v;
+    asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+  }
+#endif
+  // Block block_ of every rank reaches `value`: the coop's earlier loads and
+  // stores are released (sync, then a system-scope fence in each writer),
+  // thread j writes our flag word into rank j's window, thread j waits for
+  // rank j's word in ours (acquire), and the coop agrees.
+  template <class Coop>
+  GIN_HD bool directBarrier(Coop coop, uint64_t value) {
+    const int n = dc_.nRanks, me = dc_.rank;
+    coop.sync();
+    for (int j = coop.rank(); j < n; j += coop.size())
+      if (j != me) {
+        auto* f = static_cast<uint64_t*>(
+            peerPointer(dc_, teamWorld(dc_), j, ws_.ll, size_t(directFlagOffset(ws_, block_, me))));
+        atomicStore<Scope::System>(f, value, MemoryOrder::Release);
+      }
+    bool ok = true;
+    for (int j = coop.rank(); j < n; j += coop.size())
+      if (j != me) {
+        const auto* f = static_cast<const uint64_t*>(localPointer(ws_.ll, size_t(directFlagOffset(ws_, block_, j))));
+        ok = gin::detail::boundedWait(
+                 dc_, f, MemoryOrder::Acquire, [&](uint64_t v) { return rollingLessEqual(value, v); },
+                 gin::detail::WaitWhat{gin::Op::AllReduceRecv, j, net_.context(), block_, value}) &&
+             ok;
+      }
+    return coop.syncAll(ok);
   }
 
   const DevComm& dc_;

@@ -38,16 +38,21 @@
 //   GIN_ALLREDUCE_RING_NUM_BLOCKS      (gin's own, for tuning experiments) exactly this many blocks, 1 .. 1024,
 //                                      still capped by the workspace's maxBlocks and the number of units
 //   GIN_ALLREDUCE_LL_MAX_SIZE          (gin's own) messages up to this size take the one-shot LL16 path
-//                                      when every peer is reached by lsa; 0: never (default 2M / nRanks,
+//                                      when every peer is reached by lsa; 0: never (default 1M / nRanks,
 //                                      capped by the workspace's llMaxBytes, the same by default)
 //   GIN_ALLREDUCE_LL_BLOCKS            (gin's own; read by createRingWorkspace) blocks of every LL call,
 //                                      1 .. 32 (default RingWorkspaceConfig::llBlocks = 32)
+//   GIN_ALLREDUCE_DIRECT_MAX_SIZE      (gin's own) messages above the LL limit and up to this size take the
+//                                      two-shot direct path on lsa-only communicators of up to 8 ranks;
+//                                      0: never (default RingTuning::directMaxBytes)
+//   GIN_ALLREDUCE_DIRECT_BLOCKS        (gin's own) blocks of a direct call, 1 .. 32 (default: one per 16 KiB)
 //
-// Small messages (up to 2 MiB / nRanks by default) on lsa-only
-// communicators go one shot with LL16 packets (gin/device/allreduce.hpp): one
-// hop of latency instead of 2(n - 1) signalled steps. On 2 H200s, with 32
-// blocks, it beat the ring at every size up to 1 MiB and NCCL up to 512 KiB
-// (docs/performance.md).
+// On lsa-only communicators, small messages (up to 1 MiB / nRanks by
+// default) go one shot with LL16 packets (gin/device/allreduce.hpp): one hop
+// of latency instead of 2(n - 1) signalled steps; mid-size ones (up to 16
+// MiB, at most 8 ranks) two-shot: each rank reduces its shard straight from
+// the peers' inputs and stores it into every output, between two barriers.
+// Measured on 2, 3 and 4 H200s (docs/performance.md).
 #pragma once
 
 #include <algorithm>
@@ -73,9 +78,9 @@ struct RingTuning {
   uint32_t blocks = 0;                  // exact block count; 0: auto (GIN_ALLREDUCE_RING_NUM_BLOCKS)
   // Messages up to this size take the one-shot LL16 path when every peer is
   // reached by lsa (and the workspace has an LL buffer that large); 0: never;
-  // kLlAuto: kLlAutoBytes / nRanks (1 MiB on 2 ranks, 256 KiB on 8: every
+  // kLlAuto: kLlAutoBytes / nRanks (512 KiB on 2 ranks, 128 KiB on 8: every
   // rank writes its whole message to every peer, so the traffic grows with
-  // the ranks; measured on 2 H200s only, docs/performance.md).
+  // the ranks; from there the direct path was faster on 2, 3 and 4 H200s).
   uint64_t llMaxBytes = kLlAuto;
   // Messages of wideMinBytes or more: wideBlocks blocks (0: keep the
   // table), chunk = bytes / (nRanks x wideBlocks) within [wideMinChunkBytes,
@@ -85,9 +90,20 @@ struct RingTuning {
   uint64_t wideChunkBytes = 512ull << 10;
   uint64_t wideMinChunkBytes = 16ull << 10;
   uint64_t wideMinBytes = 512ull << 10;
+  // Messages above the LL limit and up to this size take the two-shot direct
+  // path (gin/device/allreduce.hpp) when every peer is reached by lsa and there
+  // are at most kDirectMaxRanks ranks; 0: never.
+  // On 2, 3 and 4 H200s it beat NCCL from 1-2 MiB to 16 MiB; the ring won
+  // from 32 MiB (docs/performance.md).
+  uint64_t directMaxBytes = 16ull << 20;
+  // Blocks of a direct call, 1 .. kLlMaxBlocks; 0: one per directBlockBytes
+  // of the message, at least 1 and at most kLlMaxBlocks (on 2 H200s every
+  // doubling up to 32 blocks helped from 1 MiB; on 4 they tied from 16).
+  uint32_t directBlocks = 0;
+  uint64_t directBlockBytes = 16ull << 10;
 
   static constexpr uint64_t kLlAuto = ~uint64_t(0);
-  static constexpr uint64_t kLlAutoBytes = 2ull << 20;
+  static constexpr uint64_t kLlAutoBytes = 1ull << 20;
   // What kLlAuto means on nRanks ranks (0 for one rank, which never takes LL).
   static constexpr uint64_t llAutoBytes(int nRanks) { return nRanks > 1 ? kLlAutoBytes / uint64_t(nRanks) : 0; }
 };
@@ -163,6 +179,14 @@ inline RingTuning ringTuningFromEnv(RingTuning base = {}) {
                        "of 1024); the workspace's llMaxBytes caps it",
                        &v))
     base.llMaxBytes = uint64_t(v);
+  if (detail::envBytes("GIN_ALLREDUCE_DIRECT_MAX_SIZE", 0, 1ll << 40,
+                       "0 (never take the two-shot direct path) or a message size in bytes (suffixes K, M, G are "
+                       "powers of 1024)",
+                       &v))
+    base.directMaxBytes = uint64_t(v);
+  if (detail::envBytes("GIN_ALLREDUCE_DIRECT_BLOCKS", 1, kLlMaxBlocks,
+                       ("a whole number of blocks from 1 to " + std::to_string(kLlMaxBlocks)).c_str(), &v))
+    base.directBlocks = uint32_t(v);
   if (const char* e = std::getenv("GIN_ALLREDUCE_RING_BLOCK_SIZE")) {
     int64_t b = 0;
     if (!detail::parseBytes(e, &b) || b < 32 || b > int64_t(kRingMaxThreads) || b % 32 != 0)
@@ -182,7 +206,7 @@ struct RingWorkspaceConfig {
                                     // one of them explicitly when both are used)
   // Largest LL message: an LL window of 256 + 2 x nRanks x 2 x this bytes;
   // 0: none; RingTuning::kLlAuto: what the default tuning takes on this many
-  // ranks (2 MiB / nRanks, so the window is 8 MiB at any rank count).
+  // ranks (1 MiB / nRanks, so the window is 4 MiB at any rank count).
   uint64_t llMaxBytes = RingTuning::kLlAuto;
   // Blocks of every LL call, 1 .. kLlMaxBlocks (GIN_ALLREDUCE_LL_BLOCKS
   // overrides): each writes and reduces its share of the packets. On 2 H200s
@@ -225,14 +249,14 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
   w.nRanks = comm.nRanks();
   w.llMaxBytes = llMaxBytes;
   w.llBlocks = llBlocks;
-  if (llMaxBytes) w.ll = comm.allocWindow(size_t(llBufferBytes(w)));
+  if (comm.nRanks() > 1) w.ll = comm.allocWindow(size_t(llBufferBytes(w)));
   return w;
 }
 
 // Collective: frees the workspace's windows. No AllReduce may be in flight.
 inline void destroyRingWorkspace(Comm& comm, const RingWorkspace& w) {
   comm.deregisterWindow(w.tmp);
-  if (w.llMaxBytes) comm.deregisterWindow(w.ll);
+  if (w.nRanks > 1) comm.deregisterWindow(w.ll);
 }
 
 // Whether every peer is reached by lsa with no network transport forced: what
@@ -327,17 +351,24 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
     p.nBlocks = llBlocks(ws);
     const uint64_t packets = ((total + 7) / 8 + p.nBlocks - 1) / p.nBlocks;
     p.blockSize = t.blockSize ? t.blockSize : uint32_t(std::clamp<uint64_t>((packets + 31) / 32 * 32, 64, 512));
+  } else if (n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= t.directMaxBytes) {
+    // Mid-size messages: two-shot over load/store, one barrier in and one out.
+    p.direct = 1;
+    p.nBlocks = t.directBlocks ? std::min(t.directBlocks, kLlMaxBlocks)
+                               : uint32_t(std::clamp<uint64_t>(total / std::max<uint64_t>(t.directBlockBytes, 1), 1,
+                                                               kLlMaxBlocks));
+    p.blockSize = t.blockSize ? t.blockSize : 512;
   }
   return p;
 }
 
 namespace detail {
 inline void checkLlPlan(const Comm& comm, const RingPlan& plan, const char* call) {
-  if (plan.ll && !lsaOnly(comm))
-    throw Error(std::string(call) +
-                ": the plan takes the LL16 path, which needs every peer reached by lsa, but this communicator "
-                "uses the proxy or ibgda; make the plan with planRingAllReduce(comm, ...) or set "
-                "RingTuning::llMaxBytes = 0");
+  if ((plan.ll || plan.direct) && !lsaOnly(comm))
+    throw Error(std::string(call) + ": the plan takes the " + (plan.ll ? "LL16" : "two-shot direct") +
+                " path, which needs every peer reached by lsa, but this communicator uses the proxy or ibgda; make "
+                "the plan with planRingAllReduce(comm, ...) or set RingTuning::" +
+                (plan.ll ? "llMaxBytes" : "directMaxBytes") + " = 0");
 }
 }  // namespace detail
 
@@ -346,7 +377,7 @@ inline void checkLlPlan(const Comm& comm, const RingPlan& plan, const char* call
 inline RingPlan planRingAllReduce(const Comm& comm, const RingWorkspace& ws, uint64_t count, size_t eltBytes,
                                   const RingTuning& base = {}) {
   RingTuning t = ringTuningFromEnv(base);
-  if (!lsaOnly(comm)) t.llMaxBytes = 0;
+  if (!lsaOnly(comm)) t.llMaxBytes = t.directMaxBytes = 0;
   return planRingAllReduce(comm.nRanks(), ws, count, eltBytes, t);
 }
 
@@ -356,6 +387,10 @@ inline std::string describe(const RingPlan& p) {
     return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
            " ranks: one-shot LL16 packets, " + std::to_string(p.nBlocks) + " x " + std::to_string(p.blockSize) +
            " threads";
+  if (p.direct)
+    return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
+           " ranks: two-shot direct loads and stores, " + std::to_string(p.nBlocks) + " x " +
+           std::to_string(p.blockSize) + " threads";
   return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
          " ranks: depth " + std::to_string(p.depth) + ", " + std::to_string(p.numChunks) + " chunks of " +
          std::to_string(p.chunkBytes) + " B per partition, " + std::to_string(p.nUnits) + " units, " +
