@@ -49,7 +49,7 @@
 //
 // On lsa-only communicators, small messages (up to 1 MiB / nRanks by
 // default) go one shot with LL16 packets (gin/device/allreduce.hpp): one hop
-// of latency instead of 2(n - 1) signalled steps; mid-size ones (up to 16
+// of latency instead of 2(n - 1) signalled steps; mid-size ones (up to 32
 // MiB, at most 8 ranks) two-shot: each rank reduces its shard straight from
 // the peers' inputs and stores it into every output, between two barriers.
 // Measured on 2, 3 and 4 H200s (docs/performance.md).
@@ -93,9 +93,10 @@ struct RingTuning {
   // Messages above the LL limit and up to this size take the two-shot direct
   // path (gin/device/allreduce.hpp) when every peer is reached by lsa and there
   // are at most kDirectMaxRanks ranks; 0: never.
-  // On 2, 3 and 4 H200s it beat NCCL from 1-2 MiB to 16 MiB; the ring won
-  // from 32 MiB (docs/performance.md).
-  uint64_t directMaxBytes = 16ull << 20;
+  // On 2, 3 and 4 H200s it beat NCCL from 1-2 MiB to 16 MiB, tied the ring
+  // at 32 MiB on 2 and 4 (and beat it by a fifth on 3), and lost from 64 MiB
+  // (docs/performance.md).
+  uint64_t directMaxBytes = 32ull << 20;
   // Blocks of a direct call, 1 .. kLlMaxBlocks; 0: one per directBlockBytes
   // of the message, at least 1 and at most kLlMaxBlocks (on 2 H200s every
   // doubling up to 32 blocks helped from 1 MiB; on 4 they tied from 16).
