@@ -34,7 +34,7 @@ __global__ void allReduceKernel(gin::DevComm dc, gin::p2p::Fifo fifo, gin::Windo
 // Runs one rank: returns the number of wrong elements.
 size_t runRank(gin::Comm& comm, size_t count, bool baseline) {
   const int me = comm.rank(), n = comm.nRanks();
-  // Signal ids: the ring AllReduce takes 0..63, p2p the top of the range.
+  // Signal ids: the ring AllReduce takes 0..127 (4 x 32 blocks), p2p the top of the range.
   gin::coll::RingWorkspaceConfig wc;
   wc.signalBase = 0;
   wc.tmpBytes = comm.onGpu() ? 32u << 20 : 1u << 20;

@@ -234,6 +234,12 @@ TEST_CASE("ring AllReduce: the Hopper auto-tuning table", "[allreduce][plan]") {
   CHECK((p.nBlocks == 8 && p.chunkBytes == (16 << 10)));
   p = plan(2, 256 << 10);  // below 512 KiB: the table
   CHECK((p.nBlocks == 1 && p.chunkBytes == (64 << 10)));
+  ws.maxBlocks = 32;  // from 64 MiB: 32 blocks of the wide chunk, when the workspace and the units allow
+  CHECK((plan(2, 1ull << 30).nBlocks == 32 && plan(2, 1ull << 30).chunkBytes == (512 << 10)));
+  CHECK((plan(4, 64 << 20).nBlocks == 32 && plan(4, 64 << 20).chunkBytes == (512 << 10)));
+  CHECK(plan(8, 64 << 20).nBlocks == 16);           // 16 units of 8 x 512 KiB
+  CHECK(plan(4, (64 << 20) - 1024).nBlocks == 16);  // below 64 MiB: 16
+  ws.maxBlocks = 16;
   t.blocks = 6;
   CHECK(plan(2, 1ull << 30).nBlocks == 6);  // an exact block count still wins
 }

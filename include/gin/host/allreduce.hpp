@@ -17,9 +17,10 @@
 //   blocks x threads by chunk: < 16 KiB: 1 x 384, < 128 KiB: 1 x 512,
 //   < 512 KiB: 2 x 512, else 4 x 512 (never more blocks than units) -- except
 //   that from 512 KiB gin uses 16 x 512 blocks with chunk = bytes / (nRanks x
-//   16) kept in [16 KiB, 512 KiB] (the "wide" plan: a CTA of gin's lsa puts
-//   moves ~30 GB/s, so 2-4 blocks could not reach NCCL's bandwidth;
-//   RingTuning::wideBlocks = 0 restores the table);
+//   16) kept in [16 KiB, 512 KiB], and 32 blocks of that chunk from 64 MiB
+//   (the "wide" plan: a CTA of gin's lsa puts moves ~20-30 GB/s, so 2-4
+//   blocks could not reach NCCL's bandwidth; RingTuning::wideBlocks = 0
+//   restores the table);
 //   bidirectional AllGather for messages of at most 4 MiB.
 // The workspace's temporary bytes are split evenly among the blocks; each
 // block gets min(8, region / chunkBytes) slots, at least 2 (chunkBytes is
@@ -90,6 +91,12 @@ struct RingTuning {
   uint64_t wideChunkBytes = 512ull << 10;
   uint64_t wideMinChunkBytes = 16ull << 10;
   uint64_t wideMinBytes = 512ull << 10;
+  // Messages of wideLargeMinBytes or more: wideLargeBlocks blocks with the
+  // wide plan's chunk (0: keep wideBlocks). On 4 H200s 32 blocks took 1 GiB
+  // in 4742 us against 16 blocks' 5147 (NCCL: 4552), on 2 in 3233 against
+  // 3399 (NCCL: 3258); below 64 MiB the units capped them at 16 anyway.
+  uint32_t wideLargeBlocks = 32;
+  uint64_t wideLargeMinBytes = 64ull << 20;
   // Messages above the LL limit and up to this size take the two-shot direct
   // path (gin/device/allreduce.hpp) when every peer is reached by lsa and there
   // are at most kDirectMaxRanks ranks; 0: never.
@@ -202,7 +209,7 @@ inline RingTuning ringTuningFromEnv(RingTuning base = {}) {
 
 struct RingWorkspaceConfig {
   uint64_t tmpBytes = 32ull << 20;  // temporary slots per rank (the max BDP of the default tuning)
-  uint32_t maxBlocks = 16;          // blocks a plan may use: 4 signal ids each
+  uint32_t maxBlocks = 32;          // blocks a plan may use: 4 signal ids each
   int64_t signalBase = -1;          // first signal id; -1: the top 4 x maxBlocks ids (p2p's default too: set
                                     // one of them explicitly when both are used)
   // Largest LL message: an LL window of 256 + 2 x nRanks x 2 x this bytes;
@@ -316,6 +323,7 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
     chunk = std::min<uint64_t>(chunk, std::max<uint64_t>(1, t.maxBdpBytes / p.numChunks));
     chunk = roundChunk(std::max(chunk, t.minShardBytes));
     blocks = t.wideBlocks;
+    if (t.wideLargeBlocks > 0 && total >= t.wideLargeMinBytes) blocks = t.wideLargeBlocks;
     p.blockSize = 512;
   }
   if (t.maxBlocks) blocks = std::min(blocks, t.maxBlocks);
