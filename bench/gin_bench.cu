@@ -83,9 +83,9 @@ constexpr int kBarrierThreads = 256;
 constexpr int kBarrierCtas[] = {1, 32, 132};
 constexpr double kSlowPutS = 0.25;  // a coop whose single put takes longer stops at that size
 constexpr int kPutRuns = 3, kLatRuns = 5, kBarRuns = 5;
-constexpr int kArRuns = 5;              // allreduce: timed runs per size (median)
-constexpr uint32_t kArSignalBase = 64;  // allreduce: the ring's signal ids (4 per block)
-constexpr uint32_t kArMaxBlocks = 32;  // allreduce: the workspace's most blocks (the plans use 16 or 32)
+constexpr int kArRuns = 5;                       // allreduce: timed runs per size (median)
+constexpr uint32_t kArSignalBase = 64;           // allreduce: the ring's signal ids (4 per block)
+constexpr uint32_t kArMaxBlocks = 32;            // allreduce: the workspace's most blocks (the plans use 16 or 32)
 constexpr int kSrRuns = 5;                       // sendrecv: timed runs per size (median)
 constexpr int kSrThreads = 512;                  // sendrecv: threads of each sending or receiving CTA
 constexpr int kSrMaxChannelsGpu = 32;            // sendrecv: most channels (CTA pairs), GPUs

@@ -98,7 +98,7 @@ std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
   std::vector<Tuned> v;
   v.push_back({"auto", {}});
   coll::RingTuning a;
-  a.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 1 MiB / n over lsa,
+  a.llMaxBytes = 0;      // the ring for small counts too ("auto" takes LL16 up to 1 MiB / n over lsa,
   a.directMaxBytes = 0;  // then the two-shot direct path)
   a.chunkBytes = tinyBytes;
   a.blocks = 3;
@@ -472,7 +472,7 @@ TEST_CASE("direct AllReduce: the plan takes the two-shot path above the LL limit
   CHECK((p.direct == 1 && p.ll == 0 && p.nBlocks == 4 && p.blockSize == 512));  // one block per 16 KiB
   CHECK(plan(4, 256 << 10).nBlocks == 16);
   CHECK(plan(4, 8 << 20).nBlocks == coll::kLlMaxBlocks);  // at most 32
-  CHECK(plan(4, (8 << 20) + 4).direct == 0);               // past the limit: the ring
+  CHECK(plan(4, (8 << 20) + 4).direct == 0);              // past the limit: the ring
   CHECK(plan(8, 1 << 20).direct == 1);
   CHECK(plan(9, 1 << 20).direct == 0);  // more ranks than pointers in registers: the ring
   CHECK(plan(1, 1 << 20).direct == 0);  // one rank: a copy

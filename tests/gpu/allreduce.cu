@@ -106,7 +106,7 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes, uint32_t l
         tiny.chunkBytes = 48;  // rounded to 48: 16-byte vectors, pieces that wrap the slots many times
         tiny.blocks = 3;
         tiny.bidirAgMaxBytes = -1;
-        tiny.llMaxBytes = 0;  // the ring for small counts too ("auto" takes LL16 up to 1 MiB / n over lsa,
+        tiny.llMaxBytes = 0;      // the ring for small counts too ("auto" takes LL16 up to 1 MiB / n over lsa,
         tiny.directMaxBytes = 0;  // then the two-shot direct path)
         coll::RingTuning oneWay;
         oneWay.chunkBytes = 4096;

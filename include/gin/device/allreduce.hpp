@@ -395,18 +395,19 @@ class RingBlock {
   // its own, and with one slot per block the ring would wait on itself.
   GIN_HD bool valid(size_t eltBytes, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset) const {
     const uint64_t bytes = p_.count * p_.eltBytes;
-    const bool ok = p_.nRanks == dc_.nRanks && ws_.nRanks == dc_.nRanks && p_.eltBytes == eltBytes && p_.nBlocks >= 1 &&
-                    block_ < p_.nBlocks && fits(sendWin, sendOffset, bytes) && fits(recvWin, recvOffset, bytes) &&
-                    (p_.direct ? p_.nBlocks <= kLlMaxBlocks && dc_.nRanks <= kDirectMaxRanks &&
-                                     fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.proxyAll == 0 && dc_.ibgdaAll == 0
-                     : p_.ll ? p_.nBlocks == llBlocks(ws_) && llBlocks(ws_) <= kLlMaxBlocks &&
-                                 p_.count * eltBytes <= ws_.llMaxBytes &&
-                                 fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.proxyAll == 0 && dc_.ibgdaAll == 0
-                           : p_.nBlocks <= ws_.maxBlocks && p_.slots >= 2 && fits(ws_.tmp, 0, ws_.tmpBytes) &&
-                                 p_.chunkBytes >= eltBytes && p_.chunkBytes % eltBytes == 0 &&
-                                 uint64_t(p_.slots) * p_.chunkBytes <= p_.regionBytes &&
-                                 p_.regionBytes * p_.nBlocks <= ws_.tmpBytes &&
-                                 uint64_t(ws_.signalBase) + 4ull * ws_.maxBlocks <= uint64_t(dc_.nSignals));
+    bool ok = p_.nRanks == dc_.nRanks && ws_.nRanks == dc_.nRanks && p_.eltBytes == eltBytes && p_.nBlocks >= 1 &&
+              block_ < p_.nBlocks && fits(sendWin, sendOffset, bytes) && fits(recvWin, recvOffset, bytes);
+    // LL16 and direct: load/store to every peer, flags in the LL window.
+    const bool lsaPath = fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.proxyAll == 0 && dc_.ibgdaAll == 0;
+    if (p_.direct)
+      ok = ok && lsaPath && p_.nBlocks <= kLlMaxBlocks && dc_.nRanks <= kDirectMaxRanks;
+    else if (p_.ll)
+      ok = ok && lsaPath && p_.nBlocks == llBlocks(ws_) && llBlocks(ws_) <= kLlMaxBlocks && bytes <= ws_.llMaxBytes;
+    else
+      ok = ok && p_.nBlocks <= ws_.maxBlocks && p_.slots >= 2 && fits(ws_.tmp, 0, ws_.tmpBytes) &&
+           p_.chunkBytes >= eltBytes && p_.chunkBytes % eltBytes == 0 &&
+           uint64_t(p_.slots) * p_.chunkBytes <= p_.regionBytes && p_.regionBytes * p_.nBlocks <= ws_.tmpBytes &&
+           uint64_t(ws_.signalBase) + 4ull * ws_.maxBlocks <= uint64_t(dc_.nSignals);
     if (!ok)
       recordError(dc_, gin::Op::BadArgument, -1, net_.context(), uint64_t(block_), uint64_t(p_.nBlocks),
                   uint64_t(ws_.maxBlocks));
@@ -552,8 +553,8 @@ class RingBlock {
     bool ok = true;
     for (int k = 1; ok && k < n && rangeBytes > 0; ++k)
       ok = ll::putPacketsToPeer<P>(coop, dc_, teamWorld(dc_), (me + k) % n, ws_.ll,
-                                   size_t(llSlotOffset(ws_, half, me)) + first * sizeof(P), inB + first * 8,
-                                   rangeBytes, flag);
+                                   size_t(llSlotOffset(ws_, half, me)) + first * sizeof(P), inB + first * 8, rangeBytes,
+                                   flag);
     const P* slot0 = static_cast<const P*>(localPointer(ws_.ll, size_t(llSlotOffset(ws_, half, 0))));
     const size_t slotPackets = size_t(llSlotBytes(ws_) / sizeof(P));
     for (size_t i = first + size_t(coop.rank()); ok && i < last; i += size_t(coop.size())) {

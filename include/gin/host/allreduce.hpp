@@ -363,9 +363,10 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
   } else if (n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= t.directMaxBytes) {
     // Mid-size messages: two-shot over load/store, one barrier in and one out.
     p.direct = 1;
-    p.nBlocks = t.directBlocks ? std::min(t.directBlocks, kLlMaxBlocks)
-                               : uint32_t(std::clamp<uint64_t>(total / std::max<uint64_t>(t.directBlockBytes, 1), 1,
-                                                               kLlMaxBlocks));
+    p.nBlocks =
+        t.directBlocks
+            ? std::min(t.directBlocks, kLlMaxBlocks)
+            : uint32_t(std::clamp<uint64_t>(total / std::max<uint64_t>(t.directBlockBytes, 1), 1, kLlMaxBlocks));
     p.blockSize = t.blockSize ? t.blockSize : 512;
   }
   return p;
