@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "../../examples/allreduce/ring_allreduce.hpp"
@@ -116,6 +117,37 @@ std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
   d.directBlocks = 3;
   v.push_back({"two-shot direct, 3 blocks", d});
   return v;
+}
+
+// `calls` float-sum AllReduces on every rank, back to back with no barrier
+// between them (the path's own flags must keep calls apart): sizes change
+// every call (1 element to maxCount), every fifth call is in place; every
+// rank checks every result and the guard past the output. `tuning(call)` is
+// the call's tuning; `tookPath` says whether a plan is the path under test.
+void backToBack(Comm& comm, const coll::RingWorkspaceConfig& wc, size_t maxCount, int calls,
+                const std::function<coll::RingTuning(int)>& tuning,
+                const std::function<bool(const coll::RingPlan&)>& tookPath, const std::string& what) {
+  const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
+  Window send = comm.allocWindow(maxCount * 4 + 64), recv = comm.allocWindow(maxCount * 4 + 64);
+  float* in = static_cast<float*>(comm.localPointer(send));
+  float* out = static_cast<float*>(comm.localPointer(recv));
+  for (int call = 0; call < calls; ++call) {
+    const size_t count = call % 7 == 6 ? maxCount : size_t(1 + (call * 389) % maxCount);
+    const bool inPlace = call % 5 == 4;
+    for (size_t i = 0; i < count; ++i) in[i] = input<float, coll::Sum>(uint64_t(call), comm.rank(), i);
+    out[count] = -7.0f;  // guard
+    const coll::RingPlan plan = coll::planRingAllReduce(comm, ws, count, 4, tuning(call));
+    const std::string at = what + " call " + std::to_string(call);
+    expect(tookPath(plan), at + " did not take the path under test: " + coll::describe(plan));
+    coll::runRingAllReduce<float, coll::Sum>(comm, ws, plan, send, 0, inPlace ? send : recv, 0);
+    check<float, coll::Sum>(inPlace ? in : out, comm.nRanks(), count, uint64_t(call), at);
+    expect(out[count] == -7.0f, at + " wrote past the output");
+  }
+  comm.check();
+  comm.bootstrap().barrier();
+  comm.deregisterWindow(send);
+  comm.deregisterWindow(recv);
+  coll::destroyRingWorkspace(comm, ws);
 }
 
 void allTypes(int n, const std::vector<size_t>& counts, CommConfig cfg, bool everyType = true,
@@ -351,7 +383,8 @@ TEST_CASE("ring AllReduce: called again and again with changing plans on one wor
   }));
 }
 
-TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only", "[allreduce][plan][ll]") {
+TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only (LL and direct refused over the proxy)",
+          "[allreduce][plan][ll]") {
   coll::RingWorkspace ws{};
   ws.tmpBytes = 32ull << 20;
   ws.maxBlocks = 16;
@@ -390,7 +423,8 @@ TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only", 
   CHECK((plan(2, 64 << 10).nBlocks == 4 && plan(2, 64 << 10).blockSize == 512));
   CHECK((plan(2, 4).nBlocks == 4 && plan(2, 4).blockSize == 64));  // one packet: three blocks have none
   ws.llBlocks = 1;
-  // A communicator with a forced network transport never plans LL.
+  // A communicator with a forced network transport plans neither LL nor
+  // direct, and refuses such a plan made without the Comm before anything runs.
   if (const char* tr = std::getenv("GIN_TRANSPORT"); tr && std::string(tr) != "proxy") return;
   CommConfig cfg = gintest::cpuConfig();
   cfg.transport = TransportChoice::Proxy;
@@ -399,14 +433,20 @@ TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only", 
       [&](Comm& comm) {
         const coll::RingWorkspace w = coll::createRingWorkspace(comm);
         expect(coll::planRingAllReduce(comm, w, 16, 4).ll == 0, "LL planned over the proxy");
-        // A plan made without the Comm (LL) is refused before anything runs.
-        const coll::RingPlan llPlan = coll::planRingAllReduce(2, w, 16, 4, coll::RingTuning{});
-        expect(llPlan.ll == 1, "the generic planner did not take LL");
-        try {
-          coll::runRingAllReduce<float, coll::Sum>(comm, w, llPlan, w.tmp, 0, w.tmp, 0);
-          expect(false, "an LL plan ran over the proxy");
-        } catch (const gin::Error& e) {
-          expect(std::string(e.what()).find("needs every peer reached by lsa") != std::string::npos, e.what());
+        expect(coll::planRingAllReduce(comm, w, 1 << 20, 4).direct == 0, "direct planned over the proxy");
+        coll::RingTuning direct;
+        direct.llMaxBytes = 0;
+        for (const auto& [tune, path] : {std::pair{coll::RingTuning{}, "LL16"}, std::pair{direct, "two-shot direct"}}) {
+          const coll::RingPlan p = coll::planRingAllReduce(2, w, 16, 4, tune);
+          expect(p.ll + p.direct == 1, std::string("the generic planner did not take the ") + path + " path");
+          try {
+            coll::runRingAllReduce<float, coll::Sum>(comm, w, p, w.tmp, 0, w.tmp, 0);
+            expect(false, std::string("a ") + path + " plan ran over the proxy");
+          } catch (const gin::Error& e) {
+            expect(std::string(e.what()).find(std::string("the ") + path +
+                                              " path, which needs every peer reached by lsa") != std::string::npos,
+                   e.what());
+          }
         }
         comm.bootstrap().barrier();
         coll::destroyRingWorkspace(comm, w);
@@ -422,37 +462,15 @@ TEST_CASE("LL AllReduce: back to back without barriers, both buffer halves, ever
   for (auto [n, llBlocks] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{5, 1}, std::pair{2, 3}, std::pair{3, 8},
                              std::pair{2, 32}, std::pair{4, 3}}) {
     CAPTURE(n, llBlocks);
+    coll::RingWorkspaceConfig wc;
+    wc.tmpBytes = 4096;
+    wc.maxBlocks = 2;
+    wc.llMaxBytes = 8 << 10;  // 2048 floats: the largest count
+    wc.llBlocks = uint32_t(llBlocks);
     REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
-      coll::RingWorkspaceConfig wc;
-      wc.tmpBytes = 4096;
-      wc.maxBlocks = 2;
-      wc.llMaxBytes = 8 << 10;
-      wc.llBlocks = uint32_t(llBlocks);
-      const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
-      const size_t maxCount = 2048;  // 8 KiB of float: the LL maximum
-      Window send = comm.allocWindow(maxCount * 4 + 64), recv = comm.allocWindow(maxCount * 4 + 64);
-      float* in = static_cast<float*>(comm.localPointer(send));
-      float* out = static_cast<float*>(comm.localPointer(recv));
-      for (int call = 0; call < 60; ++call) {
-        // Sizes change every call (1 element to the maximum), and every
-        // fifth call is in place; no barrier between calls: the packets'
-        // flags and the two halves must keep calls apart by themselves.
-        const size_t count = call % 7 == 6 ? maxCount : size_t(1 + (call * 389) % maxCount);
-        const bool inPlace = call % 5 == 4;
-        for (size_t i = 0; i < count; ++i) in[i] = input<float, coll::Sum>(uint64_t(call), comm.rank(), i);
-        out[count] = -7.0f;  // guard
-        const coll::RingPlan plan = coll::planRingAllReduce(comm, ws, count, 4);
-        expect(plan.ll == 1 && plan.nBlocks == uint32_t(llBlocks),
-               "call " + std::to_string(call) + " did not take the LL path with the workspace's blocks");
-        coll::runRingAllReduce<float, coll::Sum>(comm, ws, plan, send, 0, inPlace ? send : recv, 0);
-        check<float, coll::Sum>(inPlace ? in : out, n, count, uint64_t(call), "LL call " + std::to_string(call));
-        expect(out[count] == -7.0f, "LL call " + std::to_string(call) + " wrote past the output");
-      }
-      comm.check();
-      comm.bootstrap().barrier();
-      comm.deregisterWindow(send);
-      comm.deregisterWindow(recv);
-      coll::destroyRingWorkspace(comm, ws);
+      backToBack(
+          comm, wc, 2048, 60, [](int) { return coll::RingTuning{}; },
+          [&](const coll::RingPlan& p) { return p.ll == 1 && p.nBlocks == uint32_t(llBlocks); }, "LL");
     }));
   }
 }
@@ -493,31 +511,6 @@ TEST_CASE("direct AllReduce: the plan takes the two-shot path above the LL limit
     CHECK_THROWS_WITH(coll::ringTuningFromEnv(), Catch::Matchers::ContainsSubstring("GIN_ALLREDUCE_DIRECT_BLOCKS=") &&
                                                      Catch::Matchers::ContainsSubstring("from 1 to 32"));
   }
-  // A direct plan made without the Comm is refused on a proxy communicator.
-  if (const char* tr = std::getenv("GIN_TRANSPORT"); tr && std::string(tr) != "proxy") return;
-  CommConfig cfg = gintest::cpuConfig();
-  cfg.transport = TransportChoice::Proxy;
-  REQUIRE_NOTHROW(runRanks(
-      2,
-      [&](Comm& comm) {
-        const coll::RingWorkspace w = coll::createRingWorkspace(comm);
-        expect(coll::planRingAllReduce(comm, w, 1 << 20, 4).direct == 0, "direct planned over the proxy");
-        coll::RingTuning d;
-        d.llMaxBytes = 0;
-        const coll::RingPlan dp = coll::planRingAllReduce(2, w, 16, 4, d);
-        expect(dp.direct == 1, "the generic planner did not take the direct path");
-        try {
-          coll::runRingAllReduce<float, coll::Sum>(comm, w, dp, w.tmp, 0, w.tmp, 0);
-          expect(false, "a direct plan ran over the proxy");
-        } catch (const gin::Error& e) {
-          expect(std::string(e.what()).find("two-shot direct path, which needs every peer reached by lsa") !=
-                     std::string::npos,
-                 e.what());
-        }
-        comm.bootstrap().barrier();
-        coll::destroyRingWorkspace(comm, w);
-      },
-      cfg));
 }
 
 TEST_CASE("direct AllReduce: back to back without barriers, 1 to 32 blocks, in place and not, every rank checks",
@@ -525,36 +518,19 @@ TEST_CASE("direct AllReduce: back to back without barriers, 1 to 32 blocks, in p
   if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("direct runs over lsa only");
   for (auto [n, blocks] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 5}, std::pair{5, 32}, std::pair{8, 3}}) {
     CAPTURE(n, blocks);
+    coll::RingWorkspaceConfig wc;
+    wc.tmpBytes = 4096;
+    wc.maxBlocks = 2;
+    wc.llMaxBytes = 0;
     REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
-      coll::RingWorkspaceConfig wc;
-      wc.tmpBytes = 4096;
-      wc.maxBlocks = 2;
-      wc.llMaxBytes = 0;
-      const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
-      const size_t maxCount = 5000;
-      Window send = comm.allocWindow(maxCount * 4 + 64), recv = comm.allocWindow(maxCount * 4 + 64);
-      float* in = static_cast<float*>(comm.localPointer(send));
-      float* out = static_cast<float*>(comm.localPointer(recv));
-      for (int call = 0; call < 40; ++call) {
-        // Sizes and block counts change every call; no barrier between
-        // calls: the flags must keep calls apart by themselves.
-        const size_t count = call % 7 == 6 ? maxCount : size_t(1 + (call * 389) % maxCount);
-        const bool inPlace = call % 5 == 4;
-        for (size_t i = 0; i < count; ++i) in[i] = input<float, coll::Sum>(uint64_t(call), comm.rank(), i);
-        out[count] = -7.0f;  // guard
-        coll::RingTuning t;
-        t.directBlocks = uint32_t(call % 3 == 2 ? 1 : blocks);
-        const coll::RingPlan plan = coll::planRingAllReduce(comm, ws, count, 4, t);
-        expect(plan.direct == 1, "call " + std::to_string(call) + " did not take the direct path");
-        coll::runRingAllReduce<float, coll::Sum>(comm, ws, plan, send, 0, inPlace ? send : recv, 0);
-        check<float, coll::Sum>(inPlace ? in : out, n, count, uint64_t(call), "direct call " + std::to_string(call));
-        if (!inPlace) expect(out[count] == -7.0f, "direct call " + std::to_string(call) + " wrote past the output");
-      }
-      comm.check();
-      comm.bootstrap().barrier();
-      comm.deregisterWindow(send);
-      comm.deregisterWindow(recv);
-      coll::destroyRingWorkspace(comm, ws);
+      backToBack(
+          comm, wc, 5000, 40,
+          [&](int call) {
+            coll::RingTuning t;
+            t.directBlocks = uint32_t(call % 3 == 2 ? 1 : blocks);  // the block count changes too
+            return t;
+          },
+          [](const coll::RingPlan& p) { return p.direct == 1; }, "direct");
     }));
   }
 }
