@@ -689,10 +689,10 @@ class RingBlock {
     return v;
   }
 #endif
-  // Block block_ of every rank reaches `value`: the coop's earlier loads and
-  // stores are released (sync, then a system-scope fence in each writer),
-  // thread j writes our flag word into rank j's window, thread j waits for
-  // rank j's word in ours (acquire), and the coop agrees.
+  // Block block_ of every rank reaches `value`: after a coop sync, thread j
+  // writes our flag word into rank j's window with a system-scope release
+  // (publishing the coop's earlier loads and stores), waits for rank j's word
+  // in ours with an acquire, and the coop agrees.
   template <class Coop>
   GIN_HD bool directBarrier(Coop coop, uint64_t value) {
     const int n = dc_.nRanks, me = dc_.rank;
