@@ -506,6 +506,22 @@ TEST_CASE("direct AllReduce: the plan takes the two-shot path above the LL limit
     CHECK((q.direct == 1 && q.nBlocks == 7));
     CHECK(coll::planRingAllReduce(4, ws, (1 << 19) + 1, 4, coll::ringTuningFromEnv()).direct == 0);
   }
+  // A hand-made plan with both paths set is checked as LL (what runs): with
+  // the wrong block count it is refused (badArgument) and moves nothing.
+  if (const char* tr = std::getenv("GIN_TRANSPORT"); !tr || std::string(tr) == "lsa") {
+    CHECK_THROWS_WITH(runRanks(2,
+                               [](Comm& comm) {
+                                 coll::RingWorkspaceConfig wc;
+                                 wc.llMaxBytes = 4096;
+                                 wc.llBlocks = 2;
+                                 const coll::RingWorkspace w = coll::createRingWorkspace(comm, wc);
+                                 coll::RingPlan both = coll::planRingAllReduce(comm, w, 64, 4);
+                                 both.direct = 1;
+                                 both.nBlocks = 3;
+                                 coll::runRingAllReduce<float, coll::Sum>(comm, w, both, w.tmp, 0, w.tmp, 0);
+                               }),
+                      Catch::Matchers::ContainsSubstring("badArgument"));
+  }
   for (const char* bad : {"0", "33", "x"}) {
     gintest::EnvVar e("GIN_ALLREDUCE_DIRECT_BLOCKS", bad);
     CHECK_THROWS_WITH(coll::ringTuningFromEnv(), Catch::Matchers::ContainsSubstring("GIN_ALLREDUCE_DIRECT_BLOCKS=") &&

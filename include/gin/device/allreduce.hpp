@@ -59,8 +59,9 @@
 // outputs are registered windows (put sources and targets). Waits are bounded:
 // allReduceSend (waiting for a free slot: id = rsCredit, expected/observed =
 // message counts) or allReduceRecv (waiting for data: id = the data signal),
-// with the neighbour's rank, in the error record; every thread of the coop
-// then gets false.
+// with the neighbour's rank, in the error record (the direct path below:
+// allReduceRecv with the late rank, id = the block, expected = the flag value
+// awaited); every thread of the coop then gets false.
 //
 // Small messages (plan.ll, lsa-only communicators): one shot with LL16 packets
 // (gin/device/ll.hpp) instead of 2(n-1) signalled steps. The packets of the
@@ -88,8 +89,13 @@
 // of block b writes 2c - 1 at entry and 2c at exit (c counted per block in
 // the window's header, so equal on every rank). The entry barrier says every
 // input is ready and every rank is done with its output; the exit barrier
-// that every read of our input and every store into our output is done. In
-// place works: only rank r reads or writes shard r, input before output.
+// that every read of our input and every store into our output is done. Each
+// barrier covers piece b of every shard; the whole message is covered when
+// every block has passed it, i.e. at the kernel's end: calls must be separate
+// kernels in stream order (or a grid-wide sync between calls in one kernel).
+// In place works: only rank r reads or writes shard r, input before output.
+// A failed entry barrier skips the exit one; the peers' exit waits then end
+// by their own timeout or the team abort.
 #pragma once
 
 #include <cstring>
@@ -397,12 +403,14 @@ class RingBlock {
     const uint64_t bytes = p_.count * p_.eltBytes;
     bool ok = p_.nRanks == dc_.nRanks && ws_.nRanks == dc_.nRanks && p_.eltBytes == eltBytes && p_.nBlocks >= 1 &&
               block_ < p_.nBlocks && fits(sendWin, sendOffset, bytes) && fits(recvWin, recvOffset, bytes);
-    // LL16 and direct: load/store to every peer, flags in the LL window.
-    const bool lsaPath = fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.proxyAll == 0 && dc_.ibgdaAll == 0;
-    if (p_.direct)
-      ok = ok && lsaPath && p_.nBlocks <= kLlMaxBlocks && dc_.nRanks <= kDirectMaxRanks;
-    else if (p_.ll)
+    // LL16 and direct: load/store to every peer (all in the lsa team, no
+    // network forced), flags in the LL window. Checked in run()'s order.
+    const bool lsaPath =
+        fits(ws_.ll, 0, llBufferBytes(ws_)) && dc_.lsaSize == dc_.nRanks && dc_.proxyAll == 0 && dc_.ibgdaAll == 0;
+    if (p_.ll)
       ok = ok && lsaPath && p_.nBlocks == llBlocks(ws_) && llBlocks(ws_) <= kLlMaxBlocks && bytes <= ws_.llMaxBytes;
+    else if (p_.direct)
+      ok = ok && lsaPath && p_.nBlocks <= kLlMaxBlocks && dc_.nRanks <= kDirectMaxRanks;
     else
       ok = ok && p_.nBlocks <= ws_.maxBlocks && p_.slots >= 2 && fits(ws_.tmp, 0, ws_.tmpBytes) &&
            p_.chunkBytes >= eltBytes && p_.chunkBytes % eltBytes == 0 &&
@@ -665,6 +673,8 @@ class RingBlock {
 #else
       (void)bits;
 #endif
+      // The tail (or unaligned windows): element loads, ordered after the
+      // entry barrier's acquire by the coop sync.
       for (i += uint64_t(coop.rank()); i < end; i += uint64_t(coop.size())) {
         typename E::Compute acc = E::load(src[0][i]);
         for (int j = 1; j < n; ++j) acc = op(acc, E::load(src[j][i]));

@@ -212,8 +212,9 @@ struct RingWorkspaceConfig {
   uint32_t maxBlocks = 32;          // blocks a plan may use: 4 signal ids each
   int64_t signalBase = -1;          // first signal id; -1: the top 4 x maxBlocks ids (p2p's default too: set
                                     // one of them explicitly when both are used)
-  // Largest LL message: an LL window of 256 + 2 x nRanks x 2 x this bytes;
-  // 0: none; RingTuning::kLlAuto: what the default tuning takes on this many
+  // Largest LL message: an LL window (nRanks > 1) of 512 + 256 x nRanks +
+  // 2 x nRanks x 2 x this bytes (call counts, the direct path's flags, the
+  // slots); 0: no slots; RingTuning::kLlAuto: what the default tuning takes on this many
   // ranks (1 MiB / nRanks, so the window is 4 MiB at any rank count).
   uint64_t llMaxBytes = RingTuning::kLlAuto;
   // Blocks of every LL call, 1 .. kLlMaxBlocks (GIN_ALLREDUCE_LL_BLOCKS
