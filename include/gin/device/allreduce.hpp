@@ -267,7 +267,7 @@ static_assert(std::is_trivially_copyable_v<RingWorkspace>);
 GIN_HD GIN_INLINE uint64_t llSlotBytes(const RingWorkspace& w) { return ll::bufferBytes<ll::Packet16>(w.llMaxBytes); }
 // The direct path's flag word of block b written by rank src.
 GIN_HD GIN_INLINE uint64_t directFlagOffset(const RingWorkspace& w, uint32_t b, int src) {
-  return 2 * kLlHeaderBytes + 8ull * (uint64_t(b) * uint64_t(w.nRanks) + uint64_t(src));
+  return kDirectCallsOffset + 8ull * kLlMaxBlocks + 8ull * (uint64_t(b) * uint64_t(w.nRanks) + uint64_t(src));
 }
 GIN_HD GIN_INLINE uint64_t llSlotOffset(const RingWorkspace& w, uint64_t parity, int src) {
   return directFlagOffset(w, kLlMaxBlocks, 0) + (parity * uint64_t(w.nRanks) + uint64_t(src)) * llSlotBytes(w);

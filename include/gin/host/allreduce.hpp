@@ -374,7 +374,8 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
 }
 
 namespace detail {
-inline void checkLlPlan(const Comm& comm, const RingPlan& plan, const char* call) {
+// LL16 and direct plans need every peer reached by lsa: refuse them elsewhere.
+inline void checkLsaOnlyPlan(const Comm& comm, const RingPlan& plan, const char* call) {
   if ((plan.ll || plan.direct) && !lsaOnly(comm))
     throw Error(std::string(call) + ": the plan takes the " + (plan.ll ? "LL16" : "two-shot direct") +
                 " path, which needs every peer reached by lsa, but this communicator uses the proxy or ibgda; make "
@@ -417,7 +418,7 @@ template <class T, class Op>
 void runRingAllReduce(Comm& comm, const RingWorkspace& ws, const RingPlan& plan, Window sendWin, size_t sendOffset,
                       Window recvWin, size_t recvOffset, Op op = Op{}) {
   if (comm.onGpu()) throw Error("runRingAllReduce runs on CPU ranks; on a GPU use launchRingAllReduce (nvcc)");
-  detail::checkLlPlan(comm, plan, "runRingAllReduce");
+  detail::checkLsaOnlyPlan(comm, plan, "runRingAllReduce");
   bool ok = true;
   for (uint32_t b = 0; b < plan.nBlocks; ++b)
     ok = ringAllReduceBlock<T, Op, true>(CoopThread{}, comm.devComm(), ws, plan, sendWin, sendOffset, recvWin,
@@ -463,7 +464,7 @@ void launchRingAllReduce(const Comm& comm, const RingWorkspace& ws, const RingPl
     (void)ws;
     return;
   }
-  detail::checkLlPlan(comm, plan, "launchRingAllReduce");
+  detail::checkLsaOnlyPlan(comm, plan, "launchRingAllReduce");
   const DevComm& dc = comm.devComm();
   const dim3 grid(plan.nBlocks), block(plan.blockSize);
   if (lsaOnly(comm)) {
