@@ -146,10 +146,12 @@ GIN_HD inline void ring(const IbgdaQpDev* qp) {
   const uint64_t r = atomicLoad<Scope::Device>(&st->ready, MemoryOrder::Acquire);
   if (r != st->rung) {
     const uint32_t nWqe = loadConst(&qp->nWqe);
+    // Read WQE r-1's control head before the doorbell record announces it:
+    // once the record says r, the NIC may run WQE r-1, complete it, and a
+    // producer may reuse its slot while we would still be reading it.
+    const uint64_t head = *reinterpret_cast<const uint64_t*>(loadConst(&qp->sq) + ((r - 1) & (nWqe - 1)) * 64);
     atomicStore<Scope::System>(loadConst(&qp->dbrec) + mlx5::kDbrSend, mlx5::bswap32(uint32_t(r) & 0xffffu),
                                MemoryOrder::Release);
-    // WQE r-1 cannot be reused before it completes, which needs this ring.
-    const uint64_t head = *reinterpret_cast<const uint64_t*>(loadConst(&qp->sq) + ((r - 1) & (nWqe - 1)) * 64);
     atomicStore<Scope::System>(loadConst(&qp->uar), head, MemoryOrder::Release);
     st->rung = r;
   }
