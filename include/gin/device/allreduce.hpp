@@ -1,6 +1,8 @@
-// gin/device/allreduce.hpp — ring AllReduce in the CTRING design: ReduceScatter
-// then AllGather around the ring, with every byte moved by gin puts and
-// signals, so it runs on GPUs and CPU ranks over every transport Net reaches.
+// gin/device/allreduce.hpp — AllReduce as device code: a ring (ReduceScatter
+// then AllGather, every byte a gin put with a signal, so every transport Net
+// reaches), and on lsa-only communicators a one-shot LL16 path for small
+// messages and a two-shot direct path (load/store) for mid-size ones. Runs on
+// GPUs and CPU ranks. Design: docs/design/allreduce.md.
 //
 //   gin::coll::RingWorkspace ws = gin::coll::createRingWorkspace(comm);          // host, once (gin/host/allreduce.hpp)
 //   gin::coll::RingPlan plan = gin::coll::planRingAllReduce(comm, ws, count, sizeof(float));  // host, per size
@@ -8,94 +10,18 @@
 //   gin::coll::ringAllReduceBlock<float, gin::coll::Sum, true>(gin::CoopBlock{}, devComm, ws, plan,
 //                                                              sendWin, sendOff, recvWin, recvOff, blockIdx.x);
 //
-// Data layout. `count` elements are cut into units of nRanks chunks of
-// plan.chunkBytes (the last unit shorter: its nRanks pieces are rounded up to
-// 16 bytes, so some may be empty). Chunk s of a unit is its shard s; rank s
-// ends the ReduceScatter holding the full reduction of shard s. A partition
-// is plan.numChunks chunks = numChunks / nRanks units (the pipeline depth).
-// Units are dealt round-robin to the blocks (unit u to block u % nBlocks):
-// every block owns a disjoint set of chunks, its own temporary slots and its
-// own 4 signals, so blocks never wait on each other and a CPU rank may run
-// them one after another.
-//
-// One unit, at rank r (n ranks, next = r + 1, prev = r - 1):
-//   ReduceScatter, n - 1 steps: put the input's shard r - 1 into next's
-//     temporary slot; then n - 1 times receive shard r - 2 - j from prev into
-//     our slot, reduce it with our input and send the sum on (j < n - 2) or
-//     keep it (j = n - 2: shard r, final, written to our output).
-//   AllGather: the final shard r goes straight into the OUTPUT of next (and,
-//     bidirectional, of prev); each rank forwards what it received until the
-//     shard went ceil((n-1)/2) hops forward and floor((n-1)/2) backward
-//     (bidirectional) or n - 1 hops forward. Bidirectional: (n-1) +
-//     ceil((n-1)/2) steps instead of 2(n-1).
-//
-// Transports. Every transfer is a Net::put with SignalAdd (or Net::signal).
-// When the peer is lsa-reachable and no network transport is forced, two
-// steps skip the staging copy: the ReduceScatter reduces straight into next's
-// temporary slot, and the final reduction is stored into our output and the
-// AllGather neighbours' outputs in one pass; Net::signal then publishes it.
-// Otherwise the sum is staged in our own output (where the final value lands
-// later anyway) and put from there. The GPU reduction uses 16-byte loads and
-// stores when the three addresses are 16-byte aligned (chunks are multiples
-// of 16 bytes), element by element for the rest.
-//
-// Flow control. Temporary slots (plan.slots per block, in the receiver's
-// workspace window) are a FIFO: message m of a block lands in slot
-// (m - m0) % slots. Signals of block b, from RingWorkspace::signalBase + 4b:
-//   +0 rsData   (here): ReduceScatter messages prev has put into our slots;
-//   +1 rsCredit (here): our messages next has consumed (sender may reuse the slot);
-//   +2 agFwd    (here): AllGather chunks prev has put into our output;
-//   +3 agRev    (here): AllGather chunks next has put into our output (bidirectional).
-// Each side keeps its running count in the shadow of the signal it waits on
-// (gin's per-signal local word), so the collective is called again and again
-// with no reset and no epoch from the host: counts only grow and compare with
-// rolling arithmetic. A call starts by waiting until next consumed every
-// earlier message (the slot layout may change between calls, with the plan)
-// and ends with Net::flush, so the sources of its puts may be reused.
-//
-// Rules: every rank calls with the same plan, count, and offsets;
-// recvWin + recvOffset names the same place on every rank (the AllGather puts
-// there); sendWin may equal recvWin at the same offset (in place). Inputs and
-// outputs are registered windows (put sources and targets). Waits are bounded:
-// allReduceSend (waiting for a free slot: id = rsCredit, expected/observed =
-// message counts) or allReduceRecv (waiting for data: id = the data signal),
-// with the neighbour's rank, in the error record (the direct path below:
-// allReduceRecv with the late rank, id = the block, expected = the flag value
-// awaited); every thread of the coop then gets false.
-//
-// Small messages (plan.ll, lsa-only communicators): one shot with LL16 packets
-// (gin/device/ll.hpp) instead of 2(n-1) signalled steps. The packets of the
-// message are split into the workspace's llBlocks contiguous ranges, one per
-// block; each block writes its range of the input as packets into a slot of
-// every peer's LL buffer (the workspace's `ll` window), then reduces its
-// range, packet by packet, the n contributions in rank order (so every rank
-// gets the same bits) as they arrive. Blocks never wait for each other. Each
-// block counts the rank's LL calls in word `block` of the rank's own buffer
-// (every block runs in every LL call, so the words stay equal); call c uses
-// flag flagForRound(c) and buffer half c % 2. Two halves are enough with no
-// acknowledgement: a rank overwrites half c % 2 in call c + 2 only after it
-// read peer packets of call c + 1 (its call c + 1 is over, stream order), and
-// a peer writes those only after its whole call c (which read that half) is
-// over.
-//
-// Mid-size messages (plan.direct, lsa-only communicators of at most
-// kDirectMaxRanks ranks): two-shot over load/store, no staging. The count is
-// cut into nRanks shards; rank r owns shard r, split over the plan's blocks.
-// Block b: (1) entry barrier with block b of every rank, (2) for its piece of
-// shard r, load the n inputs straight from the peers' send windows, reduce
-// them in rank order and store the sum into all n outputs, (3) exit barrier.
-// Each barrier is one flag word per (block, source rank) in every rank's
-// `ll` window, written by its one source with a system-scope release: call c
-// of block b writes 2c - 1 at entry and 2c at exit (c counted per block in
-// the window's header, so equal on every rank). The entry barrier says every
-// input is ready and every rank is done with its output; the exit barrier
-// that every read of our input and every store into our output is done. Each
-// barrier covers piece b of every shard; the whole message is covered when
-// every block has passed it, i.e. at the kernel's end: calls must be separate
-// kernels in stream order (or a grid-wide sync between calls in one kernel).
-// In place works: only rank r reads or writes shard r, input before output.
-// A failed entry barrier skips the exit one; the peers' exit waits then end
-// by their own timeout or the team abort.
+// Contract:
+//  - Every rank calls with the same plan, count and offsets; recvWin +
+//    recvOffset names the same place on every rank; sendWin may equal recvWin
+//    at the same offset (in place). Inputs and outputs are registered windows.
+//  - Calls follow each other with no reset: counts live in signal shadows and
+//    the workspace. LL16 and direct calls must be separate kernels in stream
+//    order (or be separated by a grid-wide sync).
+//  - Every rank gets the same bits (contributions reduced in rank order).
+//  - Waits are bounded: allReduceSend (waiting for a free slot) or
+//    allReduceRecv (waiting for data, or for a direct-path flag) with the
+//    neighbour's or late rank in the error record; every thread of the coop
+//    then gets false.
 #pragma once
 
 #include <cstring>
@@ -540,7 +466,7 @@ class RingBlock {
   }
 
  private:
-  // The one-shot LL16 path (see the top of the file). A packet carries 8
+  // The one-shot LL16 path (docs/design/allreduce.md). A packet carries 8
   // bytes, a whole number of elements. This block's packets are [first,
   // last); thread t handles first + t, first + t + size, ... in both phases,
   // so in place it reads its input before overwriting it.
@@ -592,7 +518,7 @@ class RingBlock {
     return ok;
   }
 
-  // The two-shot path (see the top of the file). Shards and pieces are whole
+  // The two-shot path (docs/design/allreduce.md). Shards and pieces are whole
   // 16-byte vectors where the message allows, so every block streams 16-byte
   // loads and stores when the windows are 16-byte aligned.
   template <class T, class Op, class Coop>
@@ -844,8 +770,8 @@ class RingBlock {
 };
 
 // One block's share of an AllReduce of plan.count elements of T from sendWin +
-// sendOffset into recvWin + recvOffset (see the header comment for the
-// rules). Every block 0 .. plan.nBlocks - 1 of every rank must run, each by
+// sendOffset into recvWin + recvOffset (the header comment has the rules).
+// Every block 0 .. plan.nBlocks - 1 of every rank must run, each by
 // one coop (a CTA on a GPU; CPU ranks may run them one after another).
 // kBidir = false compiles the reverse AllGather out (fewer registers); the
 // plan's bidir flag then is ignored. Returns false on every thread of the

@@ -1,39 +1,21 @@
 // gin/device/ll.hpp — LL8 / LL16 packets: flag-in-data for small messages
-// (the LL protocol of NCCL, MSCCL++ putPackets/getPackets).
+// (the LL protocol of NCCL, MSCCL++ putPackets/getPackets). A writer stores
+// payload and a per-round flag together; the reader polls a packet until it
+// holds the round's flag. LL8: {payload u32, flag u32}; LL16: two such halves
+// stored with one 16-byte store (each half carries the flag, since no
+// architecture promises a 16-byte store is seen whole). Why this layout:
+// docs/design/p2p-ll.md.
 //
-// A writer stores payload and a per-round flag together; the reader polls a
-// packet until it holds the round's flag and then owns the payload. No signal,
-// no fence, no second round trip: the flag travels in the same single-copy
-// atomic word as the data it vouches for.
-//
-//   LL8  (Packet8):  one 8-byte word {payload u32, flag u32}: 4 payload bytes.
-//   LL16 (Packet16): two 8-byte halves {payload u32, flag u32}{payload u32, flag u32}
-//                    stored with one 16-byte vector store on a GPU: 8 payload bytes.
-//
-// Why LL16 repeats the flag (MSCCL++'s LLPacket layout) instead of {u64 data,
-// u64 flag}: no architecture gin runs on promises that a 16-byte store is seen
-// whole. PTX treats a vector access as one access per element, and x86 only
-// guarantees 16-byte atomicity for cmpxchg16b / AVX on some CPUs. An aligned
-// 8-byte store is single-copy atomic everywhere (st.*.v2.u64 elements on a
-// GPU; std::atomic_ref<uint64_t> on the host), so each half carries its own
-// copy of the flag and the reader accepts a packet only when both halves show
-// the round's flag. A torn read (one half old, one new) has two different
-// flags and is rejected; a half whose flag matches holds that round's payload.
-//
-// Promises:
-//  - A reader that returns true returned exactly the bytes written with that
-//    flag, never a mix of rounds, never torn packets.
-//  - Nothing else is ordered: LL packets do not publish other memory the
-//    writer wrote (use a put with a signal for that).
-//  - Buffers are reused without clearing by changing the flag every round
-//    (flagForRound(r)): a packet still holding last round's flag is not taken.
-//    The writer may overwrite a packet only once its reader has read it
-//    (alternate two buffers and acknowledge, or synchronize otherwise).
-//  - Flags are never 0 (a zeroed buffer holds flag 0) and must differ from
-//    whatever the buffer held before the round (poison included).
-//  - Reads are bounded waits: past the communicator's timeout the error record
-//    gets {op llWait, peer (if given), id = packet index, expected = flag,
-//    observed = the flag seen}, the abort flag rises, and the read returns false.
+// Contract:
+//  - A read that returns true returned exactly the bytes written with that
+//    flag, never a mix of rounds. Nothing else is ordered (LL packets publish
+//    no other memory: use a put with a signal for that).
+//  - Flags change every round (flagForRound(r)), are never 0, and differ from
+//    what the buffer held before; the writer overwrites a packet only once its
+//    reader has read it (alternate two buffers, or synchronize).
+//  - Reads are bounded: past the timeout the error record gets {op llWait,
+//    peer, id = packet index, expected = flag, observed = the flag seen}, the
+//    abort flag rises, and the read returns false.
 #pragma once
 
 #include <cstring>

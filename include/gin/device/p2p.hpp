@@ -1,27 +1,12 @@
 // gin/device/p2p.hpp — send/recv over a step FIFO (NCCL's P2P design), built
 // only on the public Net API, so it runs over every transport Net reaches.
+// Design (the connector, its data and credit signals): docs/design/p2p-ll.md.
 //
 //   gin::p2p::Endpoint ep(gin::Net(devComm, ctx), fifo);      // fifo: gin::p2p::create(comm) on the host
 //   ep.send(gin::CoopBlock{}, peer, srcWin, srcOffset, bytes);  // one block
 //   ep.recv(gin::CoopBlock{}, peer, dstPtr, bytes);             // another block (or another rank)
 //
-// Connector: one per (channel, sender, receiver). Its FIFO is a ring of
-// nSlots slots of chunkBytes each, in the RECEIVER's FIFO window; two gin
-// signals count steps (one step = one slot = up to chunkBytes of a message):
-//   data   (at the receiver): steps the sender has put into the ring. The
-//          sender's put carries SignalAdd{data, 1}, so the signal is seen only
-//          after the slot's payload is (the Net contract).
-//   credit (at the sender):   steps the receiver has copied out. The receiver
-//          adds 1 after its copy, with release, so the sender never overwrites
-//          a slot the receiver is still reading.
-// Step k lives in slot k % nSlots. The sender may put step k once credit >=
-// k + 1 - nSlots; the receiver may read step k once data >= k + 1. Both sides
-// keep their own step count across calls in the signal shadow of the signal
-// they wait on (the shadow is local memory Net gives its caller), so the ring
-// is reused call after call without resets: counters only grow, compared with
-// rolling arithmetic.
-//
-// Promises and rules:
+// Contract:
 //  - Messages between one sender and one receiver on one channel arrive in the
 //    order sent; send(bytes) must be matched by recv(bytes) of the same size.
 //  - send returns once the source may be reused (it ends with net.flush); the
@@ -29,14 +14,11 @@
 //    (visible to every thread of the coop).
 //  - Only one coop at a time may send on a given (channel, peer), and one may
 //    receive on a given (channel, peer). Use channels for concurrency.
-//  - The source must be in a registered window (a put's source, so that the
-//    proxy and ibgda transports can read it); the destination is any pointer
+//  - The source must be in a registered window; the destination is any pointer
 //    the calling agent can write.
-//  - Waits are bounded: p2pSend (waiting for a free slot: id = credit signal,
-//    expected/observed = credit steps) or p2pRecv (waiting for data: id = data
-//    signal, expected/observed = data steps), with the peer's world rank, in
-//    the error record. Every call returns false on every thread of the coop if
-//    something failed.
+//  - Waits are bounded: p2pSend (waiting for a free slot) or p2pRecv (waiting
+//    for data), with the peer's world rank, in the error record. Every call
+//    returns false on every thread of the coop if something failed.
 #pragma once
 
 #include "gin/device/net.hpp"

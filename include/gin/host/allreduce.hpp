@@ -1,7 +1,8 @@
-// gin/host/allreduce.hpp — host side of the ring AllReduce
+// gin/host/allreduce.hpp — host side of gin::coll's AllReduce
 // (gin/device/allreduce.hpp): the workspace, the plan (auto-tuned for Hopper,
-// overridable through GIN_ALLREDUCE_RING_* environment variables), and
-// running it on CPU ranks or launching it on a GPU.
+// overridable through RingTuning and GIN_ALLREDUCE_* environment variables),
+// running it on CPU ranks and launching it on a GPU. The tuning table, the
+// paths by size and every environment variable: docs/design/allreduce.md.
 //
 //   gin::coll::RingWorkspace ws = gin::coll::createRingWorkspace(comm);      // collective, once
 //   gin::coll::RingPlan plan = gin::coll::planRingAllReduce(comm, ws, count, sizeof(float));
@@ -9,51 +10,8 @@
 //   gin::coll::runRingAllReduce<float, gin::coll::Sum>(comm, ws, plan, sendWin, 0, recvWin, 0);    // CPU ranks
 //   gin::coll::destroyRingWorkspace(comm, ws);                                 // collective
 //
-// Auto-tuning (Hopper; per-rank size = count x eltBytes / nRanks):
-//   pipeline depth: < 32 KiB: 1, <= 1 MiB: 2, <= 4 MiB: 4, <= 8 MiB: 2, else 1;
-//   numChunks = depth x nRanks; chunkBytes = clamp(bytes / numChunks, 1 B, 16 MiB),
-//   lowered so chunkBytes x numChunks <= max BDP (32 MiB), raised to the
-//   minimum shard size (16 B), rounded up to the element size and to 16 B;
-//   blocks x threads by chunk: < 16 KiB: 1 x 384, < 128 KiB: 1 x 512,
-//   < 512 KiB: 2 x 512, else 4 x 512 (never more blocks than units) -- except
-//   that from 512 KiB gin uses 16 x 512 blocks with chunk = bytes / (nRanks x
-//   16) kept in [16 KiB, 512 KiB], and 32 blocks of that chunk from 64 MiB
-//   (the "wide" plan: a CTA of gin's lsa puts moves ~20-30 GB/s, so 2-4
-//   blocks could not reach NCCL's bandwidth; RingTuning::wideBlocks = 0
-//   restores the table);
-//   bidirectional AllGather for messages of at most 4 MiB.
-// The workspace's temporary bytes are split evenly among the blocks; each
-// block gets min(8, region / chunkBytes) slots, at least 2 (chunkBytes is
-// lowered to half a region when needed).
-//
-// Environment overrides (read by ringTuningFromEnv; a bad value throws
-// gin::Error naming the variable, the value and what is allowed):
-//   GIN_ALLREDUCE_RING_CHUNK_SIZE      bytes per chunk, 1 .. 16M (K, M, G suffixes: powers of 1024)
-//   GIN_ALLREDUCE_RING_NUM_CHUNKS      chunks per partition, 1 .. 65536
-//   GIN_ALLREDUCE_RING_MAX_BDP         bytes in flight per partition, 16 .. 4G (default 32M)
-//   GIN_ALLREDUCE_RING_MIN_SHARD_SIZE  smallest chunk, 1 .. 16M (default 16)
-//   GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE  0: never bidirectional, -1: always,
-//                                      > 0: for messages up to that many bytes (default 4M)
-//   GIN_ALLREDUCE_RING_MAX_BLOCKS      at most this many blocks, 1 .. 1024 (and the workspace's maxBlocks)
-//   GIN_ALLREDUCE_RING_BLOCK_SIZE      threads per block, a multiple of 32 from 32 to 512
-//   GIN_ALLREDUCE_RING_NUM_BLOCKS      (gin's own, for tuning experiments) exactly this many blocks, 1 .. 1024,
-//                                      still capped by the workspace's maxBlocks and the number of units
-//   GIN_ALLREDUCE_LL_MAX_SIZE          (gin's own) messages up to this size take the one-shot LL16 path
-//                                      when every peer is reached by lsa; 0: never (default 1M / nRanks,
-//                                      capped by the workspace's llMaxBytes, the same by default)
-//   GIN_ALLREDUCE_LL_BLOCKS            (gin's own; read by createRingWorkspace) blocks of every LL call,
-//                                      1 .. 32 (default RingWorkspaceConfig::llBlocks = 32)
-//   GIN_ALLREDUCE_DIRECT_MAX_SIZE      (gin's own) messages above the LL limit and up to this size take the
-//                                      two-shot direct path on lsa-only communicators of up to 8 ranks;
-//                                      0: never (default RingTuning::directMaxBytes)
-//   GIN_ALLREDUCE_DIRECT_BLOCKS        (gin's own) blocks of a direct call, 1 .. 32 (default: one per 16 KiB)
-//
-// On lsa-only communicators, small messages (up to 1 MiB / nRanks by
-// default) go one shot with LL16 packets (gin/device/allreduce.hpp): one hop
-// of latency instead of 2(n - 1) signalled steps; mid-size ones (up to 32
-// MiB, at most 8 ranks) two-shot: each rank reduces its shard straight from
-// the peers' inputs and stores it into every output, between two barriers.
-// Measured on 2, 3 and 4 H200s (docs/performance.md).
+// A bad environment value throws gin::Error naming the variable, the value
+// and what is allowed.
 #pragma once
 
 #include <algorithm>

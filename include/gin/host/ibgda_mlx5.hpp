@@ -1,62 +1,15 @@
 // gin/host/ibgda_mlx5.hpp — the ibgda transport on a real mlx5 (ConnectX)
-// NIC: the host side that creates what the device code in
-// gin/device/transport/ibgda.hpp drives by itself.
+// NIC: the host side that opens the device, creates one CQ and one RC QP per
+// (context, peer), registers the signal array and the windows, maps the queues
+// into the GPU and connects the QPs, collectively over the Bootstrap (every
+// failure is voted, so every rank throws the same gin::Error).
 //
-// NEVER RUN ON CONNECTX HARDWARE: none was available. It is written to
-// rdma-core 44 (libibverbs + libmlx5's mlx5dv) and the mlx5 PRM, compiles, and
-// its whole setup runs end to end only against an in-process model of
-// libibverbs/mlx5dv whose "hardware" is gin's soft NIC
-// (tests/common/fake_verbs.hpp, tests/host/ibgda_mlx5_fake.cpp).
-//
-// What Mlx5Nic does, collectively over the Bootstrap:
-//  - opens GIN_IB_DEVICE ("name[:port]"), else the mlx5 device (mlx5dv_is_supported)
-//    nearest the GPU in the PCI tree (sysfs paths), else (CPU ranks) the first
-//    mlx5 device with an active port; the GID from GIN_IB_GID_INDEX or the
-//    chooser in gin/host/verbs.hpp;
-//  - refuses a device that does not report IBV_ATOMIC_HCA (see "Atomics");
-//  - one protection domain; per (context, peer) one CQ (mlx5dv_create_cq with
-//    64-byte CQEs) and one RC QP (ibv_create_qp, one 64-byte WQEBB per WQE),
-//    then mlx5dv_init_obj for the send queue, doorbell records, CQ buffer and
-//    the UAR (BlueFlame) register. The geometry the device code assumes is
-//    checked, not hoped for: SQ stride 64, exactly qpDepth WQEBBs, CQE size
-//    64, a power-of-two CQ of at least qpDepth entries;
-//  - queue placement "host": the queues stay where libmlx5 put them (host
-//    memory). GPU ranks map them into the GPU with cudaHostRegister (Mapped |
-//    Portable; the UAR page with IoMemory) and cudaHostGetDevicePointer, one
-//    registration per distinct page run (libmlx5 packs several doorbell
-//    records, and several QPs' UARs, into one page). Placement "gpu" (queues
-//    in GPU memory through DEVX umem objects) is not written: a clear error;
-//  - registers the signal array (remote write + remote atomic) and every
-//    window (remote write + read) with the verbs.hpp registration (dma-buf for
-//    GPU memory, nvidia-peermem as the fallback), and a scratch word per QP
-//    where fetch-adds return the old value;
-//  - exchanges QP numbers, LID/GID and the signal array's key through the
-//    bootstrap, and moves every QP INIT -> RTR -> RTS (remote write, read and
-//    atomic access; up to 16 outstanding atomics);
-//  - every failure goes through a vote (verbs::agreeOrThrow), so every rank
-//    throws the same gin::Error and none waits in a later collective;
-//  - teardown: unmap from the GPU, then QPs, CQs, MRs, PD, device.
-//
-// Atomics (why the signal words stay little-endian): the device code posts
-// SignalAdd as an 8-byte RDMA fetch-add with its operand big-endian in the
-// WQE (the PRM format), and readers (waitSignal on a GPU or CPU) read the
-// target word as a host-order (little-endian) uint64. The reports that
-// "mlx5 atomics are big-endian" (libfabric PR 10935, Open MPI issue 1077 /
-// PR 1147) are about the value an atomic *returns* to the requester: with the
-// requester in big-endian mode the fetched value lands big-endian in local
-// memory; the target word itself is updated as a host-order integer (the
-// libfabric investigation found the target side correct once its own bugs were
-// fixed). mlx5_core (kernel commit f91e6d89, v4.5) switches the HCA's
-// requester to host endianness when the HCA supports it, and mlx5_ib (commit
-// da7525d2) reports IBV_ATOMIC_HCA only in that mode, IBV_ATOMIC_NONE
-// otherwise. gin never reads the fetched value (it lands in a scratch word),
-// so either mode would leave signals correct; Mlx5Nic still requires
-// IBV_ATOMIC_HCA, because IBV_ATOMIC_NONE is the driver saying atomics are not
-// usable as the IB spec defines them. A NIC atomic is atomic only against
-// other atomics of that NIC: with ibgda every update of a rank's signal words
-// comes through its NIC (resetSignal must not race updates, as everywhere).
-// To be confirmed on the first ConnectX run: tests/device/ibgda.cpp's
-// "SignalAdd value (atomics act on host-order words)" check, over Mlx5Nic.
+// Not run on ConnectX hardware: none was available. Written to rdma-core 44
+// and the mlx5 PRM, it compiles and its whole set-up runs only against an
+// in-process model of libibverbs/mlx5dv whose hardware is gin's soft NIC
+// (tests/common/fake_verbs.hpp, tests/host/ibgda_mlx5_fake.cpp). What it does
+// step by step, and why signal words stay little-endian under NIC atomics:
+// docs/design/ibgda.md.
 #pragma once
 
 #include <algorithm>

@@ -1,41 +1,17 @@
-// gin/host/soft_nic.hpp — a software model of an mlx5 send-queue consumer: a
-// host thread that plays the NIC for queue pairs whose send queue, doorbell
-// record and completion queue are in host memory. A test and development
-// device: it lets the ibgda transport run end to end without ConnectX
-// hardware. It is not a performance model of a NIC.
+// gin/host/soft_nic.hpp — a software mlx5 send-queue consumer: a host thread
+// that plays the NIC for queue pairs whose send queue, doorbell record and
+// completion queue are in host memory, so the ibgda transport runs end to end
+// without ConnectX hardware. A test and development device, not a performance
+// model of a NIC.
 //
-// What it does, per QP, in WQE order:
-//  - watches the doorbell record's send counter (big-endian, mod 2^16) and
-//    consumes every WQE up to it (acquire: the producer released the record
-//    after writing the WQEs);
-//  - parses each WQE with gin/device/mlx5/prm.hpp and checks it: WQE index,
-//    QP number, opcode, descriptor count, inline size, lkey and local range
-//    against its local regions, rkey and remote range against the peer's
-//    regions, atomic size and alignment. A bad WQE writes nothing: it gets an
-//    error CQE with the syndrome a ConnectX reports for it, and the QP stops
-//    (error state; later WQEs are neither executed nor completed);
-//  - executes RDMA WRITE (gather entry or inline data), RDMA WRITE with
-//    immediate (there is no responder receive queue in the model: the
-//    immediate is dropped), atomic fetch-add and compare-and-swap, NOP.
-//    Atomics act on the target as a host-order uint64 (ConnectX with the
-//    host-endianness atomic mode, which mlx5_core selects when supported);
-//    operands are read big-endian from the atomic segment, and the old value
-//    is written, host order, at the WQE's local data segment;
-//  - writes a CQE for every WQE with the CQ-update flag (and every error),
-//    with the owner bit of its pass over the CQ and the WQE's index in
-//    wqe_counter; the last 4-byte word (wqe_counter, signature, op_own) is
-//    stored last with release order. It never overruns the CQ: a QP whose CQ
-//    is full (per the CQ doorbell record) waits.
-//
-// Device memory: a region added with device = true (GPU windows of GPU
-// ranks) is reached through the copy function given to setDeviceCopy (the
-// ibgda transport passes side-context copies, queued, with setDeviceFlush to
-// wait for them); a WRITE's payload has landed before its CQE and before any
-// later WQE's effect. Atomics need host memory (the Comm keeps GPU ranks' signal arrays
-// there); an atomic aimed at a device region fails with a remote access error.
-//
-// Sink mode only completes: every WQE gets a success CQE without being read
-// beyond its control segment, so a benchmark measures posting cost alone.
+// Per QP, in WQE order: consume every WQE the doorbell record announces, check
+// it as a ConnectX would (a bad one writes nothing, gets the error CQE a
+// ConnectX reports, and stops the QP), execute RDMA WRITE (gather or inline),
+// WRITE with immediate, fetch-add, compare-and-swap, NOP, and write a CQE with
+// the right owner bit (its last word with release). GPU memory is reached
+// through the copy function given to setDeviceCopy; atomics need host memory.
+// Sink mode completes every WQE without reading it (posting cost alone).
+// Details: docs/design/ibgda.md.
 #pragma once
 
 #include <atomic>

@@ -1,54 +1,17 @@
 // gin/device/transport/ibgda.hpp — the ibgda transport, device side: threads
-// post mlx5 work requests to a queue pair themselves (no CPU on the data path)
-// and learn about completions by polling its completion queue.
+// build mlx5 work requests in a queue pair's send queue, ring its doorbell and
+// poll its completion queue themselves (no CPU on the data path). One RC QP per
+// (context, peer), shared by many threads: reserve slots with a fetch-add,
+// wait for room by polling the CQ, fill, publish in order, ring. The protocol,
+// the WQE shapes per operation and the atomics' byte order:
+// docs/design/ibgda.md.
 //
-// One QP per (context, peer). Many threads share a QP:
-//   1. reserve: fetch-add on the QP's `resv` claims WQE indices [t, t+n);
-//   2. wait for room: the slots are free once `done` (WQEs known complete)
-//      reaches t+n-nWqe; a waiting producer polls the CQ itself, so a full
-//      queue drains without any other agent, and never overwrites a slot;
-//   3. fill the WQEs (plain stores into the send queue);
-//   4. publish in order: wait until `ready` == t (every earlier reservation is
-//      published), write the doorbell record (big-endian send counter t+n),
-//      ring the doorbell (the first 8 bytes of the last control segment, to the
-//      UAR), then release `ready` = t+n to the next producer. Holding the
-//      "ready token" while ringing keeps doorbell-record writes monotonic.
-//   CQ polling is under a per-QP try-lock; the poller advances `done`, applies
-//   the CounterInc of every completed WQE (a side table, one counter id per
-//   slot) and writes the CQ doorbell record (consumer index) so the NIC may
-//   reuse CQ entries.
-//
-// With IbgdaDev::deferDoorbell a post stops after releasing `ready`: flush,
-// counter waits and producers waiting for room ring (under a per-QP try-lock,
-// for every WQE published so far), so one ring covers a batch of posts.
-//
-// Every WQE requests a CQE, so `done` advances one WQE at a time and no CQE is
-// needed beyond the SQ's depth (nCqe == nWqe cannot overflow).
-//
-// Operations:
-//  - put: RDMA WRITEs of at most maxWqeBytes each (never 2^31 or more: bit
-//    31 of a data segment's byte count means inline data); putValue: one
-//    RDMA WRITE with the value (at most kIbgdaMaxInline bytes) inline, no
-//    source buffer; more is refused (error record, Op::BadArgument).
-//  - SignalInc/SignalAdd: an 8-byte RDMA atomic fetch-add on the peer's signal
-//    word. Operands travel big-endian (network order) in the atomic segment;
-//    the target word is a host-order (little-endian) uint64, which is what a
-//    ConnectX NIC does when the driver sets atomic_req_8B_endianness_mode to
-//    host endianness (mlx5_core does when the HCA supports it) and what the soft
-//    NIC does; so lsa waits and ibgda signals agree on the value. The fetched
-//    old value lands in a per-QP scratch word nobody reads.
-//  - SignalSet: an 8-byte inline RDMA WRITE with the fence flag: it starts only
-//    after earlier atomics of the QP (a SignalAdd on the same word) completed,
-//    so a plain write never interleaves with an in-flight read-modify-write.
-//  - Signal after payload: WQEs of one RC QP execute in order at the responder
-//    (the same property NVSHMEM's IBGDA relies on for put-with-signal); the
-//    payload WQEs of a put precede its signal WQE on the same QP.
-//  - flush(coop): wait until every WQE reserved on this context's QPs before
-//    the call has completed (stronger than "the coop's own").
-//  - An error CQE fills the device error record (rank, peer, context, WQE
-//    index, syndrome, QP number) and raises the abort flag: every wait stops.
-//    So does a compressed CQE (a mini-CQE array: gin never asks for CQE
-//    compression and cannot tell which WQEs such a block completes).
+// Contract (beyond Net's): a put's signal WQE follows its payload WQEs on the
+// same QP (RC executes in order at the responder); flush waits for every WQE
+// reserved on the context's QPs before the call; an error CQE (or a compressed
+// one) fills the error record (rank, peer, context, WQE index, syndrome, QP
+// number) and raises the abort flag, so every wait stops. putValue carries at
+// most kIbgdaMaxInline bytes inline; more is refused (Op::BadArgument).
 #pragma once
 
 #include <type_traits>
