@@ -38,6 +38,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -49,120 +50,16 @@
 
 #include "gin/core/atomic.hpp"
 #include "gin/core/error.hpp"
+#include "gin/core/xxh64.hpp"
 #include "gin/device/comm.hpp"
-#include "gin/host/bootstrap.hpp"
+#include "gin/host/bootstrap_base.hpp"
+#include "gin/host/deadline.hpp"
+#include "gin/host/env.hpp"
 #include "gin/host/proxy.hpp"
+#include "gin/host/socket.hpp"
+#include "gin/host/tcp_frame.hpp"
 
 namespace gin {
-
-// ---- wire format, version 1 ----------------------------------------------------
-//
-// Every message is a 72-byte header, then `length` payload bytes (Data only).
-// Host byte order: the ranks of a job share an architecture, and a foreign one
-// shows up as a bad magic. Checksums are XXH64 (the published xxHash 64-bit
-// algorithm, seed 0): ~10 GB/s per core in portable C++, so checking every
-// payload costs less than the copy out of the staging buffer, and it catches
-// what TCP's 16-bit sum misses (corruption in buffers, middleboxes, bugs).
-enum class TcpFrameType : uint8_t { Hello = 1, Data = 2, Signal = 3, Fence = 4, Bye = 5 };
-
-inline constexpr uint32_t kTcpFrameMagic = 0x574e4947;  // "GINW" in memory on little-endian hosts
-inline constexpr uint16_t kTcpWireVersion = 1;
-// Puts are cut into frames of at most this many payload bytes; a receiver
-// stages one frame per peer, so this bounds its memory (and rejects a length
-// field that would make it allocate more).
-inline constexpr uint64_t kTcpMaxPayload = 1ull << 20;
-
-struct TcpFrame {
-  uint32_t magic;    // kTcpFrameMagic
-  uint16_t version;  // kTcpWireVersion
-  uint8_t type;      // TcpFrameType
-  uint8_t action;    // ProxyAction applied after the payload (Data, Signal); None otherwise
-  int32_t sender;    // world rank of the sender
-  uint32_t window;   // Data: destination window id. Hello: the receiver's rank
-  uint64_t offset;   // Data: destination offset. Hello: nRanks
-  uint64_t length;   // payload bytes after the header (Data: 1..kTcpMaxPayload; others 0)
-  uint64_t value;    // signal value (Add/Set). Fence: fence number. Hello: communicator token
-  uint32_t signalId;
-  uint32_t reserved;    // 0
-  uint64_t seq;         // 1, 2, 3, ... per connection and direction (Hello: 0)
-  uint64_t payloadSum;  // XXH64 of the payload (0 when there is none)
-  uint64_t headerSum;   // XXH64 of the 64 bytes before this field
-};
-static_assert(sizeof(TcpFrame) == 72 && offsetof(TcpFrame, headerSum) == 64);
-
-namespace detail {
-inline uint64_t xxhRotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-inline uint64_t xxhRead64(const unsigned char* p) {
-  uint64_t v;
-  std::memcpy(&v, p, 8);
-  return v;
-}
-inline uint32_t xxhRead32(const unsigned char* p) {
-  uint32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-inline constexpr uint64_t kXxhP1 = 0x9E3779B185EBCA87ull, kXxhP2 = 0xC2B2AE3D27D4EB4Full,
-                          kXxhP3 = 0x165667B19E3779F9ull, kXxhP4 = 0x85EBCA77C2B2AE63ull,
-                          kXxhP5 = 0x27D4EB2F165667C5ull;
-inline uint64_t xxhRound(uint64_t acc, uint64_t in) { return xxhRotl(acc + in * kXxhP2, 31) * kXxhP1; }
-inline uint64_t xxhMerge(uint64_t h, uint64_t v) { return (h ^ xxhRound(0, v)) * kXxhP1 + kXxhP4; }
-}  // namespace detail
-
-// XXH64 (little-endian reading, as the reference implementation on x86/ARM).
-inline uint64_t xxh64(const void* data, size_t len, uint64_t seed = 0) {
-  using namespace detail;
-  const auto* p = static_cast<const unsigned char*>(data);
-  const unsigned char* const end = p + len;
-  uint64_t h;
-  if (len >= 32) {
-    uint64_t v1 = seed + kXxhP1 + kXxhP2, v2 = seed + kXxhP2, v3 = seed, v4 = seed - kXxhP1;
-    const unsigned char* const limit = end - 32;
-    do {
-      v1 = xxhRound(v1, xxhRead64(p));
-      v2 = xxhRound(v2, xxhRead64(p + 8));
-      v3 = xxhRound(v3, xxhRead64(p + 16));
-      v4 = xxhRound(v4, xxhRead64(p + 24));
-      p += 32;
-    } while (p <= limit);
-    h = xxhRotl(v1, 1) + xxhRotl(v2, 7) + xxhRotl(v3, 12) + xxhRotl(v4, 18);
-    h = xxhMerge(xxhMerge(xxhMerge(xxhMerge(h, v1), v2), v3), v4);
-  } else {
-    h = seed + kXxhP5;
-  }
-  h += uint64_t(len);
-  for (; p + 8 <= end; p += 8) h = xxhRotl(h ^ xxhRound(0, xxhRead64(p)), 27) * kXxhP1 + kXxhP4;
-  if (p + 4 <= end) {
-    h = xxhRotl(h ^ (uint64_t(xxhRead32(p)) * kXxhP1), 23) * kXxhP2 + kXxhP3;
-    p += 4;
-  }
-  for (; p < end; ++p) h = xxhRotl(h ^ (uint64_t(*p) * kXxhP5), 11) * kXxhP1;
-  h ^= h >> 33;
-  h *= kXxhP2;
-  h ^= h >> 29;
-  h *= kXxhP3;
-  h ^= h >> 32;
-  return h;
-}
-
-// Fill magic, version and both checksums of a frame whose other fields are set.
-inline void sealTcpFrame(TcpFrame& h, const void* payload) {
-  h.magic = kTcpFrameMagic;
-  h.version = kTcpWireVersion;
-  h.payloadSum = h.length ? xxh64(payload, size_t(h.length)) : 0;
-  h.headerSum = xxh64(&h, offsetof(TcpFrame, headerSum));
-}
-
-inline std::string tcpFrameText(const TcpFrame& h) {
-  char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "{magic 0x%08x, version %u, type %u, action %u, sender %d, window %u, offset %llu, length %llu, "
-                "value %llu, signal %u, reserved %u, seq %llu}",
-                h.magic, unsigned(h.version), unsigned(h.type), unsigned(h.action), h.sender, h.window,
-                (unsigned long long)h.offset, (unsigned long long)h.length, (unsigned long long)h.value, h.signalId,
-                h.reserved, (unsigned long long)h.seq);
-  return buf;
-}
 
 namespace detail {
 inline ProxyWire envProxyWire(ProxyWire fallback) {
