@@ -41,6 +41,8 @@
 #include <vector>
 
 #include "gin/gin.hpp"
+// The transports' counters (msg-rate): gin internals, not the user API.
+#include "gin/host/test_access.hpp"
 // The MoE layer is the example's own code (device bodies, CPU driver, host
 // reference), not a copy: gin-bench moe times exactly what the example runs.
 #include "../examples/moe/moe_cpu.hpp"
@@ -2265,7 +2267,8 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
   if (o.transport == "ibgda") return runPostRate(comm, e, o, s, rep, where);
   const int me = comm.rank(), n = comm.nRanks(), peer = 1 % n;
   const bool gpu = e.gpu();
-  if (!comm.proxyEngine()) throw gin::Error("msg-rate measures the proxy transport, which this communicator lacks");
+  if (!gin::test::CommAccess::proxyEngine(comm))
+    throw gin::Error("msg-rate measures the proxy transport, which this communicator lacks");
   const int sms = bcast(comm, e.maxCtas(), 0);
   struct ShapeRow {
     std::string name;
@@ -2372,7 +2375,7 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
                  const std::vector<std::string>& where) {
   const int me = comm.rank(), n = comm.nRanks(), peer = 1 % n;
   const bool gpu = e.gpu();
-  gin::IbgdaTransport* ib = comm.ibgda();
+  gin::IbgdaTransport* ib = gin::test::CommAccess::ibgda(comm);
   if (!ib) throw gin::Error("msg-rate --transport ibgda: this communicator has no ibgda transport");
   const int sms = bcast(comm, e.maxCtas(), 0);
   struct ShapeRow {

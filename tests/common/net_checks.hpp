@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "gin/host/test_access.hpp"
 #include "ranks.hpp"
 
 namespace gintest {
@@ -364,7 +365,7 @@ inline void engineStress(gin::Comm& comm, uint64_t seed, int pushers, int perPee
       }
   comm.bootstrap().barrier();
 
-  ProxyEngine* e = comm.proxyEngine();
+  ProxyEngine* e = gin::test::CommAccess::proxyEngine(comm);
   expect(e != nullptr, "engineStress: no proxy engine");
   const uint64_t executedBefore = e->executed(), rejectedBefore = e->rejected();
   std::mutex errMu;
@@ -475,7 +476,8 @@ inline void engineStress(gin::Comm& comm, uint64_t seed, int pushers, int perPee
   // Everyone's engine is done with everything: an extra signal would show now.
   comm.bootstrap().barrier();
   for (int c = 0; c < C; ++c) expect(Net(dc, c).flush(CoopThread{}), "flush");
-  if (comm.tcpWire()) expect(comm.tcpWire()->fence(10'000'000'000ull), "fence: " + checkMessage(comm));
+  if (gin::test::CommAccess::tcpWire(comm))
+    expect(gin::test::CommAccess::tcpWire(comm)->fence(10'000'000'000ull), "fence: " + checkMessage(comm));
   comm.bootstrap().barrier();
   for (int s = 0; s < n; ++s)
     for (int t = 0; t < pushers; ++t) {

@@ -57,7 +57,7 @@ TEST_CASE("a device failure after one the host started keeps the host's: the fir
           "[errors]") {
   REQUIRE_NOTHROW(runRanks(1, [](Comm& comm) {
     const DevComm dc = comm.devComm();
-    // What a GPU rank's engine or wire does (Comm::hostRecordError): claim the
+    // What a GPU rank's engine or wire does (DevCommMemory::hostRecordError): claim the
     // record's state, not the device-side claim word.
     uint32_t idle = 0;
     expect(atomicCompareExchange<Scope::System>(&dc.error->state, idle, 1u), "the record was idle");

@@ -14,9 +14,11 @@
 #include <thread>
 
 #include "../common/net_checks.hpp"
+#include "gin/host/test_access.hpp"
 
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
+using gin::test::CommAccess;
 using gintest::checkMessage;
 using gintest::expect;
 using gintest::pattern;
@@ -39,10 +41,10 @@ CommConfig ibgdaConfig(uint64_t timeoutNs = 20'000'000'000ull, uint32_t depth = 
 IbgdaQpState& qpState(Comm& comm, int ctx, int peer) { return *ibgda::qpOf(comm.devComm(), ctx, peer)->state; }
 
 void expectNicRan(Comm& comm, uint64_t atLeast) {
-  expect(comm.ibgda() != nullptr, "no ibgda transport although it was forced");
-  expect(comm.ibgda()->nic().executed() >= atLeast, "soft NIC executed " +
-                                                        std::to_string(comm.ibgda()->nic().executed()) +
-                                                        " WQEs, expected at least " + std::to_string(atLeast));
+  expect(CommAccess::ibgda(comm) != nullptr, "no ibgda transport although it was forced");
+  expect(CommAccess::ibgda(comm)->nic().executed() >= atLeast,
+         "soft NIC executed " + std::to_string(CommAccess::ibgda(comm)->nic().executed()) +
+             " WQEs, expected at least " + std::to_string(atLeast));
 }
 
 // The shared all-to-all check, and the operations really went through the NIC.
@@ -58,11 +60,11 @@ TEST_CASE("ibgda: forcing the transport reports ibgda for every peer and starts 
       [&](Comm& comm) {
         for (int r = 0; r < comm.nRanks(); ++r)
           expect(comm.transportTo(r) == Transport::Ibgda, "transportTo is not ibgda");
-        expect(comm.ibgda() != nullptr, "no ibgda transport");
+        expect(CommAccess::ibgda(comm) != nullptr, "no ibgda transport");
         expect(comm.devComm().ibgda != nullptr && comm.devComm().ibgdaAll == 1, "DevComm ibgda fields");
-        expect(comm.ibgda()->nic().nQps() == size_t(comm.nRanks() * comm.devComm().nContexts),
+        expect(CommAccess::ibgda(comm)->nic().nQps() == size_t(comm.nRanks() * comm.devComm().nContexts),
                "one QP per (ctx, peer)");
-        expect(comm.proxyEngine() == nullptr, "a proxy engine without proxy peers");
+        expect(CommAccess::proxyEngine(comm) == nullptr, "a proxy engine without proxy peers");
       },
       ibgdaConfig()));
 }
@@ -96,7 +98,8 @@ TEST_CASE("ibgda: GIN_TRANSPORT=ibgda and GIN_IBGDA_DEVICE=soft select the trans
   try {
     runRanks(2, [](Comm& comm) {
       expect(comm.transportTo(1 - comm.rank()) == Transport::Ibgda, "GIN_TRANSPORT=ibgda ignored");
-      expect(comm.ibgda() && comm.ibgda()->nic().mode() == SoftNic::Mode::Execute, "GIN_IBGDA_DEVICE=soft ignored");
+      expect(CommAccess::ibgda(comm) && CommAccess::ibgda(comm)->nic().mode() == SoftNic::Mode::Execute,
+             "GIN_IBGDA_DEVICE=soft ignored");
     });
     ::setenv("GIN_IBGDA_DEVICE", "bogus", 1);
     REQUIRE_THROWS_WITH(runRanks(1, [](Comm&) {}), ContainsSubstring("GIN_IBGDA_DEVICE=bogus"));
@@ -249,7 +252,7 @@ TEST_CASE("ibgda: a full queue makes producers wait for completions, never overw
         Window w = comm.allocWindow(8 * 64);
         Net net(dc, 0);
         const Team world = teamWorld(dc);
-        SoftNic& nic = comm.ibgda()->nic();
+        SoftNic& nic = CommAccess::ibgda(comm)->nic();
         nic.pause(true);
         for (uint32_t k = 0; k < kDepth; ++k) net.putValue(world, 0, w, 8 * k, uint64_t(k + 1));
         const IbgdaQpState& st = qpState(comm, 0, 0);
@@ -290,7 +293,7 @@ TEST_CASE("ibgda: a queue that stays full times out into the error record", "[ib
         Window w = comm.allocWindow(64);
         Net net(dc, 3);
         const Team world = teamWorld(dc);
-        comm.ibgda()->nic().pause(true);
+        CommAccess::ibgda(comm)->nic().pause(true);
         const auto t0 = std::chrono::steady_clock::now();
         for (int k = 0; k < 5; ++k) net.putValue(world, 0, w, 0, uint64_t(k));  // depth 4: the 5th waits
         const auto ms =
@@ -298,7 +301,7 @@ TEST_CASE("ibgda: a queue that stays full times out into the error record", "[ib
         expect(ms >= 150 && ms < 10000, "the full-queue wait took " + std::to_string(ms) + " ms, timeout is 200");
         msg = checkMessage(comm);
         expect(!net.flush(CoopThread{}), "flush succeeded after an abort");
-        comm.ibgda()->nic().pause(false);
+        CommAccess::ibgda(comm)->nic().pause(false);
         comm.deregisterWindow(w);
       },
       ibgdaConfig(200'000'000ull, 4)));
@@ -318,7 +321,7 @@ TEST_CASE("ibgda: a soft NIC that stops on an error ends the waits on it at once
       [&](Comm& comm) {
         const DevComm dc = comm.devComm();
         Window src = comm.allocWindow(256), dst = comm.allocWindow(256);
-        SoftNic& nic = comm.ibgda()->nic();
+        SoftNic& nic = CommAccess::ibgda(comm)->nic();
         nic.pause(true);  // parked: the hook is not in use while it changes
         nic.setDeviceCopy([](void*, const void*, size_t, bool) { throw Error("injected copy failure"); });
         nic.pause(false);
@@ -369,8 +372,8 @@ TEST_CASE("ibgda: a bad rkey, a bad lkey, an address out of bounds: error CQE, e
           const auto t0 = std::chrono::steady_clock::now();
           waitStopped =
               !net.waitSignal(CoopThread{}, 5, 1) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5);
-          expect(comm.ibgda()->nic().errors() == 1,
-                 "the NIC reported " + std::to_string(comm.ibgda()->nic().errors()) + " errors");
+          expect(CommAccess::ibgda(comm)->nic().errors() == 1,
+                 "the NIC reported " + std::to_string(CommAccess::ibgda(comm)->nic().errors()) + " errors");
         }
         comm.bootstrap().barrier();
         if (comm.rank() == 1) {
@@ -417,7 +420,7 @@ TEST_CASE("ibgda: a window not registered with ibgda is refused on the device", 
         Net net(dc, 0);
         net.put(teamWorld(dc), 0, Window{&fake}, 0, w, 0, 8);
         msg = checkMessage(comm);
-        expect(comm.ibgda()->nic().executed() == 0, "the NIC executed a WQE for an unknown window");
+        expect(CommAccess::ibgda(comm)->nic().executed() == 0, "the NIC executed a WQE for an unknown window");
         comm.deregisterWindow(w);
       },
       ibgdaConfig()));
@@ -429,7 +432,7 @@ TEST_CASE("ibgda sink mode: every WQE completes, nothing is written", "[ibgda]")
       2,
       [](Comm& comm) {
         const DevComm dc = comm.devComm();
-        expect(comm.ibgda()->nic().mode() == SoftNic::Mode::Sink, "not in sink mode");
+        expect(CommAccess::ibgda(comm)->nic().mode() == SoftNic::Mode::Sink, "not in sink mode");
         Window src = comm.allocWindow(1024);
         Window dst = comm.allocWindow(1024);
         std::memset(comm.localPointer(dst), kPoison, 1024);
@@ -462,7 +465,7 @@ TEST_CASE("ibgda deferred doorbell: posts only publish; one ring at flush covers
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
         const IbgdaQpDev* qp = ibgda::qpOf(dc, 0, 0);
         expect(qp->state->ready == 20, "20 WQEs published");
-        expect(comm.ibgda()->nic().consumed(0) == 0 && *qp->dbrec == 0 && *qp->uar == 0,
+        expect(CommAccess::ibgda(comm)->nic().consumed(0) == 0 && *qp->dbrec == 0 && *qp->uar == 0,
                "the NIC saw a doorbell before any flush");
         expect(net.readSignal(0) == 0, "a signal arrived without a doorbell");
         expect(net.flush(CoopThread{}), "flush: " + checkMessage(comm));
@@ -583,7 +586,7 @@ TEST_CASE("ibgda putValue: more bytes than a WQE carries inline are refused on t
         msg = checkMessage(comm);
         expect(!ok, "putValue of " + std::to_string(bytes) + " bytes was accepted");
         expect(qpState(comm, 1, 0).resv == 0, "WQE slots were reserved for a refused putValue");
-        expect(comm.ibgda()->nic().executed() == 0 && comm.ibgda()->nic().errors() == 0,
+        expect(CommAccess::ibgda(comm)->nic().executed() == 0 && CommAccess::ibgda(comm)->nic().errors() == 0,
                "the NIC saw a WQE for a refused putValue");
         comm.deregisterWindow(w);
       },
@@ -604,7 +607,7 @@ TEST_CASE("ibgda: a compressed CQE (mini-CQE array) is reported as such, never p
         const Team world = teamWorld(dc);
         net.putValue(world, 0, w, 0, uint64_t(1));
         expect(net.flush(CoopThread{}), "first flush: " + checkMessage(comm));
-        SoftNic& nic = comm.ibgda()->nic();
+        SoftNic& nic = CommAccess::ibgda(comm)->nic();
         nic.pause(true);
         net.putValue(world, 0, w, 8, uint64_t(2));  // WQE 1: published, not consumed
         // What a NIC with CQE compression on for this CQ could write at CQ

@@ -12,8 +12,10 @@
 
 #include "../../examples/moe/moe_cpu.hpp"
 #include "../common/ranks.hpp"
+#include "gin/host/test_access.hpp"
 
 using namespace gin;
+using gin::test::CommAccess;
 using gintest::expect;
 
 namespace {
@@ -25,8 +27,9 @@ void check(const moe::Shape& sh, bool ll, TransportChoice tr) {
   gintest::runRanks(
       sh.ranks,
       [&](Comm& comm) {
-        expect(tr != TransportChoice::Ibgda || comm.ibgda() != nullptr, "the ibgda transport is not in use");
-        expect(tr != TransportChoice::Proxy || comm.proxyEngine() != nullptr, "the proxy transport is not in use");
+        expect(tr != TransportChoice::Ibgda || CommAccess::ibgda(comm) != nullptr, "the ibgda transport is not in use");
+        expect(tr != TransportChoice::Proxy || CommAccess::proxyEngine(comm) != nullptr,
+               "the proxy transport is not in use");
         moe::CpuLayer layer(comm, sh, ll);
         for (int round = 0; round < 2; ++round) {
           const moe::Inputs in = moe::makeInputs(sh, comm.rank(), 77 + uint64_t(round));

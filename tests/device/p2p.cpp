@@ -10,9 +10,11 @@
 #include <thread>
 
 #include "../common/ranks.hpp"
+#include "gin/host/test_access.hpp"
 
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
+using gin::test::CommAccess;
 using gintest::expect;
 using gintest::pattern;
 using gintest::runRanks;
@@ -269,8 +271,11 @@ TEST_CASE("p2p over the proxy and ibgda (soft NIC) transports: ring, all-to-all 
           n,
           [&](Comm& comm) {
             // What the transport carried out: the engine's descriptors or the NIC's WQEs.
-            auto done = [&] { return ibgda ? comm.ibgda()->nic().executed() : comm.proxyEngine()->executed(); };
-            expect(ibgda ? comm.ibgda() != nullptr : comm.proxyEngine() != nullptr, "the transport is not in use");
+            auto done = [&] {
+              return ibgda ? CommAccess::ibgda(comm)->nic().executed() : CommAccess::proxyEngine(comm)->executed();
+            };
+            expect(ibgda ? CommAccess::ibgda(comm) != nullptr : CommAccess::proxyEngine(comm) != nullptr,
+                   "the transport is not in use");
             const uint64_t before = done();
             exchange(comm, cfg, 20, false, 11);
             exchange(comm, cfg, 2 * n, true, 12);

@@ -18,9 +18,11 @@
 #include <thread>
 
 #include "../common/net_checks.hpp"
+#include "gin/host/test_access.hpp"
 
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
+using gin::test::CommAccess;
 using gintest::checkMessage;
 using gintest::expect;
 using gintest::pattern;
@@ -41,13 +43,13 @@ using gintest::expectedThreads;
 
 // The operations really went through this rank's engine (not the lsa path).
 void expectEngineRan(Comm& comm, uint64_t atLeast) {
-  expect(comm.proxyEngine() != nullptr, "no proxy engine although the proxy transport was forced");
+  expect(CommAccess::proxyEngine(comm) != nullptr, "no proxy engine although the proxy transport was forced");
   // What this rank pushed is done once its flushes return (a signal that
   // reached us says nothing about our own engine's progress).
   for (int c = 0; c < comm.devComm().nContexts; ++c) Net(comm.devComm(), c).flush(CoopThread{});
-  expect(comm.proxyEngine()->executed() >= atLeast, "engine executed " +
-                                                        std::to_string(comm.proxyEngine()->executed()) +
-                                                        " descriptors, expected at least " + std::to_string(atLeast));
+  expect(CommAccess::proxyEngine(comm)->executed() >= atLeast,
+         "engine executed " + std::to_string(CommAccess::proxyEngine(comm)->executed()) +
+             " descriptors, expected at least " + std::to_string(atLeast));
 }
 
 // The shared all-to-all check, and the operations really went through the engine.
@@ -64,14 +66,16 @@ TEST_CASE("proxy: forcing the transport reports proxy for every peer and starts 
       [&](Comm& comm) {
         for (int r = 0; r < comm.nRanks(); ++r)
           expect(comm.transportTo(r) == Transport::Proxy, "transportTo is not proxy");
-        expect(comm.proxyEngine() != nullptr && comm.proxyEngine()->running(), "engine not running");
+        expect(CommAccess::proxyEngine(comm) != nullptr && CommAccess::proxyEngine(comm)->running(),
+               "engine not running");
         expect(comm.devComm().proxyRings != nullptr && comm.devComm().proxyAll == 1, "DevComm proxy fields");
       },
       proxyConfig()));
   if (!env) {  // GIN_TRANSPORT overrides the config: the default is lsa only without it
     REQUIRE_NOTHROW(runRanks(2, [](Comm& comm) {
       expect(comm.transportTo(1 - comm.rank()) == Transport::Lsa, "default transport is not lsa");
-      expect(comm.proxyEngine() == nullptr && comm.devComm().proxyRings == nullptr, "engine without proxy peers");
+      expect(CommAccess::proxyEngine(comm) == nullptr && comm.devComm().proxyRings == nullptr,
+             "engine without proxy peers");
     }));
   }
   CommConfig bad = proxyConfig();
@@ -145,7 +149,7 @@ TEST_CASE("proxy: SignalInc, SignalAdd and SignalSet reach the peer's signal wor
         expect(net.waitSignal(CoopThread{}, 2, 1000 + uint64_t(prev)), "SignalSet wait");
         expect(net.readSignal(2) == 1000 + uint64_t(prev), "SignalSet value");
         expect(net.flush(CoopThread{}), "flush");
-        expect(comm.proxyEngine()->rejected() == 0, "the engine rejected a descriptor");
+        expect(CommAccess::proxyEngine(comm)->rejected() == 0, "the engine rejected a descriptor");
         expectEngineRan(comm, 2 * uint64_t(n) + 1);
         comm.check();
         comm.bootstrap().barrier();
@@ -246,8 +250,8 @@ TEST_CASE("proxy: many threads push into one small ring at once; no descriptor l
         expect(net.readSignal(5) == total, "signal overshoot: a descriptor ran twice (" +
                                                std::to_string(net.readSignal(5)) + " != " + std::to_string(total) +
                                                ")");
-        expect(comm.proxyEngine()->executed() == uint64_t(n) * perSender,
-               "engine executed " + std::to_string(comm.proxyEngine()->executed()) + " descriptors");
+        expect(CommAccess::proxyEngine(comm)->executed() == uint64_t(n) * perSender,
+               "engine executed " + std::to_string(CommAccess::proxyEngine(comm)->executed()) + " descriptors");
         const auto* got = static_cast<const uint64_t*>(comm.localPointer(w));
         for (int s = 0; s < n; ++s)
           for (int t = 0; t < kPushers; ++t)
@@ -283,7 +287,7 @@ TEST_CASE("proxy: an 8-slot ring wraps around many times, in order", "[proxy][wr
         const auto* got = static_cast<const uint64_t*>(comm.localPointer(w));
         for (int j = 0; j < 64; ++j)
           expect(got[j] == uint64_t(kOps - 64 + j), "word " + std::to_string(j) + " is not the last value written");
-        expect(comm.proxyEngine()->executed() == kOps, "executed count");
+        expect(CommAccess::proxyEngine(comm)->executed() == kOps, "executed count");
         const uint64_t consumed = *dc.proxyRings[1].consumed;
         expect(consumed == kOps, "consumer index " + std::to_string(consumed));
         comm.check();
@@ -300,7 +304,7 @@ TEST_CASE("proxy: a full ring makes the producer wait instead of overwriting", "
         Window w = comm.allocWindow(8 * 16);
         Net net(dc, 0);
         const Team world = teamWorld(dc);
-        comm.proxyEngine()->pause(true);
+        CommAccess::proxyEngine(comm)->pause(true);
         for (int k = 0; k < 8; ++k) net.putValue(world, 0, w, 8 * size_t(k), uint64_t(100 + k), SignalInc{0});
         std::atomic<bool> done{false};
         std::thread late([&] {
@@ -312,7 +316,7 @@ TEST_CASE("proxy: a full ring makes the producer wait instead of overwriting", "
         ProxyDesc first{};
         const bool intact =
             proxyUnpack(&dc.proxyRings[0].slots[0], 0, &first) && first.dstOffset == 0 && first.srcOffset == 100;
-        comm.proxyEngine()->pause(false);
+        CommAccess::proxyEngine(comm)->pause(false);
         late.join();
         expect(waited, "the 9th push into an 8-slot ring returned while the engine was paused");
         expect(intact, "the 9th push overwrote slot 0 before it was consumed");
@@ -335,10 +339,10 @@ TEST_CASE("proxy: a stuck engine turns a full ring and a flush into error record
         const DevComm dc = comm.devComm();
         Window w = comm.allocWindow(64);
         Net net(dc, 2);
-        comm.proxyEngine()->pause(true);
+        CommAccess::proxyEngine(comm)->pause(true);
         for (int k = 0; k < 9; ++k) net.putValue(teamWorld(dc), 0, w, 0, uint64_t(k));  // the 9th gives up
         fullMsg = checkMessage(comm);
-        comm.proxyEngine()->pause(false);
+        CommAccess::proxyEngine(comm)->pause(false);
       },
       proxyConfig(200'000'000ull, 8)));
   REQUIRE_NOTHROW(runRanks(
@@ -348,11 +352,11 @@ TEST_CASE("proxy: a stuck engine turns a full ring and a flush into error record
         Window w = comm.allocWindow(64);
         Net net(dc, 1);
         if (comm.rank() == 1) {
-          comm.proxyEngine()->pause(true);
+          CommAccess::proxyEngine(comm)->pause(true);
           net.put(teamWorld(dc), 0, w, 0, w, 8, 8);
           expect(!net.flush(CoopThread{}), "flush should give up while the engine is paused");
           flushMsg = checkMessage(comm);
-          comm.proxyEngine()->pause(false);
+          CommAccess::proxyEngine(comm)->pause(false);
         }
         comm.bootstrap().barrier();
       },
@@ -407,11 +411,11 @@ TEST_CASE("proxy: the engine rejects bad descriptors without writing anything", 
           good.signalValue = 1;
           expect(proxy::push(dc, 0, good, true), "push good");
           // Not flush: the first rejection raised the abort flag, which stops device-side waits.
-          expect(comm.proxyEngine()->quiesce(5'000'000'000ull), "the engine did not get past the bad ones");
-          expect(comm.proxyEngine()->rejected() == bad.size(),
-                 "rejected " + std::to_string(comm.proxyEngine()->rejected()));
-          expect(comm.proxyEngine()->executed() == 1, "the good descriptor did not run");
-          expect(comm.proxyEngine()->running(), "the engine died");
+          expect(CommAccess::proxyEngine(comm)->quiesce(5'000'000'000ull), "the engine did not get past the bad ones");
+          expect(CommAccess::proxyEngine(comm)->rejected() == bad.size(),
+                 "rejected " + std::to_string(CommAccess::proxyEngine(comm)->rejected()));
+          expect(CommAccess::proxyEngine(comm)->executed() == 1, "the good descriptor did not run");
+          expect(CommAccess::proxyEngine(comm)->running(), "the engine died");
           msg = checkMessage(comm);
         }
         comm.bootstrap().barrier();
@@ -522,13 +526,14 @@ TEST_CASE("proxy: GIN_TRANSPORT overrides CommConfig::transport; a bad value is 
   const std::string saved = old ? old : "";
   ::setenv("GIN_TRANSPORT", "proxy", 1);
   CHECK_NOTHROW(runRanks(2, [](Comm& comm) {
-    expect(comm.transportTo(1 - comm.rank()) == Transport::Proxy && comm.proxyEngine(), "env proxy ignored");
+    expect(comm.transportTo(1 - comm.rank()) == Transport::Proxy && CommAccess::proxyEngine(comm), "env proxy ignored");
   }));
   ::setenv("GIN_TRANSPORT", "lsa", 1);
   CHECK_NOTHROW(runRanks(
       2,
       [](Comm& comm) {
-        expect(comm.transportTo(1 - comm.rank()) == Transport::Lsa && !comm.proxyEngine(), "env lsa ignored");
+        expect(comm.transportTo(1 - comm.rank()) == Transport::Lsa && !CommAccess::proxyEngine(comm),
+               "env lsa ignored");
       },
       proxyConfig()));
   ::setenv("GIN_TRANSPORT", "carrier-pigeon", 1);
@@ -620,7 +625,7 @@ TEST_CASE("proxy: GIN_PROXY_CPUS pins every engine thread; a CPU the process may
   CHECK_NOTHROW(runRanks(
       2,
       [first, want = expectedThreads(cfg)](Comm& comm) {
-        ProxyEngine* e = comm.proxyEngine();
+        ProxyEngine* e = CommAccess::proxyEngine(comm);
         expect(e != nullptr, "no engine");
         expect(e->threadCount() == want, "engine threads: " + std::to_string(e->threadCount()));
         for (int t = 0; t < e->threadCount(); ++t) {
@@ -663,8 +668,8 @@ TEST_CASE(
   REQUIRE_NOTHROW(runRanks(
       6,
       [&](Comm& comm) {
-        expect(comm.proxyEngine()->threadCount() == want,
-               "engine threads: " + std::to_string(comm.proxyEngine()->threadCount()));
+        expect(CommAccess::proxyEngine(comm)->threadCount() == want,
+               "engine threads: " + std::to_string(CommAccess::proxyEngine(comm)->threadCount()));
         expect(comm.config().proxy.threads == uint32_t(want), "config().proxy.threads");
         gintest::engineStress(comm, seed, 7, 20, 8192);  // 7 pushers on 5 contexts: rings with two producers
         gintest::engineStress(comm, seed + 1, 3, 12);
@@ -694,11 +699,12 @@ TEST_CASE(
         Window w = comm.allocWindow(64);
         const Net net(dc, 0);
         const int next = (comm.rank() + 1) % comm.nRanks();
-        const uint64_t before = comm.proxyEngine()->executed();
+        const uint64_t before = CommAccess::proxyEngine(comm)->executed();
         net.put(teamWorld(dc), next, w, 0, w, 32, 8);
-        expect(net.flush(CoopThread{}) && comm.proxyEngine()->executed() == before, "a bare put pushed a descriptor");
+        expect(net.flush(CoopThread{}) && CommAccess::proxyEngine(comm)->executed() == before,
+               "a bare put pushed a descriptor");
         net.put(teamWorld(dc), next, w, 0, w, 32, 8, None{}, CounterInc{7});
-        expect(net.waitCounter(CoopThread{}, 7, 1) && comm.proxyEngine()->executed() == before + 1,
+        expect(net.waitCounter(CoopThread{}, 7, 1) && CommAccess::proxyEngine(comm)->executed() == before + 1,
                "CounterInc alone: one descriptor");
         comm.check();
         comm.bootstrap().barrier();
@@ -721,7 +727,7 @@ TEST_CASE("proxy: pause(true) parks every engine thread; nothing on any ring is 
       2,
       [&](Comm& comm) {
         const DevComm dc = comm.devComm();
-        ProxyEngine* e = comm.proxyEngine();
+        ProxyEngine* e = CommAccess::proxyEngine(comm);
         Window w = comm.allocWindow(64);
         comm.bootstrap().barrier();
         e->pause(true);
@@ -752,7 +758,7 @@ TEST_CASE(
   auto threadsOf = [](const CommConfig& cfg) {
     std::atomic<int> got{-1};
     runRanks(
-        2, [&](Comm& comm) { got = comm.proxyEngine()->threadCount(); }, cfg);
+        2, [&](Comm& comm) { got = CommAccess::proxyEngine(comm)->threadCount(); }, cfg);
     return got.load();
   };
   CommConfig cfg = proxyConfig();

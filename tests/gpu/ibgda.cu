@@ -16,9 +16,11 @@
 #include <vector>
 
 #include "gin/host/soft_nic.hpp"
+#include "gin/host/test_access.hpp"
 #include "gpu_common.cuh"
 
 using namespace gin;
+using gin::test::CommAccess;
 using gputest::expect;
 
 namespace {
@@ -345,7 +347,7 @@ TEST_CASE("GPU ibgda through the Comm: GPU ranks sharing a GPU put to the next r
             comm.synchronize();
           } catch (...) {
             std::fprintf(stderr, "rank %d of %d: the soft NIC executed %llu WQEs\n", me, n,
-                         (unsigned long long)comm.ibgda()->nicExecuted());
+                         (unsigned long long)CommAccess::ibgda(comm)->nicExecuted());
             throw;
           }
           GPU_CHECK(cudaStreamSynchronize(st));

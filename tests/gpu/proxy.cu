@@ -9,9 +9,11 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include "gin/host/test_access.hpp"
 #include "gpu_common.cuh"
 
 using namespace gin;
+using gin::test::CommAccess;
 using gputest::expect;
 
 namespace {
@@ -89,9 +91,10 @@ TEST_CASE("GPU proxy: every warp of 132 CTAs pushes signals through 16-slot ring
           comm.bootstrap().barrier();
           cudaFree(ok);  // after the barrier: see gpu_common.cuh
           cudaFree(wantDev);
-          expect(comm.proxyEngine() && comm.proxyEngine()->quiesce(5'000'000'000ull), "engine did not drain");
-          expect(comm.proxyEngine()->executed() == uint64_t(ctas) * warps * per * n,
-                 "executed " + std::to_string(comm.proxyEngine()->executed()));
+          expect(CommAccess::proxyEngine(comm) && CommAccess::proxyEngine(comm)->quiesce(5'000'000'000ull),
+                 "engine did not drain");
+          expect(CommAccess::proxyEngine(comm)->executed() == uint64_t(ctas) * warps * per * n,
+                 "executed " + std::to_string(CommAccess::proxyEngine(comm)->executed()));
           // Exact totals (not only "at least"): read the words after everyone is done.
           comm.bootstrap().barrier();
           std::vector<uint64_t> got(static_cast<size_t>(nCtx));

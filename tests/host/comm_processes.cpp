@@ -12,8 +12,10 @@
 
 #include "../common/processes.hpp"
 #include "../common/ranks.hpp"
+#include "gin/host/test_access.hpp"
 
 using namespace gin;
+using gin::test::CommAccess;
 
 namespace {
 using gintest::forkRanks;  // tests/common/processes.hpp
@@ -51,10 +53,10 @@ int twoProcessRank(const UniqueId& id, int r, CommConfig cfg) {
   if (!net.flush(CoopThread{})) return 17;
   // Over the proxy every operation went through this process's engine, into
   // the peer process's shared memory.
-  if (proxy && (!comm.proxyEngine() || comm.proxyEngine()->executed() != 51)) return 18;
+  if (proxy && (!CommAccess::proxyEngine(comm) || CommAccess::proxyEngine(comm)->executed() != 51)) return 18;
   // Over ibgda this process's soft NIC executed every WQE (a payload and a
   // signal per operation) into the peer process's shared memory.
-  if (ibgda && (!comm.ibgda() || comm.ibgda()->nic().executed() != 102)) return 19;
+  if (ibgda && (!CommAccess::ibgda(comm) || CommAccess::ibgda(comm)->nic().executed() != 102)) return 19;
   comm.deregisterWindow(u);
   comm.memFree(m);
   comm.check();

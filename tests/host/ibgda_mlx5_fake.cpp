@@ -17,9 +17,11 @@
 #include <cstdlib>
 
 #include "../common/net_checks.hpp"
+#include "gin/host/test_access.hpp"
 
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
+using gin::test::CommAccess;
 using gintest::expect;
 using gintest::runRanks;
 
@@ -80,7 +82,7 @@ TEST_CASE("ibgda on mlx5: a QP per (context, peer) from the device; the tables p
       3,
       [](Comm& comm) {
         const DevComm dc = comm.devComm();
-        IbgdaTransport* t = comm.ibgda();
+        IbgdaTransport* t = CommAccess::ibgda(comm);
         expect(t && t->mlx5(), "no mlx5 NIC behind the ibgda transport");
         expect(t->mlx5()->deviceName() == "fake0" && t->mlx5()->roce() && t->mlx5()->gidIndex() == 3,
                "device fake0, RoCE, the v2 IPv4 GID (index 3)");
@@ -150,7 +152,7 @@ TEST_CASE("ibgda on mlx5: GIN_IB_DEVICE names the device; a missing one is an er
   {
     gintest::EnvVar dev("GIN_IB_DEVICE", "fake0:1");
     REQUIRE_NOTHROW(runRanks(
-        2, [](Comm& comm) { expect(comm.ibgda()->mlx5()->port() == 1, "port 1"); }, mlx5Config()));
+        2, [](Comm& comm) { expect(CommAccess::ibgda(comm)->mlx5()->port() == 1, "port 1"); }, mlx5Config()));
   }
   {
     gintest::EnvVar dev("GIN_IB_DEVICE", "mlx5_9");
@@ -209,7 +211,7 @@ TEST_CASE("ibgda on mlx5: InfiniBand addressing (LID, no GRH) connects too", "[i
   REQUIRE_NOTHROW(runRanks(
       2,
       [](Comm& comm) {
-        expect(!comm.ibgda()->mlx5()->roce(), "InfiniBand expected");
+        expect(!CommAccess::ibgda(comm)->mlx5()->roce(), "InfiniBand expected");
         gintest::allToAllPut(comm, 100, 0, 0, 7);
       },
       mlx5Config()));
@@ -226,7 +228,7 @@ TEST_CASE("ibgda on mlx5: maxWqeBytes above the port's max_msg_sz is lowered to 
         expect(comm.devComm().ibgda->maxWqeBytes == 1000, "the device table's maxWqeBytes is " +
                                                               std::to_string(comm.devComm().ibgda->maxWqeBytes) +
                                                               ", the port allows 1000 per message");
-        expect(comm.ibgda()->config().maxWqeBytes == 1000, "config() does not report the value in use");
+        expect(CommAccess::ibgda(comm)->config().maxWqeBytes == 1000, "config() does not report the value in use");
         gintest::allToAllPut(comm, 70001, 3, 5, 23);
       },
       mlx5Config(64, 4096)));

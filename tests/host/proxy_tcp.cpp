@@ -22,9 +22,11 @@
 
 #include "../common/net_checks.hpp"
 #include "../common/processes.hpp"
+#include "gin/host/test_access.hpp"
 
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
+using gin::test::CommAccess;
 using gintest::checkMessage;
 using gintest::expect;
 using gintest::pattern;
@@ -60,7 +62,7 @@ void expectTcpToOthers(Comm& comm) {
     expect(comm.proxyWireTo(r) == want,
            "wire to " + std::to_string(r) + " is " + detail::proxyWireName(comm.proxyWireTo(r)));
   }
-  if (comm.nRanks() > 1) expect(comm.tcpWire() != nullptr, "no tcp wire");
+  if (comm.nRanks() > 1) expect(CommAccess::tcpWire(comm) != nullptr, "no tcp wire");
 }
 
 // Between test phases on one Comm: everything sent is applied everywhere,
@@ -68,7 +70,7 @@ void expectTcpToOthers(Comm& comm) {
 void resetAll(Comm& comm, std::initializer_list<uint32_t> signals, std::initializer_list<uint32_t> counters) {
   const DevComm dc = comm.devComm();
   for (int c = 0; c < dc.nContexts; ++c) expect(Net(dc, c).flush(CoopThread{}), "flush");
-  if (comm.tcpWire()) expectOk(comm, comm.tcpWire()->fence(10'000'000'000ull), "fence");
+  if (CommAccess::tcpWire(comm)) expectOk(comm, CommAccess::tcpWire(comm)->fence(10'000'000'000ull), "fence");
   comm.bootstrap().barrier();
   Net net(dc, 0);
   for (uint32_t s : signals) net.resetSignal(s);
@@ -79,9 +81,10 @@ void resetAll(Comm& comm, std::initializer_list<uint32_t> signals, std::initiali
 // The shared all-to-all check (tests/common/net_checks.hpp), and the bytes
 // really crossed the tcp wire.
 void allToAllPut(Comm& comm, size_t bytes, size_t srcMis, size_t dstMis, uint64_t seed) {
-  const uint64_t appliedBefore = comm.tcpWire() ? comm.tcpWire()->framesApplied() : 0;
+  const uint64_t appliedBefore = CommAccess::tcpWire(comm) ? CommAccess::tcpWire(comm)->framesApplied() : 0;
   gintest::allToAllPut(comm, bytes, srcMis, dstMis, seed);
-  if (comm.nRanks() > 1) expect(comm.tcpWire()->framesApplied() > appliedBefore, "nothing arrived over the tcp wire");
+  if (comm.nRanks() > 1)
+    expect(CommAccess::tcpWire(comm)->framesApplied() > appliedBefore, "nothing arrived over the tcp wire");
 }
 
 // putValue of every width, SignalInc/Add/Set, CounterInc, waits, resets.
@@ -102,7 +105,7 @@ void valuesSignalsCounters(Comm& comm) {
     expect(sig.waitSignal(CoopThread{}, 0, uint64_t(n)), "SignalInc count");
     expect(sig.waitSignal(CoopThread{}, 1, uint64_t(n * (n + 1) / 2) << 20), "SignalAdd sum");
     expect(sig.flush(CoopThread{}), "flush");
-    comm.tcpWire()->fence(5'000'000'000ull);  // everyone's frames to us are applied: an extra one would show
+    CommAccess::tcpWire(comm)->fence(5'000'000'000ull);  // everyone's frames to us are applied: an extra one would show
     comm.bootstrap().barrier();
     expect(sig.readSignal(0) == uint64_t(n), "SignalInc overshoot");
     expect(sig.readSignal(1) == uint64_t(n * (n + 1) / 2) << 20, "SignalAdd overshoot");
@@ -111,7 +114,7 @@ void valuesSignalsCounters(Comm& comm) {
     expect(sig.waitSignal(CoopThread{}, 2, 1000 + uint64_t(prev) + uint64_t(round) * 77), "SignalSet wait");
     expect(sig.readSignal(2) == 1000 + uint64_t(prev) + uint64_t(round) * 77, "SignalSet value");
     expect(sig.flush(CoopThread{}), "flush");
-    comm.tcpWire()->fence(5'000'000'000ull);
+    CommAccess::tcpWire(comm)->fence(5'000'000'000ull);
     comm.bootstrap().barrier();
     sig.resetSignal(0);
     sig.resetSignal(1);
@@ -129,7 +132,7 @@ void valuesSignalsCounters(Comm& comm) {
   expect(cnt.readCounter(4) == uint64_t(10 * n), "readCounter");
   cnt.resetCounter(4);
   expect(cnt.readCounter(4) == 0, "resetCounter");
-  expect(comm.proxyEngine()->rejected() == 0, "the engine rejected a descriptor");
+  expect(CommAccess::proxyEngine(comm)->rejected() == 0, "the engine rejected a descriptor");
   comm.check();
   resetAll(comm, {9}, {});
   comm.deregisterWindow(w);
@@ -191,7 +194,7 @@ void contention(Comm& comm, int pushers, int perPeer) {
   const uint64_t total = uint64_t(n) * perSender;
   expectOk(comm, net.waitSignal(CoopThread{}, 5, total), "not every descriptor arrived");
   for (int c = 0; c < dc.nContexts; ++c) expect(Net(dc, c).flush(CoopThread{}), "flush");
-  comm.tcpWire()->fence(5'000'000'000ull);
+  CommAccess::tcpWire(comm)->fence(5'000'000'000ull);
   comm.bootstrap().barrier();
   expect(net.readSignal(5) == total, "signal overshoot: a frame was applied twice (" +
                                          std::to_string(net.readSignal(5)) + " != " + std::to_string(total) + ")");
@@ -296,7 +299,8 @@ TEST_CASE("tcp wire (threads): forcing tcp uses it for every other rank and a co
     CHECK_NOTHROW(runRanks(
         2,
         [](Comm& comm) {
-          expect(comm.proxyWireTo(1 - comm.rank()) == ProxyWire::Local && !comm.tcpWire(), "env local ignored");
+          expect(comm.proxyWireTo(1 - comm.rank()) == ProxyWire::Local && !CommAccess::tcpWire(comm),
+                 "env local ignored");
         },
         tcpConfig()));
   }
@@ -312,7 +316,7 @@ TEST_CASE("tcp wire (threads): forcing tcp uses it for every other rank and a co
   CHECK_NOTHROW(runRanks(
       2,
       [](Comm& comm) {
-        expect(comm.proxyWireTo(1 - comm.rank()) == ProxyWire::Local && !comm.tcpWire(), "auto on one host");
+        expect(comm.proxyWireTo(1 - comm.rank()) == ProxyWire::Local && !CommAccess::tcpWire(comm), "auto on one host");
       },
       autoCfg));
   // Ranks must agree.
@@ -376,8 +380,8 @@ TEST_CASE(
       4,
       [&](Comm& comm) {
         expectTcpToOthers(comm);
-        expect(comm.proxyEngine()->threadCount() == want,
-               "engine threads: " + std::to_string(comm.proxyEngine()->threadCount()));
+        expect(CommAccess::proxyEngine(comm)->threadCount() == want,
+               "engine threads: " + std::to_string(CommAccess::proxyEngine(comm)->threadCount()));
         gintest::engineStress(comm, seed, 7, 16, 8192);
         gintest::engineStress(comm, seed + 1, 4, 6, 3 << 19);  // frames of 1 MiB from several threads to one peer
       },
@@ -426,7 +430,7 @@ std::string injectAndCheck(const std::function<std::vector<char>(uint64_t seq, u
         Window w = comm.allocWindow(256);
         std::memset(comm.localPointer(w), kPoison, 256);
         comm.bootstrap().barrier();
-        TcpWire& tw = *comm.tcpWire();
+        TcpWire& tw = *CommAccess::tcpWire(comm);
         if (comm.rank() == 0) {
           const uint64_t seq = tw.nextSeqForTest(1);
           std::vector<char> bad = make(seq, w.dev->id);
@@ -621,7 +625,7 @@ TEST_CASE("tcp wire: well-formed frames built by hand are applied: data with an 
         Window w = comm.allocWindow(256);
         std::memset(comm.localPointer(w), kPoison, 256);
         comm.bootstrap().barrier();
-        TcpWire& tw = *comm.tcpWire();
+        TcpWire& tw = *CommAccess::tcpWire(comm);
         if (comm.rank() == 0) {
           const uint64_t seq = tw.nextSeqForTest(1);
           std::vector<char> payload(13);
@@ -673,14 +677,15 @@ TEST_CASE("tcp wire: the sender refuses a descriptor whose range the receiver wo
           d.bytes = 8;
           d.counterId = kProxyNoCounter;
           expect(proxy::push(dc, 0, d, true), "push");
-          expect(comm.proxyEngine()->quiesce(5'000'000'000ull), "quiesce");
-          expect(comm.proxyEngine()->rejected() == 1, "not rejected by the engine");
+          expect(CommAccess::proxyEngine(comm)->quiesce(5'000'000'000ull), "quiesce");
+          expect(CommAccess::proxyEngine(comm)->rejected() == 1, "not rejected by the engine");
           msg = checkMessage(comm);
         }
         comm.bootstrap().barrier();
         if (comm.rank() == 1) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
-          expect(comm.tcpWire()->framesApplied() == 0 && comm.tcpWire()->framesRejected() == 0, "a frame went out");
+          expect(CommAccess::tcpWire(comm)->framesApplied() == 0 && CommAccess::tcpWire(comm)->framesRejected() == 0,
+                 "a frame went out");
           const auto* b = static_cast<const uint8_t*>(comm.localPointer(w));
           for (size_t i = 0; i < 256; ++i) expect(b[i] == kPoison, "byte " + std::to_string(i) + " written");
         }
