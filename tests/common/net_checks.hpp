@@ -46,8 +46,8 @@ bool eventually(const gin::Comm& comm, Ready ready) {
 // The engine threads a Comm built with `cfg` runs: GIN_PROXY_THREADS (suites
 // run again with it set, see tests/meson.build) overrides the config.
 inline int expectedThreads(const gin::CommConfig& cfg) {
-  const char* e = std::getenv("GIN_PROXY_THREADS");
-  const uint32_t n = e && *e ? gin::parseThreadCount(e, "GIN_PROXY_THREADS") : cfg.proxy.threads;
+  const auto e = gin::env::integer("GIN_PROXY_THREADS");
+  const uint32_t n = e ? uint32_t(*e) : cfg.proxy.threads;
   return int(std::min<uint32_t>(n, uint32_t(cfg.nContexts)));
 }
 

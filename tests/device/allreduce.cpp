@@ -327,7 +327,7 @@ TEST_CASE("ring AllReduce: bad environment values are errors that say what is al
       FAIL("no error for " << b.name << "=" << b.value);
     } catch (const gin::Error& err) {
       const std::string msg = err.what();
-      CHECK_THAT(msg, Catch::Matchers::ContainsSubstring(std::string(b.name) + "=" + b.value));
+      CHECK_THAT(msg, Catch::Matchers::ContainsSubstring(std::string(b.name) + "=\"" + b.value + "\""));
       CHECK_THAT(msg, Catch::Matchers::ContainsSubstring("expected"));
     }
   }
@@ -336,7 +336,7 @@ TEST_CASE("ring AllReduce: bad environment values are errors that say what is al
     CAPTURE(v);
     gintest::EnvVar e("GIN_ALLREDUCE_LL_BLOCKS", v);
     CHECK_THROWS_WITH(runRanks(1, [](Comm& comm) { (void)coll::createRingWorkspace(comm); }),
-                      Catch::Matchers::ContainsSubstring(std::string("GIN_ALLREDUCE_LL_BLOCKS=") + v) &&
+                      Catch::Matchers::ContainsSubstring(std::string("GIN_ALLREDUCE_LL_BLOCKS=\"") + v + "\"") &&
                           Catch::Matchers::ContainsSubstring("from 1 to 32"));
   }
   {

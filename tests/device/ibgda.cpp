@@ -102,7 +102,7 @@ TEST_CASE("ibgda: GIN_TRANSPORT=ibgda and GIN_IBGDA_DEVICE=soft select the trans
              "GIN_IBGDA_DEVICE=soft ignored");
     });
     ::setenv("GIN_IBGDA_DEVICE", "bogus", 1);
-    REQUIRE_THROWS_WITH(runRanks(1, [](Comm&) {}), ContainsSubstring("GIN_IBGDA_DEVICE=bogus"));
+    REQUIRE_THROWS_WITH(runRanks(1, [](Comm&) {}), ContainsSubstring("GIN_IBGDA_DEVICE=\"bogus\""));
   } catch (...) {
     restore();
     throw;

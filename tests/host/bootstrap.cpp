@@ -906,12 +906,12 @@ TEST_CASE("detectLaunch rejects malformed values with an error naming the variab
     std::vector<std::string> phrases;
   };
   const std::vector<Case> cases = {
-      {{{"RANK", "abc"}, {"WORLD_SIZE", "4"}}, {"RANK=\"abc\"", "not a decimal integer"}},
+      {{{"RANK", "abc"}, {"WORLD_SIZE", "4"}}, {"RANK=\"abc\"", "is not allowed: expected an integer from 0 to"}},
       {{{"RANK", "1"}, {"WORLD_SIZE", "4x"}}, {"WORLD_SIZE=\"4x\""}},
       {{{"RANK", " 1"}, {"WORLD_SIZE", "4"}}, {"RANK=\" 1\""}},
       {{{"RANK", "4"}, {"WORLD_SIZE", "4"}}, {"RANK=4 is not below WORLD_SIZE=4"}},
-      {{{"RANK", "-1"}, {"WORLD_SIZE", "4"}}, {"RANK=-1", "out of range"}},
-      {{{"RANK", "0"}, {"WORLD_SIZE", "0"}}, {"WORLD_SIZE=0", "out of range"}},
+      {{{"RANK", "-1"}, {"WORLD_SIZE", "4"}}, {"RANK=\"-1\"", "expected an integer from 0 to"}},
+      {{{"RANK", "0"}, {"WORLD_SIZE", "0"}}, {"WORLD_SIZE=\"0\"", "expected an integer from 1 to"}},
       {{{"RANK", "0"}, {"WORLD_SIZE", "99999999999999999999"}}, {"WORLD_SIZE=\"99999999999999999999\""}},
       {{{"RANK", "1"}}, {"RANK is set but WORLD_SIZE is not"}},
       {{{"WORLD_SIZE", "2"}}, {"WORLD_SIZE is set but RANK is not"}},
@@ -922,7 +922,7 @@ TEST_CASE("detectLaunch rejects malformed values with an error naming the variab
         {"MASTER_ADDR", "h"},
         {"MASTER_PORT", "1"}},
        {"LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"}},
-      {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}, {"MASTER_PORT=70000"}},
+      {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}}, {"MASTER_PORT=\"70000\"", "expected an integer from 1 to 65535"}},
       {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "http"}}, {"MASTER_PORT=\"http\""}},
       {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}}, {"MASTER_ADDR"}},
       {{{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}}, {"SLURM_PROCID=\"x\""}},

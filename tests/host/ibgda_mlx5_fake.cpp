@@ -183,7 +183,7 @@ TEST_CASE("ibgda on mlx5: a GID index outside the table is an error on every ran
   resetFake();
   gintest::EnvVar gid("GIN_IB_GID_INDEX", "9");
   requireEveryRank(gintest::rankErrors(2, mlx5Config()),
-                   {"GIN_IB_GID_INDEX=9 is not an index of the GID table (0..3)"});
+                   {"GIN_IB_GID_INDEX=\"9\" is not an index of the GID table (0..3)"});
   requireModelClean();
 }
 

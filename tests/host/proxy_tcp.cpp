@@ -308,7 +308,7 @@ TEST_CASE("tcp wire (threads): forcing tcp uses it for every other rank and a co
     gintest::EnvVar w("GIN_PROXY_WIRE", "smoke-signals");
     CHECK_THROWS_WITH(runRanks(
                           2, [](Comm&) {}, tcpConfig()),
-                      ContainsSubstring("GIN_PROXY_WIRE=smoke-signals"));
+                      ContainsSubstring("GIN_PROXY_WIRE=\"smoke-signals\""));
   }
   // Auto on one host: the local wire, no sockets.
   CommConfig autoCfg = tcpConfig();

@@ -22,6 +22,7 @@
 
 #include "gin/device/allreduce.hpp"
 #include "gin/host/comm.hpp"
+#include "gin/host/env.hpp"
 
 namespace gin::coll {
 
@@ -75,91 +76,25 @@ struct RingTuning {
 };
 
 namespace detail {
-// A whole number with an optional K/M/G suffix (powers of 1024); false if malformed.
-inline bool parseBytes(const std::string& s, int64_t* out) {
-  if (s.empty()) return false;
-  size_t i = 0;
-  bool neg = false;
-  if (s[0] == '-') neg = true, i = 1;
-  if (i >= s.size() || s[i] < '0' || s[i] > '9') return false;
-  errno = 0;
-  char* end = nullptr;
-  const unsigned long long v = std::strtoull(s.c_str() + i, &end, 10);
-  if (errno != 0) return false;
-  std::string suf(end);
-  int shift = 0;
-  if (suf.empty() || suf == "B" || suf == "b")
-    shift = 0;
-  else if (suf == "K" || suf == "k" || suf == "KiB" || suf == "KB")
-    shift = 10;
-  else if (suf == "M" || suf == "m" || suf == "MiB" || suf == "MB")
-    shift = 20;
-  else if (suf == "G" || suf == "g" || suf == "GiB" || suf == "GB")
-    shift = 30;
-  else
-    return false;
-  if (v > (0x7fffffffffffffffull >> shift)) return false;
-  *out = (neg ? -1 : 1) * int64_t(v << shift);
-  return true;
-}
-
-// The value of environment variable `name` in [lo, hi] (or one of `extra`),
-// else gin::Error saying which variable, what value and what is allowed.
-inline bool envBytes(const char* name, int64_t lo, int64_t hi, const char* allowed, int64_t* out, int64_t alsoOk = 0,
-                     bool haveAlsoOk = false) {
-  const char* e = std::getenv(name);
-  if (e == nullptr) return false;
-  int64_t v = 0;
-  if (!parseBytes(e, &v) || ((v < lo || v > hi) && !(haveAlsoOk && v == alsoOk)))
-    throw Error(std::string(name) + "=" + e + " is not allowed: expected " + allowed);
-  *out = v;
-  return true;
-}
+static_assert(env::find("GIN_ALLREDUCE_LL_BLOCKS")->hi == kLlMaxBlocks &&
+                  env::find("GIN_ALLREDUCE_DIRECT_BLOCKS")->hi == kLlMaxBlocks &&
+                  env::find("GIN_ALLREDUCE_RING_BLOCK_SIZE")->hi == kRingMaxThreads,
+              "gin/host/env.hpp's rows follow the kernel's limits");
 }  // namespace detail
 
 // `base` with the GIN_ALLREDUCE_RING_* variables that are set applied.
 inline RingTuning ringTuningFromEnv(RingTuning base = {}) {
-  int64_t v = 0;
-  if (detail::envBytes("GIN_ALLREDUCE_RING_CHUNK_SIZE", 1, 16ll << 20,
-                       "a whole number of bytes from 1 to 16M (suffixes K, M, G are powers of 1024)", &v))
-    base.chunkBytes = uint64_t(v);
-  if (detail::envBytes("GIN_ALLREDUCE_RING_NUM_CHUNKS", 1, 65536, "a whole number from 1 to 65536", &v))
-    base.numChunks = uint64_t(v);
-  if (detail::envBytes("GIN_ALLREDUCE_RING_MAX_BDP", 16, 4ll << 30,
-                       "a whole number of bytes from 16 to 4G (suffixes K, M, G are powers of 1024)", &v))
-    base.maxBdpBytes = uint64_t(v);
-  if (detail::envBytes("GIN_ALLREDUCE_RING_MIN_SHARD_SIZE", 1, 16ll << 20,
-                       "a whole number of bytes from 1 to 16M (suffixes K, M, G are powers of 1024)", &v))
-    base.minShardBytes = uint64_t(v);
-  if (detail::envBytes("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE", 0, int64_t(1) << 62,
-                       "0 (never bidirectional), -1 (always) or a message size in bytes up to which the AllGather "
-                       "runs in both directions (suffixes K, M, G are powers of 1024)",
-                       &v, -1, true))
-    base.bidirAgMaxBytes = v;
-  if (detail::envBytes("GIN_ALLREDUCE_RING_MAX_BLOCKS", 1, 1024, "a whole number of blocks from 1 to 1024", &v))
-    base.maxBlocks = uint32_t(v);
-  if (detail::envBytes("GIN_ALLREDUCE_RING_NUM_BLOCKS", 1, 1024, "a whole number of blocks from 1 to 1024", &v))
-    base.blocks = uint32_t(v);
-  if (detail::envBytes("GIN_ALLREDUCE_LL_MAX_SIZE", 0, 1ll << 30,
-                       "0 (never use LL packets) or a message size in bytes up to 1G (suffixes K, M, G are powers "
-                       "of 1024); the workspace's llMaxBytes caps it",
-                       &v))
-    base.llMaxBytes = uint64_t(v);
-  if (detail::envBytes("GIN_ALLREDUCE_DIRECT_MAX_SIZE", 0, 1ll << 40,
-                       "0 (never take the two-shot direct path) or a message size in bytes (suffixes K, M, G are "
-                       "powers of 1024)",
-                       &v))
-    base.directMaxBytes = uint64_t(v);
-  if (detail::envBytes("GIN_ALLREDUCE_DIRECT_BLOCKS", 1, kLlMaxBlocks,
-                       ("a whole number of blocks from 1 to " + std::to_string(kLlMaxBlocks)).c_str(), &v))
-    base.directBlocks = uint32_t(v);
-  if (const char* e = std::getenv("GIN_ALLREDUCE_RING_BLOCK_SIZE")) {
-    int64_t b = 0;
-    if (!detail::parseBytes(e, &b) || b < 32 || b > int64_t(kRingMaxThreads) || b % 32 != 0)
-      throw Error(std::string("GIN_ALLREDUCE_RING_BLOCK_SIZE=") + e +
-                  " is not allowed: expected a number of threads that is a multiple of 32 from 32 to 512");
-    base.blockSize = uint32_t(b);
-  }
+  if (auto v = env::size("GIN_ALLREDUCE_RING_CHUNK_SIZE")) base.chunkBytes = uint64_t(*v);
+  if (auto v = env::integer("GIN_ALLREDUCE_RING_NUM_CHUNKS")) base.numChunks = uint64_t(*v);
+  if (auto v = env::size("GIN_ALLREDUCE_RING_MAX_BDP")) base.maxBdpBytes = uint64_t(*v);
+  if (auto v = env::size("GIN_ALLREDUCE_RING_MIN_SHARD_SIZE")) base.minShardBytes = uint64_t(*v);
+  if (auto v = env::size("GIN_ALLREDUCE_RING_BIDIR_AG_MAX_SIZE")) base.bidirAgMaxBytes = int64_t(*v);
+  if (auto v = env::integer("GIN_ALLREDUCE_RING_MAX_BLOCKS")) base.maxBlocks = uint32_t(*v);
+  if (auto v = env::integer("GIN_ALLREDUCE_RING_NUM_BLOCKS")) base.blocks = uint32_t(*v);
+  if (auto v = env::size("GIN_ALLREDUCE_LL_MAX_SIZE")) base.llMaxBytes = uint64_t(*v);
+  if (auto v = env::size("GIN_ALLREDUCE_DIRECT_MAX_SIZE")) base.directMaxBytes = uint64_t(*v);
+  if (auto v = env::integer("GIN_ALLREDUCE_DIRECT_BLOCKS")) base.directBlocks = uint32_t(*v);
+  if (auto v = env::integer("GIN_ALLREDUCE_RING_BLOCK_SIZE")) base.blockSize = uint32_t(*v);
   return base;
 }
 
@@ -192,10 +127,7 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
     throw Error("createRingWorkspace: llMaxBytes " + std::to_string(llMaxBytes) +
                 " is larger than the 1 GiB the LL path allows; LL packets pay off for small messages only");
   uint32_t llBlocks = cfg.llBlocks;
-  int64_t v = 0;
-  if (detail::envBytes("GIN_ALLREDUCE_LL_BLOCKS", 1, kLlMaxBlocks,
-                       ("a whole number of blocks from 1 to " + std::to_string(kLlMaxBlocks)).c_str(), &v))
-    llBlocks = uint32_t(v);
+  if (auto v = env::integer("GIN_ALLREDUCE_LL_BLOCKS")) llBlocks = uint32_t(*v);
   if (llBlocks < 1 || llBlocks > kLlMaxBlocks)
     throw Error("createRingWorkspace: llBlocks must be from 1 to " + std::to_string(kLlMaxBlocks) + " (got " +
                 std::to_string(llBlocks) + ")");

@@ -23,14 +23,11 @@ namespace detail {
 
 // Longer than any job waits for a rendezvous; keeps deadline arithmetic far from overflow.
 inline constexpr uint64_t kMaxTimeoutNs = 365ull * 24 * 3600 * 1'000'000'000ull;
-inline constexpr int kMaxRanks = 1 << 24;
+inline constexpr int kMaxRanks = int(env::kMaxRanks);
+static_assert(uint64_t(env::kMaxTimeoutMs) * 1'000'000ull == kMaxTimeoutNs);
 
 inline uint64_t bootstrapTimeoutNs(const BootstrapConfig& cfg) {
-  if (auto v = envVar("GIN_BOOTSTRAP_TIMEOUT_MS")) {
-    const long long ms =
-        parseEnvInt("GIN_BOOTSTRAP_TIMEOUT_MS", *v, 1, static_cast<long long>(kMaxTimeoutNs / 1'000'000));
-    return static_cast<uint64_t>(ms) * 1'000'000ull;
-  }
+  if (auto ms = env::integer("GIN_BOOTSTRAP_TIMEOUT_MS")) return static_cast<uint64_t>(*ms) * 1'000'000ull;
   if (cfg.timeoutNs == 0)
     throw Error(
         "BootstrapConfig::timeoutNs is 0; every bootstrap wait needs a positive deadline "

@@ -6,11 +6,11 @@
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 
 #include "gin/core/error.hpp"
 #include "gin/device/comm.hpp"
+#include "gin/host/env.hpp"
 #include "gin/host/ibgda.hpp"
 #include "gin/host/proxy.hpp"
 #include "gin/host/tcp_wire.hpp"
@@ -50,23 +50,16 @@ struct CommConfig {
 
 namespace detail {
 inline uint64_t envTimeoutNs() {
-  if (const char* e = std::getenv("GIN_TIMEOUT_MS")) {
-    char* end = nullptr;
-    const unsigned long long ms = std::strtoull(e, &end, 10);
-    if (!end || *end || end == e) throw Error(std::string("GIN_TIMEOUT_MS=") + e + " is not a number of milliseconds");
-    return uint64_t(ms) * 1000000ull;
-  }
+  if (auto ms = env::integer("GIN_TIMEOUT_MS")) return uint64_t(*ms) * 1000000ull;
   return 30'000'000'000ull;
 }
 inline TransportChoice envTransport(TransportChoice fallback) {
-  const char* e = std::getenv("GIN_TRANSPORT");
-  if (!e || !*e) return fallback;
-  const std::string v(e);
-  if (v == "auto") return TransportChoice::Auto;
-  if (v == "lsa") return TransportChoice::Lsa;
-  if (v == "proxy") return TransportChoice::Proxy;
-  if (v == "ibgda") return TransportChoice::Ibgda;
-  throw Error("GIN_TRANSPORT=" + v + " is not one of auto, lsa, proxy, ibgda");
+  const auto v = env::choice("GIN_TRANSPORT");
+  if (!v) return fallback;
+  if (*v == "lsa") return TransportChoice::Lsa;
+  if (*v == "proxy") return TransportChoice::Proxy;
+  if (*v == "ibgda") return TransportChoice::Ibgda;
+  return TransportChoice::Auto;
 }
 inline const char* choiceName(TransportChoice c) {
   switch (c) {
@@ -77,10 +70,7 @@ inline const char* choiceName(TransportChoice c) {
   }
   return "?";
 }
-inline bool envDebug() {
-  const char* e = std::getenv("GIN_DEBUG");
-  return e && *e && std::string(e) != "0";
-}
+inline bool envDebug() { return env::flag("GIN_DEBUG").value_or(false); }
 inline const char* transportName(Transport t) {
   switch (t) {
     case Transport::None: return "none";
@@ -89,6 +79,18 @@ inline const char* transportName(Transport t) {
     case Transport::Ibgda: return "ibgda";
   }
   return "?";
+}
+
+// The resolved config, one line (GIN_DEBUG).
+inline std::string describeConfig(const CommConfig& c) {
+  return "CommConfig: nContexts=" + std::to_string(c.nContexts) + " nSignals=" + std::to_string(c.nSignals) +
+         " nCounters=" + std::to_string(c.nCounters) + " nBarriers=" + std::to_string(c.nBarriers) +
+         " timeoutMs=" + std::to_string(c.timeoutNs / 1000000ull) + " transport=" + choiceName(c.transport) +
+         " proxy.wire=" + proxyWireName(c.proxy.wire) + " proxy.ringSlots=" + std::to_string(c.proxy.ringSlots) +
+         " proxy.batch=" + std::to_string(c.proxy.batch) + " proxy.threads=" + std::to_string(c.proxy.threads) +
+         " proxy.producerStores=" + std::to_string(c.proxy.producerStores) +
+         " proxy.cpus=" + (c.proxy.cpus.empty() ? std::string("(default)") : c.proxy.cpus) +
+         " ibgda.qpDepth=" + std::to_string(c.ibgda.qpDepth);
 }
 
 // `cfg` checked (throws gin::Error naming the bad fields), with the timeout,

@@ -9,13 +9,13 @@
 #include <sched.h>
 
 #include <cctype>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "gin/core/error.hpp"
+#include "gin/host/env.hpp"
 #include "gin/host/proxy.hpp"
 
 namespace gin::detail {
@@ -24,8 +24,8 @@ namespace gin::detail {
 // (PCI bus id), used on GPU ranks only; `rank` names the rank in errors.
 inline std::vector<int> engineCpus(const ProxyConfig& cfg, int rank, bool gpu, std::string busId) {
   std::string list, what;
-  if (const char* e = std::getenv("GIN_PROXY_CPUS")) {
-    list = e;
+  if (auto e = env::text("GIN_PROXY_CPUS")) {
+    list = *e;
     what = "GIN_PROXY_CPUS";
   } else if (!cfg.cpus.empty()) {
     list = cfg.cpus;

@@ -24,6 +24,7 @@
 #include "gin/device/comm.hpp"
 #include "gin/device/transport/ibgda.hpp"
 #include "gin/host/bootstrap.hpp"
+#include "gin/host/env.hpp"
 #include "gin/host/memory.hpp"
 #include "gin/host/side_context.hpp"
 #include "gin/host/soft_nic.hpp"
@@ -66,20 +67,14 @@ struct IbgdaConfig {
 namespace detail {
 inline IbgdaConfig::Device ibgdaDevice(IbgdaConfig::Device d) {
   if (d != IbgdaConfig::Device::Auto) return d;
-  const char* e = std::getenv("GIN_IBGDA_DEVICE");
-  if (!e || !*e) return IbgdaConfig::Device::Mlx5;
-  const std::string v(e);
+  const auto v = env::choice("GIN_IBGDA_DEVICE");
   if (v == "soft") return IbgdaConfig::Device::Soft;
   if (v == "soft-sink") return IbgdaConfig::Device::SoftSink;
-  if (v == "mlx5") return IbgdaConfig::Device::Mlx5;
-  throw Error("GIN_IBGDA_DEVICE=" + v + " is not one of soft, soft-sink, mlx5");
+  return IbgdaConfig::Device::Mlx5;
 }
 inline IbgdaConfig::Queues ibgdaQueues(IbgdaConfig::Queues q) {
   if (q != IbgdaConfig::Queues::Auto) return q;
-  const char* e = std::getenv("GIN_IBGDA_QUEUES");
-  if (!e || !*e || std::string(e) == "host") return IbgdaConfig::Queues::Host;
-  if (std::string(e) == "gpu") return IbgdaConfig::Queues::Gpu;
-  throw Error("GIN_IBGDA_QUEUES=" + std::string(e) + " is not one of host, gpu");
+  return env::choice("GIN_IBGDA_QUEUES") == "gpu" ? IbgdaConfig::Queues::Gpu : IbgdaConfig::Queues::Host;
 }
 }  // namespace detail
 
@@ -129,7 +124,7 @@ class IbgdaTransport {
     // arrays in mapped host memory for it, so atomics stay CPU atomics.
     if (gpu) {
       startDeviceCopies();
-    } else if (const char* e = std::getenv("GIN_SOFT_NIC_DEFERRED_COPIES"); e && std::string(e) == "1") {
+    } else if (env::flag("GIN_SOFT_NIC_DEFERRED_COPIES").value_or(false)) {
       startDeferredHostCopies();
     }
     const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg.qpDepth;

@@ -62,10 +62,11 @@ inline std::optional<int> slurmTasksOnNode(const std::string& spec, int node) {
 // Malformed numbers (e.g. RANK=abc, RANK >= WORLD_SIZE) -> gin::Error naming the variable and value.
 // A job of one rank needs no rendezvous, so MASTER_ADDR/MASTER_PORT are only required when nRanks > 1.
 inline LaunchInfo detectLaunch() {
-  using detail::envVar;
+  // gin/host/env.hpp's reader and number parser (an empty variable counts as unset).
+  static constexpr auto envVar = &env::raw;
   LaunchInfo info;
   auto num = [](const char* name, const std::string& v, long long lo, long long hi) {
-    return static_cast<int>(detail::parseEnvInt(name, v, lo, hi));
+    return static_cast<int>(env::parseNumber(name, v, lo, hi));
   };
   // Fills rank/size/local from the launcher's four variable names; a missing local
   // pair means the launcher did not say, and one node is the only safe reading.
@@ -141,7 +142,7 @@ inline LaunchInfo detectLaunch() {
       info.masterPort = *p;
     } else if (auto job = envVar("SLURM_JOB_ID")) {
       // Same job -> same port on every task, different jobs sharing a node rarely collide.
-      info.masterPort = 20000 + static_cast<int>(detail::parseEnvInt("SLURM_JOB_ID", *job, 0, LLONG_MAX) % 20000);
+      info.masterPort = 20000 + static_cast<int>(env::parseNumber("SLURM_JOB_ID", *job, 0, LLONG_MAX) % 20000);
     }
     requireMaster(
         "set MASTER_ADDR (or run under srun, which sets SLURM_LAUNCH_NODE_IPADDR) and "

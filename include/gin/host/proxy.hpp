@@ -110,22 +110,6 @@ inline std::vector<int> parseCpuList(const std::string& list, const std::string&
   return cpus;
 }
 
-// An engine thread count ("1", "4"); throws gin::Error naming `what` on
-// anything else, 0 included.
-inline uint32_t parseThreadCount(const std::string& text, const std::string& what) {
-  uint64_t v = 0;
-  bool ok = !text.empty() && text.size() <= 7;
-  for (char c : text) {
-    if (c < '0' || c > '9') ok = false;
-    v = v * 10 + uint64_t(c & 15);
-  }
-  if (!ok || v == 0)
-    throw Error(what + "=\"" + text +
-                "\" is not a thread count; write a whole number of proxy engine threads >= 1, like 2 (more than "
-                "the number of contexts is clamped to it)");
-  return uint32_t(v);
-}
-
 // The windows of a communicator by id: what the engine resolves descriptor
 // window ids against. The Comm adds and removes entries; each engine thread
 // holds mutex() shared (engineLock()) while it executes a batch, so a window

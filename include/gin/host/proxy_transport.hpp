@@ -24,6 +24,7 @@
 #include "gin/host/comm_config.hpp"
 #include "gin/host/cpu_pinning.hpp"
 #include "gin/host/dev_comm_memory.hpp"
+#include "gin/host/env.hpp"
 #include "gin/host/proxy.hpp"
 #include "gin/host/proxy_rings.hpp"
 #include "gin/host/tcp_wire.hpp"
@@ -258,7 +259,7 @@ class ProxyTransport {
   // most one per context ring (more would have nothing to consume).
   static uint32_t engineThreads(const CommConfig& cfg) {
     uint32_t n = cfg.proxy.threads;
-    if (const char* e = std::getenv("GIN_PROXY_THREADS"); e && *e) n = parseThreadCount(e, "GIN_PROXY_THREADS");
+    if (auto e = env::integer("GIN_PROXY_THREADS")) n = uint32_t(*e);
     return std::min(n, uint32_t(cfg.nContexts));
   }
 
@@ -266,14 +267,7 @@ class ProxyTransport {
   // and auto resolved: 0 or 1.
   static int producerStoresSetting(const CommConfig& cfg, bool gpu) {
     int want = cfg.proxy.producerStores;
-    if (const char* e = std::getenv("GIN_PROXY_PRODUCER_STORES"); e && *e) {
-      const std::string v = e;
-      if (v != "0" && v != "1")
-        throw Error("GIN_PROXY_PRODUCER_STORES=\"" + v +
-                    "\": write 1 (producers store puts to peers mapped here; the engine does only the actions) or 0 "
-                    "(the engine copies)");
-      want = v == "1";
-    }
+    if (auto e = env::flag("GIN_PROXY_PRODUCER_STORES")) want = *e;
     return want < 0 ? (gpu ? 1 : 0) : (want ? 1 : 0);
   }
 

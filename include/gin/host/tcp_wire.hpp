@@ -63,14 +63,12 @@ namespace gin {
 
 namespace detail {
 inline ProxyWire envProxyWire(ProxyWire fallback) {
-  const char* e = std::getenv("GIN_PROXY_WIRE");
-  if (!e || !*e) return fallback;
-  const std::string v(e);
-  if (v == "auto") return ProxyWire::Auto;
-  if (v == "local") return ProxyWire::Local;
-  if (v == "tcp") return ProxyWire::Tcp;
-  if (v == "verbs") return ProxyWire::Verbs;
-  throw Error("GIN_PROXY_WIRE=" + v + " is not one of auto, local, tcp, verbs");
+  const auto v = env::choice("GIN_PROXY_WIRE");
+  if (!v) return fallback;
+  if (*v == "local") return ProxyWire::Local;
+  if (*v == "tcp") return ProxyWire::Tcp;
+  if (*v == "verbs") return ProxyWire::Verbs;
+  return ProxyWire::Auto;
 }
 inline const char* proxyWireName(ProxyWire w) {
   switch (w) {
@@ -85,7 +83,7 @@ inline const char* proxyWireName(ProxyWire w) {
 // bootstrap reaches the other ranks from, else loopback when every tcp peer
 // is on this host, else the first non-loopback IPv4 address.
 inline std::string tcpWireAddress(const Bootstrap& bs, bool peersOnOtherHosts) {
-  if (auto a = envVar("GIN_PROXY_TCP_ADDR")) return *a;
+  if (auto a = env::text("GIN_PROXY_TCP_ADDR")) return *a;
   std::string a = bs.localAddress();
   if (!a.empty()) return a;
   return peersOnOtherHosts ? firstNonLoopbackIpv4() : std::string("127.0.0.1");

@@ -24,6 +24,7 @@
 #include "gin/device/comm.hpp"
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/comm_config.hpp"
+#include "gin/host/env.hpp"
 #include "gin/host/memory.hpp"
 
 namespace gin {
@@ -38,8 +39,8 @@ inline uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull)
 // "netns" keeps the host's identity but adds the network namespace, so ranks
 // in different namespaces of one machine count as different hosts.
 inline uint64_t hostId() {
-  const char* e = std::getenv("GIN_HOST_ID");
-  if (e && std::string(e) != "netns") return fnv1a(std::string("env:") + e);
+  const auto e = env::text("GIN_HOST_ID");
+  if (e && *e != "netns") return fnv1a("env:" + *e);
   char name[256] = {};
   ::gethostname(name, sizeof name - 1);
   std::string boot;
@@ -142,14 +143,14 @@ struct Topology {
   void discoverPeers(Bootstrap& bs, const CommConfig& cfg) {
     // Which device: decided per rank, agreed on below.
     bool wantGpu = false;
-    const char* envDev = std::getenv("GIN_DEVICE");
+    const bool envCpu = env::choice("GIN_DEVICE") == "cpu";
     const int nGpus = cudaDeviceCountOrZero();
     if (cfg.device == DeviceKind::Gpu) {
       if (nGpus == 0)
         throw Error("CommConfig::device is Gpu but no CUDA device is visible on rank " + std::to_string(rank));
       wantGpu = true;
     } else if (cfg.device == DeviceKind::Auto) {
-      wantGpu = nGpus > 0 && !(envDev && std::string(envDev) == "cpu");
+      wantGpu = nGpus > 0 && !envCpu;
     }
 
     PeerInfo me{};
@@ -228,10 +229,10 @@ struct Topology {
 #if GIN_WITH_CUDA
     int dev = cfg.cudaDevice;
     if (dev < 0) {
-      const char* lr = std::getenv("LOCAL_RANK");
+      const auto lr = env::integer("LOCAL_RANK", 0, env::kMaxRanks);
       // In-process groups share one environment, so LOCAL_RANK cannot tell threads apart.
       if (lr && !lsaAllSameProcess)
-        dev = std::atoi(lr);
+        dev = int(*lr);
       else
         dev = lsaRank;
       dev %= nGpus;

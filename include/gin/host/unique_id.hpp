@@ -32,7 +32,7 @@ struct UniqueId {
 // Picks this host's address (first non-loopback IPv4, else 127.0.0.1; env GIN_BOOTSTRAP_ADDR overrides)
 // and a free TCP port (bind to port 0, read it back). Call on one process and ship the bytes to the others.
 inline UniqueId makeUniqueId() {
-  const auto envAddr = detail::envVar("GIN_BOOTSTRAP_ADDR");
+  const auto envAddr = env::text("GIN_BOOTSTRAP_ADDR");
   const std::string addr = envAddr ? *envAddr : detail::firstNonLoopbackIpv4();
   sockaddr_in sa = detail::resolveIpv4(addr, 0, "GIN_BOOTSTRAP_ADDR");
   detail::Socket s = detail::tcpSocket();

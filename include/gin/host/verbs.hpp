@@ -25,6 +25,7 @@
 
 #include "gin/core/error.hpp"
 #include "gin/host/bootstrap.hpp"
+#include "gin/host/env.hpp"
 #include "gin/host/memory.hpp"
 
 #ifndef GIN_WITH_VERBS
@@ -125,8 +126,7 @@ inline std::string errnoText(int e) { return std::string(std::strerror(e)) + " (
 // `v` when set, else the environment variable `name`, else "".
 inline std::string envOr(const std::string& v, const char* name) {
   if (!v.empty()) return v;
-  const char* e = std::getenv(name);
-  return e ? e : "";
+  return env::text(name).value_or("");
 }
 
 #if GIN_WITH_VERBS
@@ -231,13 +231,13 @@ inline void chooseAddress(Port& d, int gidIndex) {
     return;
   }
   int forced = gidIndex;
-  const std::string e = envOr("", "GIN_IB_GID_INDEX");
-  if (forced < 0 && !e.empty()) {
-    char* end = nullptr;
-    forced = int(std::strtol(e.c_str(), &end, 10));
-    if (*end || forced < 0 || forced >= d.portAttr.gid_tbl_len)
-      throw Error("GIN_IB_GID_INDEX=" + e + " is not an index of the GID table (0.." +
-                  std::to_string(d.portAttr.gid_tbl_len - 1) + ")");
+  if (forced < 0) {
+    if (auto e = env::integer("GIN_IB_GID_INDEX")) {
+      forced = int(*e);
+      if (forced >= d.portAttr.gid_tbl_len)
+        throw Error("GIN_IB_GID_INDEX=\"" + std::to_string(forced) + "\" is not an index of the GID table (0.." +
+                    std::to_string(d.portAttr.gid_tbl_len - 1) + ")");
+    }
   }
   std::vector<GidCandidate> table;
   for (int i = 0; forced < 0 && i < d.portAttr.gid_tbl_len; ++i) {
