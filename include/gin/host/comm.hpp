@@ -314,8 +314,12 @@ class Comm {
     });
   }
 
+  // GIN_DEBUG: the environment (gin/host/env.hpp), the resolved config, and
+  // the transport (and proxy wire) chosen for each peer.
   void printTransports() const {
-    std::string s = "gin: rank 0 transport table (" + std::to_string(nRanks()) + " ranks):";
+    std::string s = env::describe("gin: rank 0 ");
+    s += "gin: rank 0 " + detail::describeConfig(cfg_) + (topo_.gpu ? "; GPU " + std::to_string(topo_.cudaDev) : "; CPU ranks") + "\n";
+    s += "gin: rank 0 transport table (" + std::to_string(nRanks()) + " ranks):";
     for (int r = 0; r < nRanks(); ++r)
       s += " " + std::to_string(r) + "=" + detail::transportName(Transport(topo_.transports[size_t(r)]));
     if (dev_.proxyRings) s += proxy_.describe(topo_, cfg_, dev_);
