@@ -1,7 +1,7 @@
 // gin-bench — gin's benchmark program: bandwidth of puts, signal round-trip
 // latency and barrier latency over the lsa transport, the proxy's descriptor
 // rate, the ring AllReduce, p2p send/recv and the MoE dispatch/combine of
-// examples/moe, between GPUs of one host (one process, one thread and one
+// gin::ep, between GPUs of one host (one process, one thread and one
 // gin::Comm per GPU) or between CPU ranks (threads) running the same device API.
 //
 //   gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX]
@@ -43,14 +43,14 @@
 #include "gin/gin.hpp"
 // The transports' counters (msg-rate): gin internals, not the user API.
 #include "gin/host/test_access.hpp"
-// The MoE layer is the example's own code (device bodies, CPU driver, host
-// reference), not a copy: gin-bench moe times exactly what the example runs.
-#include "../examples/moe/moe_cpu.hpp"
+// The MoE layer is gin::ep's own code (device bodies, CPU driver, host
+// reference), not a copy: gin-bench moe times exactly what the library runs.
+#include "gin/ep/cpu.hpp"
 
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
 
-#include "../examples/moe/moe_gpu.cuh"
+#include "gin/ep/gpu.hpp"
 #if defined(GIN_BENCH_HAVE_NCCL) && GIN_BENCH_HAVE_NCCL
 // NCCL's device headers trip -Wunused-parameter in the host pass; not ours to fix.
 #pragma GCC diagnostic push
@@ -685,7 +685,7 @@ const char* kUsage =
     "  OP            put-bw | signal-lat | barrier | msg-rate (descriptors/s into the proxy) |\n"
     "                allreduce (ring AllReduce, float sum, next to ncclAllReduce on GPUs) |\n"
     "                sendrecv (p2p send/recv ring shift, next to ncclSend/ncclRecv on GPUs) |\n"
-    "                moe (examples/moe dispatch and combine, next to an NCCL send/recv all-to-all)\n"
+    "                moe (gin::ep dispatch and combine, next to an NCCL send/recv all-to-all)\n"
     "  --transport   lsa (default) or proxy (every peer through the proxy engine; msg-rate\n"
     "                uses it unless told ibgda). With proxy, ranks may share a GPU (--ranks > GPUs)\n"
     "                ibgda: msg-rate (the WQE post rate into the soft NIC in sink mode) and\n"
@@ -890,7 +890,7 @@ struct PingResult {
   uint64_t steadyNs;  // in-run clock, round trips 2..iters (rank 0)
 };
 
-// moe: one rank's layer of examples/moe (moe::CpuLayer or moe::GpuLayer).
+// moe: one rank's layer of gin::ep (gin::ep::CpuLayer or gin::ep::GpuLayer).
 // Collective: every rank calls the same methods in the same order.
 struct MoeTimes {
   double dispatchS, combineS;
@@ -899,7 +899,7 @@ class MoeRunner {
  public:
   virtual ~MoeRunner() = default;
   // One layer on `in` (kept for timed()); returns this rank's out[T][H].
-  virtual std::vector<float> run(const moe::Inputs& in) = 0;
+  virtual std::vector<float> run(const gin::ep::Inputs& in) = 0;
   // One more layer on the last inputs, timed by phase on this rank: dispatch
   // (from the layer's start until every token sent to this rank is here) and
   // combine (experts, the returns, the weighted sums).
@@ -958,7 +958,7 @@ class Engine {
   // `nCh` channels of `fifo`; throws if a send or recv gave up.
   virtual double ringShift(const gin::p2p::Fifo& fifo, Window src, Window dst, size_t bytes, int nCh, int iters) = 0;
   // moe: a layer of shape `sh` on this rank (collective).
-  virtual std::unique_ptr<MoeRunner> moeLayer(const moe::Shape& sh, bool lowLatency) = 0;
+  virtual std::unique_ptr<MoeRunner> moeLayer(const gin::ep::Shape& sh, bool lowLatency) = 0;
 
  protected:
   gin::Comm& comm_;
@@ -971,8 +971,8 @@ class Engine {
 
 class CpuMoe final : public MoeRunner {
  public:
-  CpuMoe(gin::Comm& c, const moe::Shape& sh, bool ll) : layer_(c, sh, ll) {}
-  std::vector<float> run(const moe::Inputs& in) override {
+  CpuMoe(gin::Comm& c, const gin::ep::Shape& sh, bool ll) : layer_(c, sh, ll) {}
+  std::vector<float> run(const gin::ep::Inputs& in) override {
     in_ = in;
     return layer_.run(in_);
   }
@@ -982,8 +982,8 @@ class CpuMoe final : public MoeRunner {
   }
 
  private:
-  moe::CpuLayer layer_;
-  moe::Inputs in_;
+  gin::ep::CpuLayer layer_;
+  gin::ep::Inputs in_;
 };
 
 class CpuEngine final : public Engine {
@@ -1161,7 +1161,7 @@ class CpuEngine final : public Engine {
     if (!ok) throw gin::Error("sendrecv: a send or recv gave up without a device error record");
     return s;
   }
-  std::unique_ptr<MoeRunner> moeLayer(const moe::Shape& sh, bool ll) override {
+  std::unique_ptr<MoeRunner> moeLayer(const gin::ep::Shape& sh, bool ll) override {
     return std::make_unique<CpuMoe>(comm_, sh, ll);
   }
 
@@ -1187,18 +1187,18 @@ class CpuEngine final : public Engine {
 #if defined(__CUDACC__)
 #define BENCH_CUDA(call) GIN_CUDA_CHECK(call)
 
-// moe::GpuLayer on the rank's stream; cudaEvents split the layer into its
+// gin::ep::GpuLayer on the rank's stream; cudaEvents split the layer into its
 // dispatch and combine phases (GpuLayer::launch records `dispatched`).
 class GpuMoe final : public MoeRunner {
  public:
-  GpuMoe(gin::Comm& c, const moe::Shape& sh, bool ll, cudaStream_t st) : st_(st), layer_(c, sh, ll, st) {
+  GpuMoe(gin::Comm& c, const gin::ep::Shape& sh, bool ll, cudaStream_t st) : st_(st), layer_(c, sh, ll, st) {
     for (cudaEvent_t* e : {&e0_, &e1_, &e2_}) BENCH_CUDA(cudaEventCreate(e));
   }
   ~GpuMoe() override {
     (void)cudaStreamSynchronize(st_);
     for (cudaEvent_t e : {e0_, e1_, e2_}) (void)cudaEventDestroy(e);
   }
-  std::vector<float> run(const moe::Inputs& in) override { return layer_.run(in); }
+  std::vector<float> run(const gin::ep::Inputs& in) override { return layer_.run(in); }
   MoeTimes timed() override {
     layer_.rearm();
     BENCH_CUDA(cudaEventRecord(e0_, st_));
@@ -1214,7 +1214,7 @@ class GpuMoe final : public MoeRunner {
  private:
   cudaStream_t st_;
   cudaEvent_t e0_ = nullptr, e1_ = nullptr, e2_ = nullptr;
-  moe::GpuLayer layer_;
+  gin::ep::GpuLayer layer_;
 };
 
 class GpuEngine final : public Engine {
@@ -1431,7 +1431,7 @@ class GpuEngine final : public Engine {
     if (fetch(0)) throw gin::Error("sendrecv: a send or recv gave up without a device error record");
     return s;
   }
-  std::unique_ptr<MoeRunner> moeLayer(const moe::Shape& sh, bool ll) override {
+  std::unique_ptr<MoeRunner> moeLayer(const gin::ep::Shape& sh, bool ll) override {
     return std::make_unique<GpuMoe>(comm_, sh, ll, stream_);
   }
   void copyLocal(void* dst, const void* src, size_t bytes) {
@@ -2846,8 +2846,8 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
 // CTAs must all be resident (GpuLayer checks; two fit per SM), and they spin:
 // C x (1 + R) stays within one per SM (132 on an H100/H200), and within half
 // that over the proxy or ibgda, whose ranks may share a GPU.
-moe::Shape moeShape(const Options& o, int ranks, bool gpu, bool ll) {
-  moe::Shape sh;
+gin::ep::Shape moeShape(const Options& o, int ranks, bool gpu, bool ll) {
+  gin::ep::Shape sh;
   sh.ranks = ranks;
   sh.experts = kMoeExpertsPerRank * ranks;
   sh.topk = std::min(kMoeTopk, sh.experts);
@@ -2885,7 +2885,7 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
   struct Row {
     bool ll;
     const char* phase;
-    moe::Shape sh;
+    gin::ep::Shape sh;
     double crossBytes, allBytes;    // per rank (mean over ranks): to other ranks; including itself
     std::vector<double> gin, nccl;  // seconds, per timed layer (smallest over the ranks)
     std::vector<double> ginMax;     // seconds, per timed layer (largest over the ranks)
@@ -2893,27 +2893,27 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
   std::vector<Row> rows;
   uint64_t seed = 100;
   for (const bool ll : moeModes(o)) {
-    const moe::Shape sh = moeShape(o, n, gpu, ll);
+    const gin::ep::Shape sh = moeShape(o, n, gpu, ll);
     const char* mode = ll ? "low-latency" : "normal";
     std::unique_ptr<MoeRunner> layer = e.moeLayer(sh, ll);
     // Verified first, twice (the second layer reuses the reset signals); the
     // timed layers rerun the second one's inputs.
-    moe::Inputs in;
+    gin::ep::Inputs in;
     for (int k = 0; k < 2; ++k) {
-      in = moe::makeInputs(sh, me, ++seed);
+      in = gin::ep::makeInputs(sh, me, ++seed);
       const std::vector<float> out = layer->run(in);
       size_t first = 0;
-      const size_t bad = moe::mismatches(out, moe::reference(sh, in), &first);
+      const size_t bad = gin::ep::mismatches(out, gin::ep::reference(sh, in), &first);
       agreeBad(comm, fmt("moe verification failed: %s mode, %d tokens, against the host reference", mode, sh.tokens),
                bad);
     }
     // Who sends how many units to whom: U[r][d].
-    const std::vector<uint64_t> mine = moe::dispatchUnits(sh, in, ll);
+    const std::vector<uint64_t> mine = gin::ep::dispatchUnits(sh, in, ll);
     std::vector<uint64_t> U(size_t(n) * size_t(n));
     std::copy(mine.begin(), mine.end(), U.begin() + ptrdiff_t(size_t(me) * size_t(n)));
     comm.bootstrap().allGather(U.data(), size_t(n) * sizeof(uint64_t));
     auto units = [&](int r, int d) { return U[size_t(r) * size_t(n) + size_t(d)]; };
-    const size_t du = moe::dispatchUnitBytes(sh, ll), cu = moe::combineUnitBytes(sh);
+    const size_t du = gin::ep::dispatchUnitBytes(sh, ll), cu = gin::ep::combineUnitBytes(sh);
     double cross = 0, all = 0;
     for (int r = 0; r < n; ++r)
       for (int d = 0; d < n; ++d) {
@@ -2989,10 +2989,10 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
 #endif
   if (me != 0) return;
 
-  const moe::Shape s0 = rows.front().sh;
+  const gin::ep::Shape s0 = rows.front().sh;
   rep->head = headLines(o, s, where);
   rep->method = {
-      fmt("gin: examples/moe (DeepEP-style) layer, %d experts (%d per rank), top-%d, hidden %d bf16, expert = x * (1 + "
+      fmt("gin: gin::ep (DeepEP-style) layer, %d experts (%d per rank), top-%d, hidden %d bf16, expert = x * (1 + "
           "e/64)",
           s0.experts, s0.localExperts(), s0.topk, s0.hidden),
       fmt("  normal mode: counts, then %d channels stream tokens through per-(source, channel) rings of %d slots "
@@ -3002,9 +3002,11 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
           "expert) from %d sender(s) per expert,",
           s0.llSenders),
       "  combine returns each (token, k) row, the source reduces with the routing weights",
-      gpu ? "  kernels of moe::GpuLayer on the rank's stream; dispatch = from the first kernel until every token sent "
+      gpu ? "  kernels of gin::ep::GpuLayer on the rank's stream; dispatch = from the first kernel until every token "
+            "sent "
             "to the rank is here"
-          : "  moe::CpuLayer on the rank thread; dispatch = from the layer's start until every token sent to the rank "
+          : "  gin::ep::CpuLayer on the rank thread; dispatch = from the layer's start until every token sent to the "
+            "rank "
             "is here",
       "  (low latency: plus a wait for every count), combine = from there to the end (experts,",
       "  returns, sums)",
@@ -3014,7 +3016,7 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
       "bytes: what crosses ranks per rank (mean over the ranks): dispatch = (token, rank) units x (metadata + token)",
       "  (low latency: (token, expert) units x (16 + token)); combine = as many float rows of hidden x 4 bytes back;",
       "  GB/s = those bytes / time (a rank's own units are moved too, but not counted)",
-      "verified first, twice per mode: every output equals the host reference (moe::reference, relative 1e-5)",
+      "verified first, twice per mode: every output equals the host reference (gin::ep::reference, relative 1e-5)",
   };
   if (withNccl)
     rep->method.push_back(
@@ -3061,7 +3063,7 @@ void runMoe(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report
                                 : "nccl: not measured (" + ncclReason + ")");
   commonJson(*rep, o, s, where);
   rep->json.set("method", J::obj()
-                              .set("operation", "examples/moe dispatch and combine")
+                              .set("operation", "gin::ep dispatch and combine")
                               .set("layers", double(K))
                               .set("statistic", "median over layers of the smallest per-rank time")
                               .set("gbs", "bytes crossing ranks per rank (mean) / time")
@@ -3098,7 +3100,7 @@ void setTransport(const Options& o, gin::CommConfig* cfg) {
 }
 
 // sendrecv's FIFOs and moe's layer take more signal ids than the default
-// may hold (2 x channels x ranks; moe::signalsNeeded).
+// may hold (2 x channels x ranks; gin::ep::signalsNeeded).
 void sizeSignals(const Options& o, int ranks, bool gpu, gin::CommConfig* cfg) {
   uint64_t need = 0;
   if (o.op == Op::SendRecv) {
@@ -3106,7 +3108,8 @@ void sizeSignals(const Options& o, int ranks, bool gpu, gin::CommConfig* cfg) {
     pc.nChannels = uint32_t(srMaxChannels(o, gpu));
     need = gin::p2p::signalsNeeded(pc, ranks);
   } else if (o.op == Op::Moe) {
-    for (const bool ll : moeModes(o)) need = std::max<uint64_t>(need, moe::signalsNeeded(moeShape(o, ranks, gpu, ll)));
+    for (const bool ll : moeModes(o))
+      need = std::max<uint64_t>(need, gin::ep::signalsNeeded(moeShape(o, ranks, gpu, ll)));
   }
   cfg->nSignals = int(std::max<uint64_t>(uint64_t(cfg->nSignals), need + 8));
 }
