@@ -1,4 +1,4 @@
-// MoE dispatch/combine (examples/moe) on CPU ranks: normal mode (counts,
+// MoE dispatch/combine (gin::ep) on CPU ranks: normal mode (counts,
 // per-channel rings whose head/tail are gin signals) and low-latency mode
 // (per-expert buffers), over lsa, the proxy and ibgda (soft NIC), for 1 to 8 ranks and
 // token counts 0, 1 and primes; every output checked against a host
@@ -10,8 +10,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "../../examples/moe/moe_cpu.hpp"
 #include "../common/ranks.hpp"
+#include "gin/ep/cpu.hpp"
 #include "gin/host/test_access.hpp"
 
 using namespace gin;
@@ -19,24 +19,24 @@ using gin::test::CommAccess;
 using gintest::expect;
 
 namespace {
-void check(const moe::Shape& sh, bool ll, TransportChoice tr) {
+void check(const gin::ep::Shape& sh, bool ll, TransportChoice tr) {
   CommConfig cfg = gintest::cpuConfig();
   cfg.transport = tr;
   cfg.ibgda.device = IbgdaConfig::Device::Soft;  // used when tr is Ibgda
-  cfg.nSignals = int(moe::signalsNeeded(sh)) + 4;
+  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
   gintest::runRanks(
       sh.ranks,
       [&](Comm& comm) {
         expect(tr != TransportChoice::Ibgda || CommAccess::ibgda(comm) != nullptr, "the ibgda transport is not in use");
         expect(tr != TransportChoice::Proxy || CommAccess::proxyEngine(comm) != nullptr,
                "the proxy transport is not in use");
-        moe::CpuLayer layer(comm, sh, ll);
+        gin::ep::CpuLayer layer(comm, sh, ll);
         for (int round = 0; round < 2; ++round) {
-          const moe::Inputs in = moe::makeInputs(sh, comm.rank(), 77 + uint64_t(round));
+          const gin::ep::Inputs in = gin::ep::makeInputs(sh, comm.rank(), 77 + uint64_t(round));
           const std::vector<float> out = layer.run(in);
-          const std::vector<double> ref = moe::reference(sh, in);
+          const std::vector<double> ref = gin::ep::reference(sh, in);
           size_t first = 0;
-          const size_t bad = moe::mismatches(out, ref, &first);
+          const size_t bad = gin::ep::mismatches(out, ref, &first);
           expect(bad == 0, "rank " + std::to_string(comm.rank()) + " round " + std::to_string(round) + ": " +
                                std::to_string(bad) + " wrong outputs, first at " + std::to_string(first));
         }
@@ -51,7 +51,7 @@ TEST_CASE("moe normal mode: dispatch and combine match the host reference", "[mo
   // Tail/head signals per token, every 2 slots (the ring's size), every 5
   // (more than the ring holds: only the waits advance them).
   const int batch = GENERATE(1, 2, 5);
-  moe::Shape sh;
+  gin::ep::Shape sh;
   sh.ranks = ranks;
   sh.experts = ranks == 3 ? 12 : 16;
   sh.tokens = tokens;
@@ -68,7 +68,7 @@ TEST_CASE("moe low-latency mode: per-expert buffers match the host reference", "
   const int ranks = GENERATE(1, 2, 4, 8);
   const int tokens = GENERATE(0, 1, 29, 128);
   const int senders = GENERATE(1, 3);  // count signals per (expert, source): a receiver waits for all
-  moe::Shape sh;
+  gin::ep::Shape sh;
   sh.ranks = ranks;
   sh.experts = 16;
   sh.tokens = tokens;
@@ -85,7 +85,7 @@ TEST_CASE("moe over the proxy and ibgda (soft NIC) transports: both modes, batch
   for (auto [name, tr] : {std::pair{"proxy", TransportChoice::Proxy}, std::pair{"ibgda", TransportChoice::Ibgda}}) {
     if (forced && std::string(forced) != name) continue;  // another transport forced
     CAPTURE(name);
-    moe::Shape sh;
+    gin::ep::Shape sh;
     sh.ranks = 3;
     sh.experts = 6;
     sh.tokens = 23;
@@ -101,7 +101,7 @@ TEST_CASE("moe over the proxy and ibgda (soft NIC) transports: both modes, batch
 }
 
 TEST_CASE("moe rejects shapes it cannot run, with the reason", "[moe][errors]") {
-  moe::Shape sh;
+  gin::ep::Shape sh;
   sh.ranks = 2;
   sh.experts = 7;  // not a multiple of 2
   sh.tokens = 4;
@@ -112,7 +112,7 @@ TEST_CASE("moe rejects shapes it cannot run, with the reason", "[moe][errors]") 
     std::string msg;
     gintest::runRanks(2, [&](Comm& comm) {
       try {
-        moe::CpuLayer layer(comm, sh, false);
+        gin::ep::CpuLayer layer(comm, sh, false);
       } catch (const std::invalid_argument& e) {
         if (comm.rank() == 0) msg = e.what();
       }

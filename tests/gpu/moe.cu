@@ -1,4 +1,4 @@
-// GPU suite: MoE dispatch/combine (examples/moe) on 1, 2 and 4 ranks (ranks
+// GPU suite: MoE dispatch/combine (gin::ep) on 1, 2 and 4 ranks (ranks
 // share GPUs round-robin when there are fewer; each rank runs on its own
 // non-blocking stream), normal and low-latency modes, over lsa and the proxy,
 // checked against the host reference. Skips (exit 77) without a GPU.
@@ -7,27 +7,27 @@
 
 #include <cmath>
 
-#include "../../examples/moe/moe_cpu.hpp"
-#include "../../examples/moe/moe_gpu.cuh"
+#include "gin/ep/cpu.hpp"
+#include "gin/ep/gpu.hpp"
 #include "gpu_common.cuh"
 
 using namespace gin;
 using gputest::expect;
 
 namespace {
-void check(const moe::Shape& sh, bool ll, TransportChoice tr) {
+void check(const gin::ep::Shape& sh, bool ll, TransportChoice tr) {
   CommConfig cfg = gputest::gpuConfig();
   cfg.transport = tr;
-  cfg.nSignals = int(moe::signalsNeeded(sh)) + 4;
+  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
   gputest::runRanksOnStreams(
       sh.ranks,
       [&](Comm& comm, cudaStream_t st) {
-        moe::GpuLayer layer(comm, sh, ll, st);
+        gin::ep::GpuLayer layer(comm, sh, ll, st);
         for (int round = 0; round < 2; ++round) {
-          const moe::Inputs in = moe::makeInputs(sh, comm.rank(), 91 + uint64_t(round));
+          const gin::ep::Inputs in = gin::ep::makeInputs(sh, comm.rank(), 91 + uint64_t(round));
           const std::vector<float> out = layer.run(in);
           size_t first = 0;
-          const size_t bad = moe::mismatches(out, moe::reference(sh, in), &first);
+          const size_t bad = gin::ep::mismatches(out, gin::ep::reference(sh, in), &first);
           expect(bad == 0, "rank " + std::to_string(comm.rank()) + " round " + std::to_string(round) + ": " +
                                std::to_string(bad) + " wrong outputs, first at " + std::to_string(first));
         }
@@ -45,7 +45,7 @@ TEST_CASE("GPU moe: normal and low-latency modes match the host reference", "[gp
                    << gputest::hardwareQueues());
         continue;
       }
-      moe::Shape sh;
+      gin::ep::Shape sh;
       sh.ranks = ranks;
       sh.experts = 16;
       sh.hidden = 7168;

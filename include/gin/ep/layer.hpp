@@ -1,4 +1,4 @@
-// examples/moe/moe.hpp — a DeepEP-style expert-parallel layer on gin: each
+// gin/ep/layer.hpp — gin::ep, a DeepEP-style expert-parallel layer on gin: each
 // rank holds tokens (hidden size H, bf16) with top-k expert choices over E
 // experts spread evenly across the ranks; dispatch sends each token once to
 // every rank that hosts one of its experts, the experts run, and combine sends
@@ -37,7 +37,7 @@
 
 #include "gin/device.hpp"
 
-namespace moe {
+namespace gin::ep {
 
 inline constexpr int kMaxTopk = 16;
 
@@ -525,4 +525,4 @@ GIN_HD bool llExpertAndCombine(const Layer& l, int el, int src, int part, int pa
   return true;
 }
 
-}  // namespace moe
+}  // namespace gin::ep

@@ -1,5 +1,5 @@
-// examples/moe/moe_gpu.cuh — the MoE layer of moe.hpp on a GPU: the same
-// device bodies as the CPU driver (moe_cpu.hpp), launched as kernels on the
+// gin/ep/gpu.hpp — the expert-parallel layer of gin/ep/layer.hpp on a GPU: the
+// same device bodies as the CPU driver (gin/ep/cpu.hpp), launched as kernels on the
 // rank's stream. Normal mode: a count kernel, one dispatch kernel whose first
 // C CTAs send (one per channel, warps per destination) while R x C CTAs
 // receive (one per source and channel), an expert+combine kernel (a warp per
@@ -11,8 +11,6 @@
 // leave half the GPU free (see GpuLayer's constructor).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -20,10 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "gin/ep/cpu.hpp"
 #include "gin/gin.hpp"
-#include "moe_cpu.hpp"
 
-namespace moe {
+// CUDA only: under a plain C++ compiler this header gives the host part
+// (gin/ep/cpu.hpp) and nothing else.
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+namespace gin::ep {
 
 namespace gpu {
 
@@ -144,14 +147,14 @@ __global__ void __launch_bounds__(256, 2)
           },
           gin::Op::WaitSignal, -1, uint64_t(c));
     }
-    if (!ok && threadIdx.x % 32 == 0) atomicAdd(failed, 1);
+    if (!ok && threadIdx.x % 32 == 0) ::atomicAdd(failed, 1);
   } else {
     const int i = int(blockIdx.x) - C, src = i / C, c = i % C;
     RecvState s = rs[size_t(i)];
     const bool ok = spin(
         l.dc, [&] { return recvStep(l, src, c, s, recvX, recvMeta, gin::CoopBlock{}); }, gin::Op::WaitSignal, src,
         uint64_t(l.sig.tail(src, c)));
-    if (!ok && threadIdx.x == 0) atomicAdd(failed, 1);
+    if (!ok && threadIdx.x == 0) ::atomicAdd(failed, 1);
   }
 }
 
@@ -172,7 +175,7 @@ __global__ void expertCombineKernel(Layer l, const unsigned long long* total, co
 // the GPU free for others: on the proxy, with ranks sharing a GPU, the
 // engine's device-to-device copies need room on the SMs.
 __global__ void combineWaitKernel(Layer l, uint64_t want, int* failed) {
-  if (!gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(), want)) atomicAdd(failed, 1);
+  if (!gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(), want)) ::atomicAdd(failed, 1);
 }
 
 // out[t] = sum of the token's rows (rows [t][0, rows[t]) of width H, each
@@ -224,7 +227,7 @@ __global__ void llDispatchKernel(Layer l) {
 // Ends once every token dispatched to this rank is here (see llWaitDispatch);
 // the expert kernel after it finds its counts there.
 __global__ void llWaitKernel(Layer l, int* failed) {
-  if (!llWaitDispatch(l, gin::CoopBlock{}) && threadIdx.x == 0) atomicAdd(failed, 1);
+  if (!llWaitDispatch(l, gin::CoopBlock{}) && threadIdx.x == 0) ::atomicAdd(failed, 1);
 }
 
 // `split` CTAs per (local expert, source); every warp of them takes a share
@@ -232,7 +235,8 @@ __global__ void llWaitKernel(Layer l, int* failed) {
 __global__ void llExpertKernel(Layer l, int split, int* failed) {
   const int pair = int(blockIdx.x) / split, el = pair / l.shape.ranks, src = pair % l.shape.ranks;
   const int nw = int(blockDim.x / 32), part = (int(blockIdx.x) % split) * nw + int(threadIdx.x / 32);
-  if (!llExpertAndCombine(l, el, src, part, split * nw, gin::CoopWarp{}) && threadIdx.x % 32 == 0) atomicAdd(failed, 1);
+  if (!llExpertAndCombine(l, el, src, part, split * nw, gin::CoopWarp{}) && threadIdx.x % 32 == 0)
+    ::atomicAdd(failed, 1);
 }
 
 __global__ void resetKernel(Layer l, uint32_t from, uint32_t to) {
@@ -242,8 +246,6 @@ __global__ void resetKernel(Layer l, uint32_t from, uint32_t to) {
 __global__ void flushKernel(Layer l) { gin::Net<>(l.dc, int(blockIdx.x)).flush(gin::CoopThread{}); }
 
 }  // namespace gpu
-
-#define MOE_CUDA(call) GIN_CUDA_CHECK(call)
 
 // Runs layers on one GPU rank, on `stream`. Collective like CpuLayer.
 class GpuLayer {
@@ -274,29 +276,29 @@ class GpuLayer {
     // kernel of this or another rank spins on this one (nor inside a timed
     // region of a caller).
     cudaFuncAttributes a{};
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::countKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::layoutKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::dispatchKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::expertCombineKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::combineWaitKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::reduceKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::llDispatchKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::llWaitKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::llExpertKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::resetKernel));
-    MOE_CUDA(cudaFuncGetAttributes(&a, gpu::flushKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::countKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::layoutKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::dispatchKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::expertCombineKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::combineWaitKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::reduceKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llDispatchKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llWaitKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llExpertKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::resetKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::flushKernel));
     // The dispatch kernel's senders and receivers wait on each other (and on
     // other ranks' CTAs): all C + R x C CTAs must be resident at once, or the
     // layer stalls until the timeout. Refuse a shape that cannot be.
     int dev = 0, perSm = 0;
-    MOE_CUDA(cudaGetDevice(&dev));
-    MOE_CUDA(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
-    MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::dispatchKernel, kThreads, 0));
+    GIN_CUDA_CHECK(cudaGetDevice(&dev));
+    GIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+    GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::dispatchKernel, kThreads, 0));
     static_assert(kThreads / 32 * gpu::kLanesPerWarp >= 64, "a sender CTA drives up to 64 destinations");
     // Ranks on this GPU (tests share one GPU among ranks): the kernels'
     // grids are sized so that all of them together leave half the GPU free.
     char bus[32] = {};
-    MOE_CUDA(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
+    GIN_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
     std::vector<char> buses(sizeof bus * R);
     std::memcpy(buses.data() + sizeof bus * size_t(comm.rank()), bus, sizeof bus);
     comm.bootstrap().allGather(buses.data(), sizeof bus);
@@ -306,9 +308,9 @@ class GpuLayer {
                                   " resident CTAs (channels + ranks x channels) on each of " +
                                   std::to_string(sharing_) + " rank(s) of this GPU, which holds " +
                                   std::to_string(perSm * sms_) + "; use fewer channels");
-    MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::expertCombineKernel, kThreads, 0));
+    GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::expertCombineKernel, kThreads, 0));
     combineGrid_ = std::max(1, perSm * sms_ / (2 * sharing_));
-    MOE_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::llExpertKernel, kThreads, 0));
+    GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::llExpertKernel, kThreads, 0));
     llSplit_ = std::max(1, perSm * sms_ / (2 * sharing_) / std::max(1, sh.localExperts() * sh.ranks));
   }
   GpuLayer(const GpuLayer&) = delete;
@@ -331,18 +333,20 @@ class GpuLayer {
     const Shape& sh = sh_;
     const size_t T = size_t(sh.tokens), K = size_t(sh.topk);
     plan_ = plan(l_, ll_, in);
-    MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.x), plan_.x.data(), plan_.x.size(), cudaMemcpyHostToDevice, st_));
-    MOE_CUDA(cudaMemcpyAsync(comm_.localPointer(l_.meta), plan_.meta.data(), plan_.meta.size(), cudaMemcpyHostToDevice,
-                             st_));
-    MOE_CUDA(cudaMemcpyAsync(idx_, in.idx.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
-    MOE_CUDA(cudaMemcpyAsync(w_, in.weight.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
+    GIN_CUDA_CHECK(
+        cudaMemcpyAsync(comm_.localPointer(l_.x), plan_.x.data(), plan_.x.size(), cudaMemcpyHostToDevice, st_));
+    GIN_CUDA_CHECK(cudaMemcpyAsync(comm_.localPointer(l_.meta), plan_.meta.data(), plan_.meta.size(),
+                                   cudaMemcpyHostToDevice, st_));
+    GIN_CUDA_CHECK(cudaMemcpyAsync(idx_, in.idx.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
+    GIN_CUDA_CHECK(cudaMemcpyAsync(w_, in.weight.data(), T * K * 4, cudaMemcpyHostToDevice, st_));
     if (!ll_) {
-      MOE_CUDA(cudaMemcpyAsync(rows_, plan_.rows.data(), T * 4, cudaMemcpyHostToDevice, st_));
+      GIN_CUDA_CHECK(cudaMemcpyAsync(rows_, plan_.rows.data(), T * 4, cudaMemcpyHostToDevice, st_));
     }
-    MOE_CUDA(cudaMemcpyAsync(sendList_, plan_.sendList.data(), plan_.sendList.size() * 4, cudaMemcpyHostToDevice, st_));
-    MOE_CUDA(
+    GIN_CUDA_CHECK(
+        cudaMemcpyAsync(sendList_, plan_.sendList.data(), plan_.sendList.size() * 4, cudaMemcpyHostToDevice, st_));
+    GIN_CUDA_CHECK(
         cudaMemcpyAsync(sendCount_, plan_.sendCount.data(), plan_.sendCount.size() * 8, cudaMemcpyHostToDevice, st_));
-    MOE_CUDA(cudaStreamSynchronize(st_));
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
     rearm();
   }
 
@@ -351,8 +355,8 @@ class GpuLayer {
   // the same inputs again (gin-bench moe times layers that way).
   void rearm() {
     gpu::resetKernel<<<1, 256, 0, st_>>>(l_, 0, signalsNeeded(sh_));
-    MOE_CUDA(cudaGetLastError());
-    MOE_CUDA(cudaStreamSynchronize(st_));
+    GIN_CUDA_CHECK(cudaGetLastError());
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
     comm_.bootstrap().barrier();
   }
 
@@ -365,12 +369,12 @@ class GpuLayer {
   void launch(cudaEvent_t dispatched = nullptr) {
     const Shape& sh = sh_;
     const int R = sh.ranks, C = sh.channels;
-    MOE_CUDA(cudaMemsetAsync(failed(), 0, 4, st_));
+    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     if (!ll_) {
       gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
       gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed());
       gpu::dispatchKernel<<<C + R * C, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_, failed());
-      if (dispatched) MOE_CUDA(cudaEventRecord(dispatched, st_));
+      if (dispatched) GIN_CUDA_CHECK(cudaEventRecord(dispatched, st_));
       gpu::expertCombineKernel<<<combineGrid_, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
       gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());
       gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, rows_, sh.maxDests(), nullptr,
@@ -378,22 +382,22 @@ class GpuLayer {
     } else {
       gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
       gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
-      if (dispatched) MOE_CUDA(cudaEventRecord(dispatched, st_));
+      if (dispatched) GIN_CUDA_CHECK(cudaEventRecord(dispatched, st_));
       gpu::llExpertKernel<<<sh.localExperts() * R * llSplit_, kThreads, 0, st_>>>(l_, llSplit_, failed());
       gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());
       gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, nullptr, sh.topk, w_, out_);
     }
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
-    MOE_CUDA(cudaGetLastError());
+    GIN_CUDA_CHECK(cudaGetLastError());
   }
 
   // Waits for the layer and checks it; out[T][H] stays on the GPU.
   void wait() {
     const cudaError_t e = cudaStreamSynchronize(st_);
     comm_.check();
-    MOE_CUDA(e);
+    GIN_CUDA_CHECK(e);
     int f = 0;
-    MOE_CUDA(cudaMemcpy(&f, failed(), 4, cudaMemcpyDeviceToHost));
+    GIN_CUDA_CHECK(cudaMemcpy(&f, failed(), 4, cudaMemcpyDeviceToHost));
     if (f) throw std::runtime_error("moe: a wait gave up on rank " + std::to_string(comm_.rank()));
     comm_.bootstrap().barrier();  // nobody resets signals for the next layer while a peer still signals
   }
@@ -401,7 +405,7 @@ class GpuLayer {
   std::vector<float> finish() {
     wait();
     std::vector<float> out(size_t(sh_.tokens) * sh_.hidden);
-    MOE_CUDA(cudaMemcpy(out.data(), out_, out.size() * 4, cudaMemcpyDeviceToHost));
+    GIN_CUDA_CHECK(cudaMemcpy(out.data(), out_, out.size() * 4, cudaMemcpyDeviceToHost));
     return out;
   }
 
@@ -433,8 +437,8 @@ class GpuLayer {
 
   void* alloc(size_t bytes) {
     void* p = nullptr;
-    MOE_CUDA(cudaMalloc(&p, bytes));
-    MOE_CUDA(cudaMemset(p, 0, bytes));
+    GIN_CUDA_CHECK(cudaMalloc(&p, bytes));
+    GIN_CUDA_CHECK(cudaMemset(p, 0, bytes));
     allocs_.push_back(p);
     return p;
   }
@@ -442,4 +446,5 @@ class GpuLayer {
   unsigned long long* total() const { return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 8); }
 };
 
-}  // namespace moe
+}  // namespace gin::ep
+#endif  // defined(__CUDACC__)

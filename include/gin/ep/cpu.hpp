@@ -1,4 +1,4 @@
-// examples/moe/moe_cpu.hpp — the MoE layer of moe.hpp driven by a CPU rank
+// gin/ep/cpu.hpp — the expert-parallel layer of gin/ep/layer.hpp driven by a CPU rank
 // (one thread per rank; the same device bodies a GPU runs), its inputs, and
 // the host reference it is checked against.
 #pragma once
@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
+#include "gin/ep/layer.hpp"
 #include "gin/gin.hpp"
-#include "moe.hpp"
 
-namespace moe {
+namespace gin::ep {
 
 struct Inputs {
   std::vector<uint16_t> x;    // [T][H] bf16
@@ -365,4 +365,4 @@ class CpuLayer {
   }
 };
 
-}  // namespace moe
+}  // namespace gin::ep
