@@ -256,10 +256,9 @@ int visibleGpus() {
 void setTransport(const Options& o, gin::CommConfig* cfg) {
   if (o.transport == "ibgda") {
     cfg->transport = gin::TransportChoice::Ibgda;
-    const char* dev = std::getenv("GIN_IBGDA_DEVICE");
     // msg-rate measures posting only (sink); sendrecv moves data (the full soft NIC).
     const auto soft = o.op == Op::MsgRate ? gin::IbgdaConfig::Device::SoftSink : gin::IbgdaConfig::Device::Soft;
-    cfg->ibgda.device = dev && *dev ? gin::IbgdaConfig::Device::Auto : soft;
+    cfg->ibgda.device = gin::env::choice("GIN_IBGDA_DEVICE") ? gin::IbgdaConfig::Device::Auto : soft;
   } else {
     cfg->transport = o.transport == "proxy" ? gin::TransportChoice::Proxy : gin::TransportChoice::Lsa;
   }
