@@ -25,30 +25,13 @@
 
 #include "gin/core/coop.hpp"
 #include "gin/core/rolling.hpp"
+#include "gin/device/action.hpp"
 #include "gin/device/transport/ibgda.hpp"
 #include "gin/device/transport/lsa.hpp"
 #include "gin/device/transport/proxy.hpp"
 #include "gin/device/window.hpp"
 
 namespace gin {
-
-// Actions. Remote: applied at the peer once the payload is there.
-struct None {};
-struct SignalInc {
-  uint32_t signal;
-};
-struct SignalAdd {
-  uint32_t signal;
-  uint64_t value;
-};
-struct SignalSet {
-  uint32_t signal;
-  uint64_t value;
-};
-// Local: applied here once the source has been consumed.
-struct CounterInc {
-  uint32_t counter;
-};
 
 // Backend mask: which transports a Net may dispatch to. Leaving one out
 // compiles its code out of the kernel.
@@ -113,7 +96,7 @@ class Net {
     }
     if constexpr ((Backends & kBackendIbgda) != 0) {
       if (viaIbgda(world)) {
-        const ibgda::Action a = ibgdaAction(remote, local);
+        const Action a = resolve(remote, local);
         coop.sync();  // the coop's source writes before the post (released by its doorbell record)
         if (coop.rank() == 0)
           (void)ibgda::put(*c_, ctx_, world, dstWin.dev, dstOffset, srcWin.dev, srcOffset, bytes, a);
@@ -166,7 +149,7 @@ class Net {
     }
     if constexpr ((Backends & kBackendIbgda) != 0) {
       if (viaIbgda(world)) {
-        const ibgda::Action a = ibgdaAction(remote, None{});
+        const Action a = resolve(remote, None{});
         coop.sync();
         if (coop.rank() == 0) (void)ibgda::putValue(*c_, ctx_, world, dstWin.dev, dstOffset, &value, sizeof(T), a);
         return;
@@ -203,7 +186,7 @@ class Net {
     }
     if constexpr ((Backends & kBackendIbgda) != 0) {
       if (viaIbgda(world)) {
-        const ibgda::Action a = ibgdaAction(remote, None{});
+        const Action a = resolve(remote, None{});
         coop.sync();
         if (coop.rank() == 0) (void)ibgda::signal(*c_, ctx_, world, a);
         return;
@@ -384,16 +367,8 @@ class Net {
     recordError(*c_, Op::BadArgument, -1, ctx_, w.dev ? w.dev->id : ~uint64_t(0), uint64_t(offset + bytes), size);
     return false;
   }
-  GIN_HD bool checkSignal(uint32_t s) const {
-    if (s < uint32_t(c_->nSignals)) return true;
-    recordError(*c_, Op::BadArgument, -1, ctx_, s, s, uint64_t(c_->nSignals));
-    return false;
-  }
-  GIN_HD bool checkCounter(uint32_t s) const {
-    if (s < uint32_t(c_->nCounters)) return true;
-    recordError(*c_, Op::BadArgument, -1, ctx_, s, s, uint64_t(c_->nCounters));
-    return false;
-  }
+  GIN_HD bool checkSignal(uint32_t s) const { return checkSignalId(*c_, ctx_, s); }
+  GIN_HD bool checkCounter(uint32_t s) const { return checkCounterId(*c_, ctx_, s); }
   // The host gives every member of the lsa team the lsa transport (unless the
   // proxy is forced), so the lsa test in each operation needs no table lookup.
   // Other peers dispatch on peerTransport; a peer no compiled-in transport
@@ -415,71 +390,26 @@ class Net {
     if constexpr ((Backends & kBackendIbgda) != 0)
       if (c_->ibgda != nullptr) ibgda::progressAll(*c_);
   }
-  // The ibgda form of the actions; a bad id is recorded and the action dropped.
+  // The actions in the one form every transport reads; a bad id is recorded and the action dropped.
   template <class RemoteAction, class LocalAction>
-  GIN_HD ibgda::Action ibgdaAction(RemoteAction remote, LocalAction local) const {
-    ibgda::Action a;
-    if constexpr (!std::is_same_v<RemoteAction, None>) {
-      static_assert(std::is_same_v<RemoteAction, SignalInc> || std::is_same_v<RemoteAction, SignalAdd> ||
-                        std::is_same_v<RemoteAction, SignalSet>,
-                    "remote action must be None, SignalInc, SignalAdd or SignalSet");
-      if (checkSignal(remote.signal)) {
-        a.signal = remote.signal;
-        if constexpr (std::is_same_v<RemoteAction, SignalInc>) {
-          a.remote = ibgda::kRemoteAdd;
-          a.value = 1;
-        } else {
-          a.remote = std::is_same_v<RemoteAction, SignalAdd> ? ibgda::kRemoteAdd : ibgda::kRemoteSet;
-          a.value = remote.value;
-        }
-      }
-    } else {
-      (void)remote;
-    }
-    if constexpr (!std::is_same_v<LocalAction, None>) {
-      static_assert(std::is_same_v<LocalAction, CounterInc>, "local action must be None or CounterInc");
-      if (checkCounter(local.counter)) a.counter = local.counter;
-    } else {
-      (void)local;
-    }
-    return a;
+  GIN_HD Action resolve(RemoteAction remote, LocalAction local) const {
+    return Actions<RemoteAction, LocalAction>{remote, local}.resolve(*c_, ctx_);
   }
   GIN_HD bool viaProxy(int world) const {
     return c_->proxyRings != nullptr && loadConst(c_->peerTransport + world) == uint8_t(Transport::Proxy);
   }
 
-  // A descriptor with the actions filled in. A bad signal or counter id is
-  // recorded here, on the device, and the action dropped (as lsa does).
+  // A descriptor with the actions filled in (resolved: a bad id is recorded, the action dropped).
   template <class RemoteAction, class LocalAction>
   GIN_HD ProxyDesc proxyDesc(ProxyOp op, int world, RemoteAction remote, LocalAction local) const {
+    const Action a = resolve(remote, local);
     ProxyDesc d{};
     d.op = uint8_t(op);
     d.peer = world;
-    d.action = uint8_t(ProxyAction::None);
-    d.counterId = kProxyNoCounter;
-    if constexpr (!std::is_same_v<RemoteAction, None>) {
-      static_assert(std::is_same_v<RemoteAction, SignalInc> || std::is_same_v<RemoteAction, SignalAdd> ||
-                        std::is_same_v<RemoteAction, SignalSet>,
-                    "remote action must be None, SignalInc, SignalAdd or SignalSet");
-      if (checkSignal(remote.signal)) {
-        d.signalId = remote.signal;
-        if constexpr (std::is_same_v<RemoteAction, SignalInc>) {
-          d.action = uint8_t(ProxyAction::Add);
-          d.signalValue = 1;
-        } else {
-          d.action = uint8_t(std::is_same_v<RemoteAction, SignalAdd> ? ProxyAction::Add : ProxyAction::Set);
-          d.signalValue = remote.value;
-        }
-      }
-    } else {
-      (void)remote;
-    }
-    if constexpr (!std::is_same_v<LocalAction, None>) {
-      static_assert(std::is_same_v<LocalAction, CounterInc>, "local action must be None or CounterInc");
-      if (checkCounter(local.counter)) d.counterId = local.counter;
-    } else {
-      (void)local;
-    }
+    d.action = uint8_t(a.remote);
+    d.signalId = a.signal;
+    d.signalValue = a.value;
+    d.counterId = a.counter;
     return d;
   }
   // The lsa index of a proxy peer whose window this rank stores into itself
@@ -522,34 +452,24 @@ class Net {
   template <class Coop, class RemoteAction, class LocalAction>
   GIN_HD void lsaActions(Coop coop, int li, RemoteAction remote, LocalAction local, bool wrote,
                          Scope alreadyReleased) const {
-    constexpr bool hasRemote = !std::is_same_v<RemoteAction, None>;
-    constexpr bool hasLocal = !std::is_same_v<LocalAction, None>;
-    if constexpr (hasRemote || hasLocal) {
+    const Actions<RemoteAction, LocalAction> acts{remote, local};
+    if constexpr (Actions<RemoteAction, LocalAction>::kAny) {
       coop.sync();
       if (coop.rank() == 0) {
         const bool release = wrote || alreadyReleased != Scope::System;
-        if constexpr (hasRemote) {
-          static_assert(std::is_same_v<RemoteAction, SignalInc> || std::is_same_v<RemoteAction, SignalAdd> ||
-                            std::is_same_v<RemoteAction, SignalSet>,
-                        "remote action must be None, SignalInc, SignalAdd or SignalSet");
-          if (checkSignal(remote.signal)) {
-            uint64_t* peerSignal = lsaSignalsOf(*c_, li) + remote.signal;
-            if constexpr (std::is_same_v<RemoteAction, SignalInc>)
-              lsa::signalAdd(peerSignal, 1, release);
-            else if constexpr (std::is_same_v<RemoteAction, SignalAdd>)
-              lsa::signalAdd(peerSignal, remote.value, release);
-            else
-              lsa::signalSet(peerSignal, remote.value, release);
-          }
-        }
-        if constexpr (hasLocal) {
-          static_assert(std::is_same_v<LocalAction, CounterInc>, "local action must be None or CounterInc");
-          if (checkCounter(local.counter))
-            atomicAdd<Scope::System>(c_->counters + local.counter, 1, MemoryOrder::Release);
-        }
+        acts.visit(
+            *c_, ctx_,
+            [&](RemoteOp op, uint32_t signal, uint64_t value) {
+              uint64_t* peerSignal = lsaSignalsOf(*c_, li) + signal;
+              if (op == RemoteOp::Add)
+                lsa::signalAdd(peerSignal, value, release);
+              else
+                lsa::signalSet(peerSignal, value, release);
+            },
+            [&](uint32_t counter) { atomicAdd<Scope::System>(c_->counters + counter, 1, MemoryOrder::Release); });
       }
     } else {
-      (void)coop, (void)li, (void)remote, (void)local, (void)wrote, (void)alreadyReleased;
+      (void)coop, (void)li, (void)wrote, (void)alreadyReleased;
     }
   }
 };

@@ -55,13 +55,14 @@
 
 #include "gin/core/atomic.hpp"
 #include "gin/core/rolling.hpp"
+#include "gin/device/action.hpp"
 #include "gin/device/comm.hpp"
 #include "gin/device/mlx5/prm.hpp"
 #include "gin/device/window.hpp"
 
 namespace gin {
 
-inline constexpr uint32_t kIbgdaNoCounter = ~uint32_t(0);
+inline constexpr uint32_t kIbgdaNoCounter = kNoCounter;
 // The most bytes putValue carries inline: Net::putValue's limit, and the
 // max_inline_data the mlx5 NIC creates its QPs with (gin/host/ibgda_mlx5.hpp).
 inline constexpr uint32_t kIbgdaMaxInline = 8;
@@ -364,23 +365,16 @@ GIN_HD GIN_INLINE void makeNop(Wqe& q) {
   setSegs(q, mlx5::makeCtrl(0, mlx5::kOpNop, 0, 0, mlx5::kDsNop, mlx5::kCtrlCqUpdate), nullptr, nullptr, nullptr);
 }
 
-// What to do besides the payload: a remote signal update (kind 0: none,
-// 1: add, 2: set) and a local counter (kIbgdaNoCounter: none). Ids are
-// checked by the caller (Net).
-struct Action {
-  uint8_t remote = 0;
-  uint32_t signal = 0;
-  uint64_t value = 0;
-  uint32_t counter = kIbgdaNoCounter;
-};
-inline constexpr uint8_t kRemoteNone = 0, kRemoteAdd = 1, kRemoteSet = 2;
+// What to do besides the payload (gin/device/action.hpp); ids are checked
+// by the caller (Actions::resolve).
+using Action = gin::Action;
 
 // The signal WQE of an action (remote != none).
 GIN_HD GIN_INLINE void makeSignal(const DevComm& c, const IbgdaQpDev* qp, int peer, const Action& a, Wqe& q) {
   const IbgdaRemoteKey* sr = loadConst(&c.ibgda->signalRemotes) + peer;
   const uint64_t raddr = loadConst(&sr->addr) + uint64_t(a.signal) * 8;
   const uint32_t rkey = loadConst(&sr->rkey);
-  if (a.remote == kRemoteAdd)
+  if (a.remote == RemoteOp::Add)
     makeFetchAdd(q, raddr, rkey, a.value, loadConst(&qp->scratchAddr), loadConst(&qp->scratchLkey));
   else
     (void)makeWriteInline(q, raddr, rkey, &a.value, 8, mlx5::kCtrlFence);  // 8 <= kIbgdaMaxInline: always built
@@ -415,7 +409,7 @@ GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst
   const uint32_t maxWqe = loadConst(&c.ibgda->maxWqeBytes);
   const uint64_t maxB = maxWqe < mlx5::kMaxDataSegBytes ? maxWqe : mlx5::kMaxDataSegBytes;
   const uint64_t nData = (bytes + maxB - 1) / maxB;
-  const bool sig = a.remote != kRemoteNone;
+  const bool sig = a.remote != RemoteOp::None;
   uint64_t total = nData + (sig ? 1 : 0);
   const bool nop = total == 0;  // a zero-byte put with only a counter: a NOP carries it
   if (nop) {
@@ -459,7 +453,7 @@ GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev
   const uint64_t raddr = loadConst(&rk->addr) + dstOffset;
   const uint32_t rkey = loadConst(&rk->rkey);
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-  const uint32_t n = a.remote != kRemoteNone ? 2 : 1;
+  const uint32_t n = a.remote != RemoteOp::None ? 2 : 1;
   return post(c, ctx, peer, n, a.counter, [&](uint32_t i, Wqe& q) {
     if (i == 0)
       (void)makeWriteInline(q, raddr, rkey, value, bytes, 0);  // bytes <= kIbgdaMaxInline: always built
@@ -470,7 +464,7 @@ GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev
 
 // A remote action alone (nothing to do when there is none).
 GIN_HD inline bool signal(const DevComm& c, int ctx, int peer, const Action& a) {
-  if (a.remote == kRemoteNone) return true;
+  if (a.remote == RemoteOp::None) return true;
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
   return post(c, ctx, peer, 1, a.counter, [&](uint32_t, Wqe& q) { makeSignal(c, qp, peer, a, q); });
 }

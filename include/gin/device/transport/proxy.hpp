@@ -19,14 +19,18 @@
 
 #include "gin/core/atomic.hpp"
 #include "gin/core/rolling.hpp"
+#include "gin/device/action.hpp"
 #include "gin/device/comm.hpp"
 
 namespace gin {
 
 enum class ProxyOp : uint8_t { Put = 1, PutValue = 2, Signal = 3 };
 enum class ProxyAction : uint8_t { None = 0, Add = 1, Set = 2 };
+static_assert(uint8_t(ProxyAction::Add) == uint8_t(RemoteOp::Add) &&
+                  uint8_t(ProxyAction::Set) == uint8_t(RemoteOp::Set),
+              "a descriptor carries Action::remote as it is");
 
-inline constexpr uint32_t kProxyNoCounter = ~uint32_t(0);
+inline constexpr uint32_t kProxyNoCounter = kNoCounter;
 
 // One operation, as the engine reads it back from its slot.
 struct ProxyDesc {
