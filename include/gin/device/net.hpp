@@ -66,44 +66,9 @@ class Net {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, bytes) || !checkRange(srcWin, srcOffset, bytes))
       return;
-    if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !netForced()) {
-        lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
-        lsaActions(coop, li, remote, local, /*wrote=*/true, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (viaProxy(world)) {
-        if (const int li = proxyStoreIndex(world); li >= 0) {
-          lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
-          proxyActions(coop, world, remote, local);
-          return;
-        }
-        ProxyDesc d = proxyDesc(ProxyOp::Put, world, remote, local);
-        d.dstWindow = loadConst(&dstWin.dev->id);
-        d.dstOffset = dstOffset;
-        d.srcWindow = loadConst(&srcWin.dev->id);
-        d.srcOffset = srcOffset;
-        d.bytes = bytes;
-        if (bytes > kProxyMaxBytes) {
-          recordError(*c_, Op::BadArgument, world, ctx_, d.dstWindow, bytes, kProxyMaxBytes);
-          return;
-        }
-        proxyPush(coop, d, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendIbgda) != 0) {
-      if (viaIbgda(world)) {
-        const Action a = resolve(remote, local);
-        coop.sync();  // the coop's source writes before the post (released by its doorbell record)
-        if (coop.rank() == 0)
-          (void)ibgda::put(*c_, ctx_, world, dstWin.dev, dstOffset, srcWin.dev, srcOffset, bytes, a);
-        return;
-      }
-    }
-    noTransport(world);
+    const Actions<RemoteAction, LocalAction> acts{remote, local};
+    dispatch(world,
+             [&](const auto& b) { b.put(coop, dstWin, dstOffset, srcWin, srcOffset, bytes, acts, alreadyReleased); });
   }
 
   // Typed form: nElts elements from src (here) to dst (at peer).
@@ -121,41 +86,8 @@ class Net {
     static_assert(sizeof(T) <= 8, "putValue carries at most 8 bytes; use put for more");
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, sizeof(T))) return;
-    if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !netForced()) {
-        if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
-        lsaActions(coop, li, remote, None{}, /*wrote=*/true, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (viaProxy(world)) {
-        if (const int li = proxyStoreIndex(world); li >= 0) {
-          if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
-          proxyActions(coop, world, remote, None{});
-          return;
-        }
-        ProxyDesc d = proxyDesc(ProxyOp::PutValue, world, remote, None{});
-        d.dstWindow = loadConst(&dstWin.dev->id);
-        d.dstOffset = dstOffset;
-        // Carried inline: byte i of the value in bits 8i..8i+7 (what the host unpacks).
-        const unsigned char* vb = reinterpret_cast<const unsigned char*>(&value);
-        d.srcOffset = 0;
-        for (size_t i = 0; i < sizeof(T); ++i) d.srcOffset |= uint64_t(vb[i]) << (8 * i);
-        d.bytes = sizeof(T);
-        proxyPush(coop, d, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendIbgda) != 0) {
-      if (viaIbgda(world)) {
-        const Action a = resolve(remote, None{});
-        coop.sync();
-        if (coop.rank() == 0) (void)ibgda::putValue(*c_, ctx_, world, dstWin.dev, dstOffset, &value, sizeof(T), a);
-        return;
-      }
-    }
-    noTransport(world);
+    const Actions<RemoteAction, None> acts{remote, None{}};
+    dispatch(world, [&](const auto& b) { b.putValue(coop, dstWin, dstOffset, value, acts, alreadyReleased); });
   }
   template <class T, class RemoteAction = None, class Coop = CoopThread>
   GIN_HD void putValue(Team team, int peer, SymPtr<T> dst, T value, RemoteAction remote = None{}, Coop coop = Coop{},
@@ -170,56 +102,18 @@ class Net {
                      Scope alreadyReleased = Scope::Thread) const {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer)) return;
-    if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !netForced()) {
-        lsaActions(coop, li, remote, None{}, /*wrote=*/false, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (viaProxy(world)) {
-        const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, None{});
-        // No action (None, or a bad id already recorded): nothing to carry.
-        if (d.action != uint8_t(ProxyAction::None)) proxyPush(coop, d, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendIbgda) != 0) {
-      if (viaIbgda(world)) {
-        const Action a = resolve(remote, None{});
-        coop.sync();
-        if (coop.rank() == 0) (void)ibgda::signal(*c_, ctx_, world, a);
-        return;
-      }
-    }
-    noTransport(world);
+    const Actions<RemoteAction, None> acts{remote, None{}};
+    dispatch(world, [&](const auto& b) { b.signal(coop, acts, alreadyReleased); });
   }
 
-  // Every source buffer of puts issued by `coop` on this context may be reused.
-  // lsa completes in place. Over the proxy: wait until the host has consumed
-  // every descriptor claimed on this context so far (by any coop: one counter
-  // per ring is cheaper than per-coop bookkeeping, and the promise is stronger).
-  // Returns false if the wait gave up (Op::ProxyFlush in the error record).
+  // Every source buffer of puts issued by `coop` on this context may be reused
+  // (each backend's flush says how; the proxy and ibgda also wait for other
+  // coops' requests). Returns false if a wait gave up (see the error record).
   template <class Coop>
   GIN_HD bool flush(Coop coop, MemoryOrder order = MemoryOrder::Acquire) const {
     coop.sync();
     bool ok = true;
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (c_->proxyRings != nullptr && ctx_ >= 0) {
-        if (coop.rank() == 0) ok = proxy::waitConsumed(*c_, ctx_, order);
-        ok = coop.syncAll(ok);
-      }
-    } else {
-      (void)order;
-    }
-    if constexpr ((Backends & kBackendIbgda) != 0) {
-      // Over ibgda: every WQE reserved on this context's QPs before the call
-      // has completed (polls the CQs; Op::IbgdaFlush or IbgdaCqe on failure).
-      if (c_->ibgda != nullptr && ctx_ >= 0) {
-        if (coop.rank() == 0) ok = ok && ibgda::flush(*c_, ctx_);
-        ok = coop.syncAll(ok);
-      }
-    }
+    forEachBackend([&](const auto& b) { ok = b.flush(coop, order, ok); });
     return ok;
   }
 
@@ -299,7 +193,7 @@ class Net {
   // (flush, waitCounter, readCounter, a producer waiting for room).
   GIN_HD uint64_t readCounter(uint32_t counter, int bits = 56, MemoryOrder order = MemoryOrder::Acquire) const {
     if (!checkCounter(counter)) return 0;
-    progressIbgda();
+    progress();
     return atomicLoad<Scope::System>(c_->counters + counter, order) & rollingMask(bits);
   }
   template <class Coop>
@@ -312,7 +206,7 @@ class Net {
           *c_, c_->counters + counter, order,
           [&](uint64_t v) {
             if (rollingLessEqual(least & m, v & m, bits)) return true;
-            progressIbgda();
+            progress();
             return false;
           },
           detail::WaitWhat{Op::WaitCounter, -1, ctx_, counter, least & m});
@@ -337,23 +231,36 @@ class Net {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer)) return;
     const uint32_t id = uint32_t(c_->nSignals) + index;
-    if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !proxyForced()) {
-        lsa::signalAdd(lsaSignalsOf(*c_, li) + id, 1, true);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (viaProxy(world)) {
-        ProxyDesc d = proxyDesc(ProxyOp::Signal, world, None{}, None{});
-        d.action = uint8_t(ProxyAction::Add);
-        d.signalId = id;
-        d.signalValue = 1;
-        proxyPush(CoopThread{}, d, Scope::Thread);  // a barrier releases
-        return;
-      }
-    }
-    noTransport(world);
+    dispatch</*railBarrier=*/true>(world, [&](const auto& b) { b.barrierSignal(id); });
+  }
+
+  // The one transport choice: f(backend) with the backend that reaches world
+  // rank `world`: lsa for an lsa member unless lsa::Backend::forced (no table
+  // lookup: the host gives members lsa), else its peerTransport entry. Only
+  // transports in Backends are compiled; none reaches: Op::NoTransport. The
+  // barrier's rail round never takes ibgda.
+  //   dispatch(world, [&](const auto& b) { b.signal(coop, acts, Scope::Thread); });
+  template <bool railBarrier = false, class F>
+  GIN_HD GIN_INLINE void dispatch(int world, F&& f) const {
+    if constexpr ((Backends & kBackendLsa) != 0)
+      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !lsa::Backend::forced(*c_, railBarrier))
+        return f(lsa::Backend{*c_, ctx_, li});
+    if constexpr ((Backends & kBackendProxy) != 0)
+      if (proxy::Backend::reaches(*c_, world)) return f(proxy::Backend{*c_, ctx_, world});
+    if constexpr (!railBarrier && (Backends & kBackendIbgda) != 0)
+      if (ibgda::Backend::reaches(*c_, world)) return f(ibgda::Backend{*c_, ctx_, world});
+    recordError(*c_, Op::NoTransport, world, ctx_, 0, 0, 0);
+  }
+  // f(backend) for every transport in Backends, in the order lsa, proxy, ibgda.
+  template <class F>
+  GIN_HD GIN_INLINE void forEachBackend(F&& f) const {
+    if constexpr ((Backends & kBackendLsa) != 0) f(lsa::Backend{*c_, ctx_, -1});
+    if constexpr ((Backends & kBackendProxy) != 0) f(proxy::Backend{*c_, ctx_, -1});
+    if constexpr ((Backends & kBackendIbgda) != 0) f(ibgda::Backend{*c_, ctx_, -1});
+  }
+  // What counters need polled to move (ibgda's CQs).
+  GIN_HD void progress() const {
+    forEachBackend([](const auto& b) { b.progress(); });
   }
 
   GIN_HD bool checkPeer(int world, Team team, int peer) const {
@@ -369,74 +276,6 @@ class Net {
   }
   GIN_HD bool checkSignal(uint32_t s) const { return checkSignalId(*c_, ctx_, s); }
   GIN_HD bool checkCounter(uint32_t s) const { return checkCounterId(*c_, ctx_, s); }
-  // The host gives every member of the lsa team the lsa transport (unless the
-  // proxy is forced), so the lsa test in each operation needs no table lookup.
-  // Other peers dispatch on peerTransport; a peer no compiled-in transport
-  // reaches is recorded as an error.
-  GIN_HD void noTransport(int world) const { recordError(*c_, Op::NoTransport, world, ctx_, 0, 0, 0); }
-
-  // Proxy forced for every peer (a parameter-space load). Read by every Net,
-  // also one compiled without the proxy backend: on such a communicator the
-  // lsa path is not set up (GPU ranks keep their signals in host memory), so
-  // that Net must record NoTransport rather than take it.
-  GIN_HD bool proxyForced() const { return c_->proxyAll != 0; }
-  // A network transport forced for every peer, lsa members included.
-  GIN_HD bool netForced() const { return c_->ibgdaAll != 0 || proxyForced(); }
-  GIN_HD bool viaIbgda(int world) const {
-    return c_->ibgda != nullptr && loadConst(c_->peerTransport + world) == uint8_t(Transport::Ibgda);
-  }
-  // Poll every ibgda CQ once (counters advance on completions).
-  GIN_HD void progressIbgda() const {
-    if constexpr ((Backends & kBackendIbgda) != 0)
-      if (c_->ibgda != nullptr) ibgda::progressAll(*c_);
-  }
-  // The actions in the one form every transport reads; a bad id is recorded and the action dropped.
-  template <class RemoteAction, class LocalAction>
-  GIN_HD Action resolve(RemoteAction remote, LocalAction local) const {
-    return Actions<RemoteAction, LocalAction>{remote, local}.resolve(*c_, ctx_);
-  }
-  GIN_HD bool viaProxy(int world) const {
-    return c_->proxyRings != nullptr && loadConst(c_->peerTransport + world) == uint8_t(Transport::Proxy);
-  }
-
-  // A descriptor with the actions filled in (resolved: a bad id is recorded, the action dropped).
-  template <class RemoteAction, class LocalAction>
-  GIN_HD ProxyDesc proxyDesc(ProxyOp op, int world, RemoteAction remote, LocalAction local) const {
-    const Action a = resolve(remote, local);
-    ProxyDesc d{};
-    d.op = uint8_t(op);
-    d.peer = world;
-    d.action = uint8_t(a.remote);
-    d.signalId = a.signal;
-    d.signalValue = a.value;
-    d.counterId = a.counter;
-    return d;
-  }
-  // The lsa index of a proxy peer whose window this rank stores into itself
-  // (DevComm::proxyLsaStores), else -1.
-  GIN_HD int proxyStoreIndex(int world) const { return c_->proxyLsaStores != 0 ? lsaIndexOf(*c_, world) : -1; }
-  // After the producers stored a put's payload themselves: its actions alone,
-  // as one descriptor (the push's system-scope release orders the coop's
-  // stores before the engine's signal). Nothing to push without actions.
-  template <class Coop, class RemoteAction, class LocalAction>
-  GIN_HD void proxyActions(Coop coop, int world, RemoteAction remote, LocalAction local) const {
-    if constexpr (!std::is_same_v<RemoteAction, None> || !std::is_same_v<LocalAction, None>) {
-      const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, local);
-      if (d.action != uint8_t(ProxyAction::None) || d.counterId != kProxyNoCounter)
-        proxyPush(coop, d, Scope::Thread);  // always: the coop's own stores are not released yet
-    } else {
-      (void)coop, (void)world, (void)remote, (void)local;
-    }
-  }
-  // The coop's writes (the put's source, the data a signal publishes) are
-  // ordered before the push by the sync; one thread pushes, with a
-  // system-scope fence first unless the caller already released at system
-  // scope.
-  template <class Coop>
-  GIN_HD void proxyPush(Coop coop, const ProxyDesc& d, Scope alreadyReleased) const {
-    coop.sync();
-    if (coop.rank() == 0) (void)proxy::push(*c_, ctx_, d, alreadyReleased != Scope::System);
-  }
 
   GIN_HD bool waitSignalValue(uint32_t signal, uint64_t least, int bits, MemoryOrder order, Op op) const {
     if (!checkSignal(signal)) return false;
@@ -444,33 +283,6 @@ class Net {
     return detail::boundedWait(
         *c_, c_->signals + signal, order, [&](uint64_t v) { return rollingLessEqual(least & m, v & m, bits); },
         detail::WaitWhat{op, -1, ctx_, signal, least & m});
-  }
-
-  // After an lsa copy/store by `coop`: one thread applies the remote action with
-  // a system-scope release (covering the whole coop's writes, ordered by the
-  // coop.sync before it), then the local action.
-  template <class Coop, class RemoteAction, class LocalAction>
-  GIN_HD void lsaActions(Coop coop, int li, RemoteAction remote, LocalAction local, bool wrote,
-                         Scope alreadyReleased) const {
-    const Actions<RemoteAction, LocalAction> acts{remote, local};
-    if constexpr (Actions<RemoteAction, LocalAction>::kAny) {
-      coop.sync();
-      if (coop.rank() == 0) {
-        const bool release = wrote || alreadyReleased != Scope::System;
-        acts.visit(
-            *c_, ctx_,
-            [&](RemoteOp op, uint32_t signal, uint64_t value) {
-              uint64_t* peerSignal = lsaSignalsOf(*c_, li) + signal;
-              if (op == RemoteOp::Add)
-                lsa::signalAdd(peerSignal, value, release);
-              else
-                lsa::signalSet(peerSignal, value, release);
-            },
-            [&](uint32_t counter) { atomicAdd<Scope::System>(c_->counters + counter, 1, MemoryOrder::Release); });
-      }
-    } else {
-      (void)coop, (void)li, (void)wrote, (void)alreadyReleased;
-    }
   }
 };
 

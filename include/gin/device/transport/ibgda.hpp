@@ -54,6 +54,7 @@
 #include <type_traits>
 
 #include "gin/core/atomic.hpp"
+#include "gin/core/coop.hpp"
 #include "gin/core/rolling.hpp"
 #include "gin/device/action.hpp"
 #include "gin/device/comm.hpp"
@@ -480,6 +481,53 @@ GIN_HD inline bool flush(const DevComm& c, int ctx) {
   }
   return ok;
 }
+
+// The ibgda backend of Net (gin/device/net.hpp): calls to world rank `peer`
+// on context `ctx`. The coop syncs (its source writes before the post, which
+// the doorbell record's release passes on to the NIC) and thread 0 posts.
+struct Backend {
+  const DevComm& c;
+  int ctx;
+  int peer;  // world rank; -1 for the per-context calls (flush, progress)
+
+  GIN_HD static bool reaches(const DevComm& c, int world) {
+    return c.ibgda != nullptr && loadConst(c.peerTransport + world) == uint8_t(Transport::Ibgda);
+  }
+
+  template <class Coop, class Acts>
+  GIN_HD void put(Coop coop, Window dst, size_t dstOffset, Window src, size_t srcOffset, size_t bytes, const Acts& acts,
+                  Scope) const {
+    const Action a = acts.resolve(c, ctx);
+    coop.sync();
+    if (coop.rank() == 0) (void)ibgda::put(c, ctx, peer, dst.dev, dstOffset, src.dev, srcOffset, bytes, a);
+  }
+  template <class T, class Coop, class Acts>
+  GIN_HD void putValue(Coop coop, Window dst, size_t dstOffset, T value, const Acts& acts, Scope) const {
+    const Action a = acts.resolve(c, ctx);
+    coop.sync();
+    if (coop.rank() == 0) (void)ibgda::putValue(c, ctx, peer, dst.dev, dstOffset, &value, sizeof(T), a);
+  }
+  template <class Coop, class Acts>
+  GIN_HD void signal(Coop coop, const Acts& acts, Scope) const {
+    const Action a = acts.resolve(c, ctx);
+    coop.sync();
+    if (coop.rank() == 0) (void)ibgda::signal(c, ctx, peer, a);
+  }
+  // Every WQE reserved on this context's QPs before the call has completed
+  // (polls the CQs; Op::IbgdaFlush or IbgdaCqe on failure).
+  template <class Coop>
+  GIN_HD bool flush(Coop coop, MemoryOrder, bool ok) const {
+    if (c.ibgda != nullptr && ctx >= 0) {
+      if (coop.rank() == 0) ok = ok && ibgda::flush(c, ctx);
+      ok = coop.syncAll(ok);
+    }
+    return ok;
+  }
+  // Poll every CQ once (counters advance on completions).
+  GIN_HD void progress() const {
+    if (c.ibgda != nullptr) progressAll(c);
+  }
+};
 
 }  // namespace ibgda
 }  // namespace gin
