@@ -40,7 +40,7 @@ inline constexpr unsigned kBackendProxy = unsigned(Transport::Proxy);
 inline constexpr unsigned kBackendIbgda = unsigned(Transport::Ibgda);
 inline constexpr unsigned kBackendAll = kBackendLsa | kBackendProxy | kBackendIbgda;
 
-template <class Coop>
+template <class Coop, unsigned Backends = kBackendAll>
 class BarrierSession;  // gin/device/barrier.hpp
 
 template <unsigned Backends = kBackendAll>
@@ -222,7 +222,7 @@ class Net {
   const DevComm* c_;
   int ctx_;
 
-  template <class>
+  template <class, unsigned>
   friend class BarrierSession;
   // BarrierSession's rail round: SignalAdd{1} on barrier word `index`, one of
   // the signal words past the user's ids (nSignals + index), which the public
