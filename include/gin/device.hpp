@@ -4,6 +4,7 @@
 #include "gin/core/atomic.hpp"
 #include "gin/core/coop.hpp"
 #include "gin/core/rolling.hpp"
+#include "gin/device/action.hpp"
 #include "gin/device/allreduce.hpp"
 #include "gin/device/barrier.hpp"
 #include "gin/device/comm.hpp"

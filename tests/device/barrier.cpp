@@ -12,7 +12,10 @@ namespace {
 // Each round every rank writes round-tagged words into every peer's window
 // through lsa pointers, syncs on barrier `index`, then checks that every
 // peer's word for this round is there.
-template <template <class> class Session>
+// Session is a barrier type for CoopBlock (a type, not a template: a template
+// template parameter would not bind BarrierSession's defaulted second
+// parameter on clang before 19).
+template <class Session>
 void barrierRounds(Comm& comm, int rounds, int nIndices) {
   const DevComm dc = comm.devComm();
   const int n = comm.nRanks(), me = comm.rank();
@@ -24,7 +27,7 @@ void barrierRounds(Comm& comm, int rounds, int nIndices) {
         auto* slot = static_cast<uint64_t*>(lsaPointer(w, sizeof(uint64_t) * size_t(idx * n + me), p));
         volatileStore(slot, uint64_t(r) << 32 | uint64_t(idx));
       }
-      Session<CoopBlock> bar(CoopBlock{}, dc, uint32_t(idx));
+      Session bar(CoopBlock{}, dc, uint32_t(idx));
       expect(bar.sync(CoopBlock{}), "barrier gave up");
       for (int p = 0; p < n; ++p)
         expect(volatileLoad(mine + idx * n + p) == (uint64_t(r) << 32 | uint64_t(idx)),
@@ -40,13 +43,13 @@ TEST_CASE("LsaBarrierSession: nobody leaves before everyone's earlier writes are
           "[barrier][lsa]") {
   const int n = GENERATE(1, 2, 3, 4, 8);
   CAPTURE(n);
-  REQUIRE_NOTHROW(runRanks(n, [](Comm& comm) { barrierRounds<LsaBarrierSession>(comm, 20, 8); }));
+  REQUIRE_NOTHROW(runRanks(n, [](Comm& comm) { barrierRounds<LsaBarrierSession<CoopBlock>>(comm, 20, 8); }));
 }
 
 TEST_CASE("BarrierSession (world): same promise across all ranks", "[barrier][world]") {
   const int n = GENERATE(2, 5);
   CAPTURE(n);
-  REQUIRE_NOTHROW(runRanks(n, [](Comm& comm) { barrierRounds<BarrierSession>(comm, 20, 4); }));
+  REQUIRE_NOTHROW(runRanks(n, [](Comm& comm) { barrierRounds<BarrierSession<CoopBlock>>(comm, 20, 4); }));
 }
 
 TEST_CASE("barrier indices are independent: all 132 usable, split arrive and wait", "[barrier][indices]") {

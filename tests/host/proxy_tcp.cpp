@@ -806,6 +806,11 @@ TEST_CASE(
           BarrierSession<CoopThread> bar(CoopThread{}, dc, uint32_t(round % 4));
           expectOk(comm, bar.sync(CoopThread{}), "world barrier across hosts");
         }
+        // The same barrier built for the transports this topology uses (no ibgda code).
+        for (int round = 0; round < 8; ++round) {
+          BarrierSession<CoopThread, kBackendLsa | kBackendProxy> bar(CoopThread{}, dc, uint32_t(round % 4));
+          expectOk(comm, bar.sync(CoopThread{}), "world barrier over lsa and proxy only");
+        }
         comm.check();
       });
     });

@@ -22,9 +22,6 @@
 namespace gin {
 
 template <class Coop>
-class BarrierSession;
-
-template <class Coop>
 class LsaBarrierSession {
  public:
   GIN_HD LsaBarrierSession(Coop coop, const DevComm& comm, uint32_t index)
@@ -72,7 +69,8 @@ class LsaBarrierSession {
   }
 
  private:
-  friend class BarrierSession<Coop>;
+  template <class, unsigned>
+  friend class BarrierSession;
   const DevComm& c_;
   uint32_t index_, row_;
   uint64_t epoch_ = 0;
@@ -88,8 +86,10 @@ class LsaBarrierSession {
   }
 };
 
-// A barrier over every rank of the communicator.
-template <class Coop>
+// A barrier over every rank of the communicator. Backends: the transports
+// its rail round may take, as for Net<Backends> (default all, declared in
+// net.hpp); that round goes over lsa or the proxy, never ibgda.
+template <class Coop, unsigned Backends>
 class BarrierSession {
  public:
   GIN_HD BarrierSession(Coop coop, const DevComm& comm, uint32_t index)
@@ -107,7 +107,7 @@ class BarrierSession {
     // Across nodes: the node gathers first, then each rank tells its rail peers.
     if (!lsa_.sync(coop, MemoryOrder::AcqRel)) return;
     railEpoch_ += 1;
-    Net<> net(c_, 0);
+    Net<Backends> net(c_, 0);
     const Team rail = teamRail(c_);
     for (int i = coop.rank(); i < rail.nRanks; i += coop.size())
       if (i != rail.rank) net.barrierSignal(rail, i, index_);

@@ -25,30 +25,13 @@
 
 #include "gin/core/coop.hpp"
 #include "gin/core/rolling.hpp"
+#include "gin/device/action.hpp"
 #include "gin/device/transport/ibgda.hpp"
 #include "gin/device/transport/lsa.hpp"
 #include "gin/device/transport/proxy.hpp"
 #include "gin/device/window.hpp"
 
 namespace gin {
-
-// Actions. Remote: applied at the peer once the payload is there.
-struct None {};
-struct SignalInc {
-  uint32_t signal;
-};
-struct SignalAdd {
-  uint32_t signal;
-  uint64_t value;
-};
-struct SignalSet {
-  uint32_t signal;
-  uint64_t value;
-};
-// Local: applied here once the source has been consumed.
-struct CounterInc {
-  uint32_t counter;
-};
 
 // Backend mask: which transports a Net may dispatch to. Leaving one out
 // compiles its code out of the kernel.
@@ -57,7 +40,7 @@ inline constexpr unsigned kBackendProxy = unsigned(Transport::Proxy);
 inline constexpr unsigned kBackendIbgda = unsigned(Transport::Ibgda);
 inline constexpr unsigned kBackendAll = kBackendLsa | kBackendProxy | kBackendIbgda;
 
-template <class Coop>
+template <class Coop, unsigned Backends = kBackendAll>
 class BarrierSession;  // gin/device/barrier.hpp
 
 template <unsigned Backends = kBackendAll>
@@ -83,44 +66,9 @@ class Net {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, bytes) || !checkRange(srcWin, srcOffset, bytes))
       return;
-    if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !netForced()) {
-        lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
-        lsaActions(coop, li, remote, local, /*wrote=*/true, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (viaProxy(world)) {
-        if (const int li = proxyStoreIndex(world); li >= 0) {
-          lsa::coopCopy(coop, lsaPointer(dstWin, dstOffset, li), localPointer(srcWin, srcOffset), bytes);
-          proxyActions(coop, world, remote, local);
-          return;
-        }
-        ProxyDesc d = proxyDesc(ProxyOp::Put, world, remote, local);
-        d.dstWindow = loadConst(&dstWin.dev->id);
-        d.dstOffset = dstOffset;
-        d.srcWindow = loadConst(&srcWin.dev->id);
-        d.srcOffset = srcOffset;
-        d.bytes = bytes;
-        if (bytes > kProxyMaxBytes) {
-          recordError(*c_, Op::BadArgument, world, ctx_, d.dstWindow, bytes, kProxyMaxBytes);
-          return;
-        }
-        proxyPush(coop, d, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendIbgda) != 0) {
-      if (viaIbgda(world)) {
-        const ibgda::Action a = ibgdaAction(remote, local);
-        coop.sync();  // the coop's source writes before the post (released by its doorbell record)
-        if (coop.rank() == 0)
-          (void)ibgda::put(*c_, ctx_, world, dstWin.dev, dstOffset, srcWin.dev, srcOffset, bytes, a);
-        return;
-      }
-    }
-    noTransport(world);
+    const Actions<RemoteAction, LocalAction> acts{remote, local};
+    dispatch(world,
+             [&](const auto& b) { b.put(coop, dstWin, dstOffset, srcWin, srcOffset, bytes, acts, alreadyReleased); });
   }
 
   // Typed form: nElts elements from src (here) to dst (at peer).
@@ -138,41 +86,8 @@ class Net {
     static_assert(sizeof(T) <= 8, "putValue carries at most 8 bytes; use put for more");
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer) || !checkRange(dstWin, dstOffset, sizeof(T))) return;
-    if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !netForced()) {
-        if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
-        lsaActions(coop, li, remote, None{}, /*wrote=*/true, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (viaProxy(world)) {
-        if (const int li = proxyStoreIndex(world); li >= 0) {
-          if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dstWin, dstOffset, li)), value);
-          proxyActions(coop, world, remote, None{});
-          return;
-        }
-        ProxyDesc d = proxyDesc(ProxyOp::PutValue, world, remote, None{});
-        d.dstWindow = loadConst(&dstWin.dev->id);
-        d.dstOffset = dstOffset;
-        // Carried inline: byte i of the value in bits 8i..8i+7 (what the host unpacks).
-        const unsigned char* vb = reinterpret_cast<const unsigned char*>(&value);
-        d.srcOffset = 0;
-        for (size_t i = 0; i < sizeof(T); ++i) d.srcOffset |= uint64_t(vb[i]) << (8 * i);
-        d.bytes = sizeof(T);
-        proxyPush(coop, d, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendIbgda) != 0) {
-      if (viaIbgda(world)) {
-        const ibgda::Action a = ibgdaAction(remote, None{});
-        coop.sync();
-        if (coop.rank() == 0) (void)ibgda::putValue(*c_, ctx_, world, dstWin.dev, dstOffset, &value, sizeof(T), a);
-        return;
-      }
-    }
-    noTransport(world);
+    const Actions<RemoteAction, None> acts{remote, None{}};
+    dispatch(world, [&](const auto& b) { b.putValue(coop, dstWin, dstOffset, value, acts, alreadyReleased); });
   }
   template <class T, class RemoteAction = None, class Coop = CoopThread>
   GIN_HD void putValue(Team team, int peer, SymPtr<T> dst, T value, RemoteAction remote = None{}, Coop coop = Coop{},
@@ -187,56 +102,18 @@ class Net {
                      Scope alreadyReleased = Scope::Thread) const {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer)) return;
-    if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !netForced()) {
-        lsaActions(coop, li, remote, None{}, /*wrote=*/false, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (viaProxy(world)) {
-        const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, None{});
-        // No action (None, or a bad id already recorded): nothing to carry.
-        if (d.action != uint8_t(ProxyAction::None)) proxyPush(coop, d, alreadyReleased);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendIbgda) != 0) {
-      if (viaIbgda(world)) {
-        const ibgda::Action a = ibgdaAction(remote, None{});
-        coop.sync();
-        if (coop.rank() == 0) (void)ibgda::signal(*c_, ctx_, world, a);
-        return;
-      }
-    }
-    noTransport(world);
+    const Actions<RemoteAction, None> acts{remote, None{}};
+    dispatch(world, [&](const auto& b) { b.signal(coop, acts, alreadyReleased); });
   }
 
-  // Every source buffer of puts issued by `coop` on this context may be reused.
-  // lsa completes in place. Over the proxy: wait until the host has consumed
-  // every descriptor claimed on this context so far (by any coop: one counter
-  // per ring is cheaper than per-coop bookkeeping, and the promise is stronger).
-  // Returns false if the wait gave up (Op::ProxyFlush in the error record).
+  // Every source buffer of puts issued by `coop` on this context may be reused
+  // (each backend's flush says how; the proxy and ibgda also wait for other
+  // coops' requests). Returns false if a wait gave up (see the error record).
   template <class Coop>
   GIN_HD bool flush(Coop coop, MemoryOrder order = MemoryOrder::Acquire) const {
     coop.sync();
     bool ok = true;
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (c_->proxyRings != nullptr && ctx_ >= 0) {
-        if (coop.rank() == 0) ok = proxy::waitConsumed(*c_, ctx_, order);
-        ok = coop.syncAll(ok);
-      }
-    } else {
-      (void)order;
-    }
-    if constexpr ((Backends & kBackendIbgda) != 0) {
-      // Over ibgda: every WQE reserved on this context's QPs before the call
-      // has completed (polls the CQs; Op::IbgdaFlush or IbgdaCqe on failure).
-      if (c_->ibgda != nullptr && ctx_ >= 0) {
-        if (coop.rank() == 0) ok = ok && ibgda::flush(*c_, ctx_);
-        ok = coop.syncAll(ok);
-      }
-    }
+    forEachBackend([&](const auto& b) { ok = b.flush(coop, order, ok); });
     return ok;
   }
 
@@ -316,7 +193,7 @@ class Net {
   // (flush, waitCounter, readCounter, a producer waiting for room).
   GIN_HD uint64_t readCounter(uint32_t counter, int bits = 56, MemoryOrder order = MemoryOrder::Acquire) const {
     if (!checkCounter(counter)) return 0;
-    progressIbgda();
+    progress();
     return atomicLoad<Scope::System>(c_->counters + counter, order) & rollingMask(bits);
   }
   template <class Coop>
@@ -329,7 +206,7 @@ class Net {
           *c_, c_->counters + counter, order,
           [&](uint64_t v) {
             if (rollingLessEqual(least & m, v & m, bits)) return true;
-            progressIbgda();
+            progress();
             return false;
           },
           detail::WaitWhat{Op::WaitCounter, -1, ctx_, counter, least & m});
@@ -345,7 +222,7 @@ class Net {
   const DevComm* c_;
   int ctx_;
 
-  template <class>
+  template <class, unsigned>
   friend class BarrierSession;
   // BarrierSession's rail round: SignalAdd{1} on barrier word `index`, one of
   // the signal words past the user's ids (nSignals + index), which the public
@@ -354,23 +231,36 @@ class Net {
     const int world = teamToWorld(*c_, team, peer);
     if (!checkPeer(world, team, peer)) return;
     const uint32_t id = uint32_t(c_->nSignals) + index;
-    if constexpr ((Backends & kBackendLsa) != 0) {
-      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !proxyForced()) {
-        lsa::signalAdd(lsaSignalsOf(*c_, li) + id, 1, true);
-        return;
-      }
-    }
-    if constexpr ((Backends & kBackendProxy) != 0) {
-      if (viaProxy(world)) {
-        ProxyDesc d = proxyDesc(ProxyOp::Signal, world, None{}, None{});
-        d.action = uint8_t(ProxyAction::Add);
-        d.signalId = id;
-        d.signalValue = 1;
-        proxyPush(CoopThread{}, d, Scope::Thread);  // a barrier releases
-        return;
-      }
-    }
-    noTransport(world);
+    dispatch</*railBarrier=*/true>(world, [&](const auto& b) { b.barrierSignal(id); });
+  }
+
+  // The one transport choice: f(backend) with the backend that reaches world
+  // rank `world`: lsa for an lsa member unless lsa::Backend::forced (no table
+  // lookup: the host gives members lsa), else its peerTransport entry. Only
+  // transports in Backends are compiled; none reaches: Op::NoTransport. The
+  // barrier's rail round never takes ibgda.
+  //   dispatch(world, [&](const auto& b) { b.signal(coop, acts, Scope::Thread); });
+  template <bool railBarrier = false, class F>
+  GIN_HD GIN_INLINE void dispatch(int world, F&& f) const {
+    if constexpr ((Backends & kBackendLsa) != 0)
+      if (const int li = lsaIndexOf(*c_, world); li >= 0 && !lsa::Backend::forced(*c_, railBarrier))
+        return f(lsa::Backend{*c_, ctx_, li});
+    if constexpr ((Backends & kBackendProxy) != 0)
+      if (proxy::Backend::reaches(*c_, world)) return f(proxy::Backend{*c_, ctx_, world});
+    if constexpr (!railBarrier && (Backends & kBackendIbgda) != 0)
+      if (ibgda::Backend::reaches(*c_, world)) return f(ibgda::Backend{*c_, ctx_, world});
+    recordError(*c_, Op::NoTransport, world, ctx_, 0, 0, 0);
+  }
+  // f(backend) for every transport in Backends, in the order lsa, proxy, ibgda.
+  template <class F>
+  GIN_HD GIN_INLINE void forEachBackend(F&& f) const {
+    if constexpr ((Backends & kBackendLsa) != 0) f(lsa::Backend{*c_, ctx_, -1});
+    if constexpr ((Backends & kBackendProxy) != 0) f(proxy::Backend{*c_, ctx_, -1});
+    if constexpr ((Backends & kBackendIbgda) != 0) f(ibgda::Backend{*c_, ctx_, -1});
+  }
+  // What counters need polled to move (ibgda's CQs).
+  GIN_HD void progress() const {
+    forEachBackend([](const auto& b) { b.progress(); });
   }
 
   GIN_HD bool checkPeer(int world, Team team, int peer) const {
@@ -384,129 +274,8 @@ class Net {
     recordError(*c_, Op::BadArgument, -1, ctx_, w.dev ? w.dev->id : ~uint64_t(0), uint64_t(offset + bytes), size);
     return false;
   }
-  GIN_HD bool checkSignal(uint32_t s) const {
-    if (s < uint32_t(c_->nSignals)) return true;
-    recordError(*c_, Op::BadArgument, -1, ctx_, s, s, uint64_t(c_->nSignals));
-    return false;
-  }
-  GIN_HD bool checkCounter(uint32_t s) const {
-    if (s < uint32_t(c_->nCounters)) return true;
-    recordError(*c_, Op::BadArgument, -1, ctx_, s, s, uint64_t(c_->nCounters));
-    return false;
-  }
-  // The host gives every member of the lsa team the lsa transport (unless the
-  // proxy is forced), so the lsa test in each operation needs no table lookup.
-  // Other peers dispatch on peerTransport; a peer no compiled-in transport
-  // reaches is recorded as an error.
-  GIN_HD void noTransport(int world) const { recordError(*c_, Op::NoTransport, world, ctx_, 0, 0, 0); }
-
-  // Proxy forced for every peer (a parameter-space load). Read by every Net,
-  // also one compiled without the proxy backend: on such a communicator the
-  // lsa path is not set up (GPU ranks keep their signals in host memory), so
-  // that Net must record NoTransport rather than take it.
-  GIN_HD bool proxyForced() const { return c_->proxyAll != 0; }
-  // A network transport forced for every peer, lsa members included.
-  GIN_HD bool netForced() const { return c_->ibgdaAll != 0 || proxyForced(); }
-  GIN_HD bool viaIbgda(int world) const {
-    return c_->ibgda != nullptr && loadConst(c_->peerTransport + world) == uint8_t(Transport::Ibgda);
-  }
-  // Poll every ibgda CQ once (counters advance on completions).
-  GIN_HD void progressIbgda() const {
-    if constexpr ((Backends & kBackendIbgda) != 0)
-      if (c_->ibgda != nullptr) ibgda::progressAll(*c_);
-  }
-  // The ibgda form of the actions; a bad id is recorded and the action dropped.
-  template <class RemoteAction, class LocalAction>
-  GIN_HD ibgda::Action ibgdaAction(RemoteAction remote, LocalAction local) const {
-    ibgda::Action a;
-    if constexpr (!std::is_same_v<RemoteAction, None>) {
-      static_assert(std::is_same_v<RemoteAction, SignalInc> || std::is_same_v<RemoteAction, SignalAdd> ||
-                        std::is_same_v<RemoteAction, SignalSet>,
-                    "remote action must be None, SignalInc, SignalAdd or SignalSet");
-      if (checkSignal(remote.signal)) {
-        a.signal = remote.signal;
-        if constexpr (std::is_same_v<RemoteAction, SignalInc>) {
-          a.remote = ibgda::kRemoteAdd;
-          a.value = 1;
-        } else {
-          a.remote = std::is_same_v<RemoteAction, SignalAdd> ? ibgda::kRemoteAdd : ibgda::kRemoteSet;
-          a.value = remote.value;
-        }
-      }
-    } else {
-      (void)remote;
-    }
-    if constexpr (!std::is_same_v<LocalAction, None>) {
-      static_assert(std::is_same_v<LocalAction, CounterInc>, "local action must be None or CounterInc");
-      if (checkCounter(local.counter)) a.counter = local.counter;
-    } else {
-      (void)local;
-    }
-    return a;
-  }
-  GIN_HD bool viaProxy(int world) const {
-    return c_->proxyRings != nullptr && loadConst(c_->peerTransport + world) == uint8_t(Transport::Proxy);
-  }
-
-  // A descriptor with the actions filled in. A bad signal or counter id is
-  // recorded here, on the device, and the action dropped (as lsa does).
-  template <class RemoteAction, class LocalAction>
-  GIN_HD ProxyDesc proxyDesc(ProxyOp op, int world, RemoteAction remote, LocalAction local) const {
-    ProxyDesc d{};
-    d.op = uint8_t(op);
-    d.peer = world;
-    d.action = uint8_t(ProxyAction::None);
-    d.counterId = kProxyNoCounter;
-    if constexpr (!std::is_same_v<RemoteAction, None>) {
-      static_assert(std::is_same_v<RemoteAction, SignalInc> || std::is_same_v<RemoteAction, SignalAdd> ||
-                        std::is_same_v<RemoteAction, SignalSet>,
-                    "remote action must be None, SignalInc, SignalAdd or SignalSet");
-      if (checkSignal(remote.signal)) {
-        d.signalId = remote.signal;
-        if constexpr (std::is_same_v<RemoteAction, SignalInc>) {
-          d.action = uint8_t(ProxyAction::Add);
-          d.signalValue = 1;
-        } else {
-          d.action = uint8_t(std::is_same_v<RemoteAction, SignalAdd> ? ProxyAction::Add : ProxyAction::Set);
-          d.signalValue = remote.value;
-        }
-      }
-    } else {
-      (void)remote;
-    }
-    if constexpr (!std::is_same_v<LocalAction, None>) {
-      static_assert(std::is_same_v<LocalAction, CounterInc>, "local action must be None or CounterInc");
-      if (checkCounter(local.counter)) d.counterId = local.counter;
-    } else {
-      (void)local;
-    }
-    return d;
-  }
-  // The lsa index of a proxy peer whose window this rank stores into itself
-  // (DevComm::proxyLsaStores), else -1.
-  GIN_HD int proxyStoreIndex(int world) const { return c_->proxyLsaStores != 0 ? lsaIndexOf(*c_, world) : -1; }
-  // After the producers stored a put's payload themselves: its actions alone,
-  // as one descriptor (the push's system-scope release orders the coop's
-  // stores before the engine's signal). Nothing to push without actions.
-  template <class Coop, class RemoteAction, class LocalAction>
-  GIN_HD void proxyActions(Coop coop, int world, RemoteAction remote, LocalAction local) const {
-    if constexpr (!std::is_same_v<RemoteAction, None> || !std::is_same_v<LocalAction, None>) {
-      const ProxyDesc d = proxyDesc(ProxyOp::Signal, world, remote, local);
-      if (d.action != uint8_t(ProxyAction::None) || d.counterId != kProxyNoCounter)
-        proxyPush(coop, d, Scope::Thread);  // always: the coop's own stores are not released yet
-    } else {
-      (void)coop, (void)world, (void)remote, (void)local;
-    }
-  }
-  // The coop's writes (the put's source, the data a signal publishes) are
-  // ordered before the push by the sync; one thread pushes, with a
-  // system-scope fence first unless the caller already released at system
-  // scope.
-  template <class Coop>
-  GIN_HD void proxyPush(Coop coop, const ProxyDesc& d, Scope alreadyReleased) const {
-    coop.sync();
-    if (coop.rank() == 0) (void)proxy::push(*c_, ctx_, d, alreadyReleased != Scope::System);
-  }
+  GIN_HD bool checkSignal(uint32_t s) const { return checkSignalId(*c_, ctx_, s); }
+  GIN_HD bool checkCounter(uint32_t s) const { return checkCounterId(*c_, ctx_, s); }
 
   GIN_HD bool waitSignalValue(uint32_t signal, uint64_t least, int bits, MemoryOrder order, Op op) const {
     if (!checkSignal(signal)) return false;
@@ -514,43 +283,6 @@ class Net {
     return detail::boundedWait(
         *c_, c_->signals + signal, order, [&](uint64_t v) { return rollingLessEqual(least & m, v & m, bits); },
         detail::WaitWhat{op, -1, ctx_, signal, least & m});
-  }
-
-  // After an lsa copy/store by `coop`: one thread applies the remote action with
-  // a system-scope release (covering the whole coop's writes, ordered by the
-  // coop.sync before it), then the local action.
-  template <class Coop, class RemoteAction, class LocalAction>
-  GIN_HD void lsaActions(Coop coop, int li, RemoteAction remote, LocalAction local, bool wrote,
-                         Scope alreadyReleased) const {
-    constexpr bool hasRemote = !std::is_same_v<RemoteAction, None>;
-    constexpr bool hasLocal = !std::is_same_v<LocalAction, None>;
-    if constexpr (hasRemote || hasLocal) {
-      coop.sync();
-      if (coop.rank() == 0) {
-        const bool release = wrote || alreadyReleased != Scope::System;
-        if constexpr (hasRemote) {
-          static_assert(std::is_same_v<RemoteAction, SignalInc> || std::is_same_v<RemoteAction, SignalAdd> ||
-                            std::is_same_v<RemoteAction, SignalSet>,
-                        "remote action must be None, SignalInc, SignalAdd or SignalSet");
-          if (checkSignal(remote.signal)) {
-            uint64_t* peerSignal = lsaSignalsOf(*c_, li) + remote.signal;
-            if constexpr (std::is_same_v<RemoteAction, SignalInc>)
-              lsa::signalAdd(peerSignal, 1, release);
-            else if constexpr (std::is_same_v<RemoteAction, SignalAdd>)
-              lsa::signalAdd(peerSignal, remote.value, release);
-            else
-              lsa::signalSet(peerSignal, remote.value, release);
-          }
-        }
-        if constexpr (hasLocal) {
-          static_assert(std::is_same_v<LocalAction, CounterInc>, "local action must be None or CounterInc");
-          if (checkCounter(local.counter))
-            atomicAdd<Scope::System>(c_->counters + local.counter, 1, MemoryOrder::Release);
-        }
-      }
-    } else {
-      (void)coop, (void)li, (void)remote, (void)local, (void)wrote, (void)alreadyReleased;
-    }
   }
 };
 

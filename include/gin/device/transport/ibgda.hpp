@@ -17,14 +17,16 @@
 #include <type_traits>
 
 #include "gin/core/atomic.hpp"
+#include "gin/core/coop.hpp"
 #include "gin/core/rolling.hpp"
+#include "gin/device/action.hpp"
 #include "gin/device/comm.hpp"
 #include "gin/device/mlx5/prm.hpp"
 #include "gin/device/window.hpp"
 
 namespace gin {
 
-inline constexpr uint32_t kIbgdaNoCounter = ~uint32_t(0);
+inline constexpr uint32_t kIbgdaNoCounter = kNoCounter;
 // The most bytes putValue carries inline: Net::putValue's limit, and the
 // max_inline_data the mlx5 NIC creates its QPs with (gin/host/ibgda_mlx5.hpp).
 inline constexpr uint32_t kIbgdaMaxInline = 8;
@@ -329,23 +331,16 @@ GIN_HD GIN_INLINE void makeNop(Wqe& q) {
   setSegs(q, mlx5::makeCtrl(0, mlx5::kOpNop, 0, 0, mlx5::kDsNop, mlx5::kCtrlCqUpdate), nullptr, nullptr, nullptr);
 }
 
-// What to do besides the payload: a remote signal update (kind 0: none,
-// 1: add, 2: set) and a local counter (kIbgdaNoCounter: none). Ids are
-// checked by the caller (Net).
-struct Action {
-  uint8_t remote = 0;
-  uint32_t signal = 0;
-  uint64_t value = 0;
-  uint32_t counter = kIbgdaNoCounter;
-};
-inline constexpr uint8_t kRemoteNone = 0, kRemoteAdd = 1, kRemoteSet = 2;
+// What to do besides the payload (gin/device/action.hpp); ids are checked
+// by the caller (Actions::resolve).
+using Action = gin::Action;
 
 // The signal WQE of an action (remote != none).
 GIN_HD GIN_INLINE void makeSignal(const DevComm& c, const IbgdaQpDev* qp, int peer, const Action& a, Wqe& q) {
   const IbgdaRemoteKey* sr = loadConst(&c.ibgda->signalRemotes) + peer;
   const uint64_t raddr = loadConst(&sr->addr) + uint64_t(a.signal) * 8;
   const uint32_t rkey = loadConst(&sr->rkey);
-  if (a.remote == kRemoteAdd)
+  if (a.remote == RemoteOp::Add)
     makeFetchAdd(q, raddr, rkey, a.value, loadConst(&qp->scratchAddr), loadConst(&qp->scratchLkey));
   else
     (void)makeWriteInline(q, raddr, rkey, &a.value, 8, mlx5::kCtrlFence);  // 8 <= kIbgdaMaxInline: always built
@@ -380,7 +375,7 @@ GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst
   const uint32_t maxWqe = loadConst(&c.ibgda->maxWqeBytes);
   const uint64_t maxB = maxWqe < mlx5::kMaxDataSegBytes ? maxWqe : mlx5::kMaxDataSegBytes;
   const uint64_t nData = (bytes + maxB - 1) / maxB;
-  const bool sig = a.remote != kRemoteNone;
+  const bool sig = a.remote != RemoteOp::None;
   uint64_t total = nData + (sig ? 1 : 0);
   const bool nop = total == 0;  // a zero-byte put with only a counter: a NOP carries it
   if (nop) {
@@ -424,7 +419,7 @@ GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev
   const uint64_t raddr = loadConst(&rk->addr) + dstOffset;
   const uint32_t rkey = loadConst(&rk->rkey);
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-  const uint32_t n = a.remote != kRemoteNone ? 2 : 1;
+  const uint32_t n = a.remote != RemoteOp::None ? 2 : 1;
   return post(c, ctx, peer, n, a.counter, [&](uint32_t i, Wqe& q) {
     if (i == 0)
       (void)makeWriteInline(q, raddr, rkey, value, bytes, 0);  // bytes <= kIbgdaMaxInline: always built
@@ -435,7 +430,7 @@ GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev
 
 // A remote action alone (nothing to do when there is none).
 GIN_HD inline bool signal(const DevComm& c, int ctx, int peer, const Action& a) {
-  if (a.remote == kRemoteNone) return true;
+  if (a.remote == RemoteOp::None) return true;
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
   return post(c, ctx, peer, 1, a.counter, [&](uint32_t, Wqe& q) { makeSignal(c, qp, peer, a, q); });
 }
@@ -451,6 +446,53 @@ GIN_HD inline bool flush(const DevComm& c, int ctx) {
   }
   return ok;
 }
+
+// The ibgda backend of Net (gin/device/net.hpp): calls to world rank `peer`
+// on context `ctx`. The coop syncs (its source writes before the post, which
+// the doorbell record's release passes on to the NIC) and thread 0 posts.
+struct Backend {
+  const DevComm& c;
+  int ctx;
+  int peer;  // world rank; -1 for the per-context calls (flush, progress)
+
+  GIN_HD static bool reaches(const DevComm& c, int world) {
+    return c.ibgda != nullptr && loadConst(c.peerTransport + world) == uint8_t(Transport::Ibgda);
+  }
+
+  template <class Coop, class Acts>
+  GIN_HD void put(Coop coop, Window dst, size_t dstOffset, Window src, size_t srcOffset, size_t bytes, const Acts& acts,
+                  Scope) const {
+    const Action a = acts.resolve(c, ctx);
+    coop.sync();
+    if (coop.rank() == 0) (void)ibgda::put(c, ctx, peer, dst.dev, dstOffset, src.dev, srcOffset, bytes, a);
+  }
+  template <class T, class Coop, class Acts>
+  GIN_HD void putValue(Coop coop, Window dst, size_t dstOffset, T value, const Acts& acts, Scope) const {
+    const Action a = acts.resolve(c, ctx);
+    coop.sync();
+    if (coop.rank() == 0) (void)ibgda::putValue(c, ctx, peer, dst.dev, dstOffset, &value, sizeof(T), a);
+  }
+  template <class Coop, class Acts>
+  GIN_HD void signal(Coop coop, const Acts& acts, Scope) const {
+    const Action a = acts.resolve(c, ctx);
+    coop.sync();
+    if (coop.rank() == 0) (void)ibgda::signal(c, ctx, peer, a);
+  }
+  // Every WQE reserved on this context's QPs before the call has completed
+  // (polls the CQs; Op::IbgdaFlush or IbgdaCqe on failure).
+  template <class Coop>
+  GIN_HD bool flush(Coop coop, MemoryOrder, bool ok) const {
+    if (c.ibgda != nullptr && ctx >= 0) {
+      if (coop.rank() == 0) ok = ok && ibgda::flush(c, ctx);
+      ok = coop.syncAll(ok);
+    }
+    return ok;
+  }
+  // Poll every CQ once (counters advance on completions).
+  GIN_HD void progress() const {
+    if (c.ibgda != nullptr) progressAll(c);
+  }
+};
 
 }  // namespace ibgda
 }  // namespace gin

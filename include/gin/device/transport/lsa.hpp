@@ -11,6 +11,8 @@
 
 #include "gin/core/atomic.hpp"
 #include "gin/core/coop.hpp"
+#include "gin/device/action.hpp"
+#include "gin/device/window.hpp"
 
 namespace gin::lsa {
 
@@ -104,5 +106,76 @@ GIN_HD GIN_INLINE void signalAdd(uint64_t* peerSignal, uint64_t value, bool rele
 GIN_HD GIN_INLINE void signalSet(uint64_t* peerSignal, uint64_t value, bool release) {
   atomicStore<Scope::System>(peerSignal, value, release ? MemoryOrder::Release : MemoryOrder::Relaxed);
 }
+
+// After `coop` wrote (a put's payload) or wants published (a signal's data):
+// one thread applies the remote action with a system-scope release covering
+// the whole coop's writes (ordered by the coop.sync before it), then the local
+// action. Without a payload (wrote false) a caller that already released at
+// system scope gets a relaxed signal. Nothing at all, no sync, without actions.
+template <class Coop, class Acts>
+GIN_HD GIN_INLINE void applyActions(const DevComm& c, int ctx, int li, Coop coop, const Acts& acts, bool wrote,
+                                    Scope alreadyReleased) {
+  if constexpr (Acts::kAny) {
+    coop.sync();
+    if (coop.rank() == 0) {
+      const bool release = wrote || alreadyReleased != Scope::System;
+      acts.visit(
+          c, ctx,
+          [&](RemoteOp op, uint32_t signal, uint64_t value) {
+            uint64_t* peerSignal = lsaSignalsOf(c, li) + signal;
+            if (op == RemoteOp::Add)
+              signalAdd(peerSignal, value, release);
+            else
+              signalSet(peerSignal, value, release);
+          },
+          [&](uint32_t counter) { atomicAdd<Scope::System>(c.counters + counter, 1, MemoryOrder::Release); });
+    }
+  } else {
+    (void)c, (void)ctx, (void)li, (void)coop, (void)acts, (void)wrote, (void)alreadyReleased;
+  }
+}
+
+// The lsa backend of Net (gin/device/net.hpp): calls to lsa member `li` on
+// context `ctx`. Same primitives as proxy::Backend and ibgda::Backend.
+struct Backend {
+  const DevComm& c;
+  int ctx;
+  int li;  // -1 for the per-context calls (flush, progress)
+
+  // Lsa members go over lsa unless a network transport is forced for every
+  // peer (DevComm::ibgdaAll, proxyAll); the barrier's rail round
+  // (railBarrier) yields only to a forced proxy. Every Net reads this, also
+  // one compiled without the proxy: on a proxy-forced communicator the lsa
+  // path is not set up (GPU ranks keep their signals in host memory), so that
+  // Net must record NoTransport rather than take it.
+  GIN_HD static bool forced(const DevComm& c, bool railBarrier) {
+    return (!railBarrier && c.ibgdaAll != 0) || c.proxyAll != 0;
+  }
+
+  template <class Coop, class Acts>
+  GIN_HD GIN_INLINE void put(Coop coop, Window dst, size_t dstOffset, Window src, size_t srcOffset, size_t bytes,
+                             const Acts& acts, Scope alreadyReleased) const {
+    coopCopy(coop, lsaPointer(dst, dstOffset, li), localPointer(src, srcOffset), bytes);
+    applyActions(c, ctx, li, coop, acts, /*wrote=*/true, alreadyReleased);
+  }
+  template <class T, class Coop, class Acts>
+  GIN_HD GIN_INLINE void putValue(Coop coop, Window dst, size_t dstOffset, T value, const Acts& acts,
+                                  Scope alreadyReleased) const {
+    if (coop.rank() == 0) storeValue(static_cast<T*>(lsaPointer(dst, dstOffset, li)), value);
+    applyActions(c, ctx, li, coop, acts, /*wrote=*/true, alreadyReleased);
+  }
+  template <class Coop, class Acts>
+  GIN_HD GIN_INLINE void signal(Coop coop, const Acts& acts, Scope alreadyReleased) const {
+    applyActions(c, ctx, li, coop, acts, /*wrote=*/false, alreadyReleased);
+  }
+  // The barrier's rail round: add 1 to word `id` (past the user's signals), with release.
+  GIN_HD GIN_INLINE void barrierSignal(uint32_t id) const { signalAdd(lsaSignalsOf(c, li) + id, 1, true); }
+  // Nothing in flight: the sources are reusable when a call returns.
+  template <class Coop>
+  GIN_HD GIN_INLINE bool flush(Coop, MemoryOrder, bool ok) const {
+    return ok;
+  }
+  GIN_HD GIN_INLINE void progress() const {}
+};
 
 }  // namespace gin::lsa

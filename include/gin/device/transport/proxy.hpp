@@ -18,15 +18,22 @@
 #include <type_traits>
 
 #include "gin/core/atomic.hpp"
+#include "gin/core/coop.hpp"
 #include "gin/core/rolling.hpp"
+#include "gin/device/action.hpp"
 #include "gin/device/comm.hpp"
+#include "gin/device/transport/lsa.hpp"
+#include "gin/device/window.hpp"
 
 namespace gin {
 
 enum class ProxyOp : uint8_t { Put = 1, PutValue = 2, Signal = 3 };
 enum class ProxyAction : uint8_t { None = 0, Add = 1, Set = 2 };
+static_assert(uint8_t(ProxyAction::Add) == uint8_t(RemoteOp::Add) &&
+                  uint8_t(ProxyAction::Set) == uint8_t(RemoteOp::Set),
+              "a descriptor carries Action::remote as it is");
 
-inline constexpr uint32_t kProxyNoCounter = ~uint32_t(0);
+inline constexpr uint32_t kProxyNoCounter = kNoCounter;
 
 // One operation, as the engine reads it back from its slot.
 struct ProxyDesc {
@@ -205,6 +212,116 @@ GIN_HD inline bool waitConsumed(const DevComm& c, int ctx, MemoryOrder order) {
       c, ring, [&](uint64_t v) { return rollingLessEqual(target, v); },
       detail::WaitWhat{Op::ProxyFlush, -1, ctx, 0, target});
 }
+
+// The proxy backend of Net (gin/device/net.hpp): calls to world rank `peer`
+// on context `ctx`, as descriptors in the context's ring. The coop's writes
+// (a put's source, the data a signal publishes) are ordered before the push
+// by a coop sync; one thread pushes, with a system-scope fence first unless
+// the caller already released at system scope.
+struct Backend {
+  const DevComm& c;
+  int ctx;
+  int peer;  // world rank; -1 for the per-context calls (flush, progress)
+
+  GIN_HD static bool reaches(const DevComm& c, int world) {
+    return c.proxyRings != nullptr && loadConst(c.peerTransport + world) == uint8_t(Transport::Proxy);
+  }
+
+  template <class Coop, class Acts>
+  GIN_HD void put(Coop coop, Window dst, size_t dstOffset, Window src, size_t srcOffset, size_t bytes, const Acts& acts,
+                  Scope alreadyReleased) const {
+    if (const int li = storeIndex(); li >= 0) {
+      lsa::coopCopy(coop, lsaPointer(dst, dstOffset, li), localPointer(src, srcOffset), bytes);
+      pushActions(coop, acts);
+      return;
+    }
+    ProxyDesc d = desc(ProxyOp::Put, acts.resolve(c, ctx));
+    d.dstWindow = loadConst(&dst.dev->id);
+    d.dstOffset = dstOffset;
+    d.srcWindow = loadConst(&src.dev->id);
+    d.srcOffset = srcOffset;
+    d.bytes = bytes;
+    if (bytes > kProxyMaxBytes) {
+      recordError(c, Op::BadArgument, peer, ctx, d.dstWindow, bytes, kProxyMaxBytes);
+      return;
+    }
+    push(coop, d, alreadyReleased);
+  }
+  template <class T, class Coop, class Acts>
+  GIN_HD void putValue(Coop coop, Window dst, size_t dstOffset, T value, const Acts& acts,
+                       Scope alreadyReleased) const {
+    if (const int li = storeIndex(); li >= 0) {
+      if (coop.rank() == 0) lsa::storeValue(static_cast<T*>(lsaPointer(dst, dstOffset, li)), value);
+      pushActions(coop, acts);
+      return;
+    }
+    ProxyDesc d = desc(ProxyOp::PutValue, acts.resolve(c, ctx));
+    d.dstWindow = loadConst(&dst.dev->id);
+    d.dstOffset = dstOffset;
+    // Carried inline: byte i of the value in bits 8i..8i+7 (what the host unpacks).
+    const unsigned char* vb = reinterpret_cast<const unsigned char*>(&value);
+    d.srcOffset = 0;
+    for (size_t i = 0; i < sizeof(T); ++i) d.srcOffset |= uint64_t(vb[i]) << (8 * i);
+    d.bytes = sizeof(T);
+    push(coop, d, alreadyReleased);
+  }
+  template <class Coop, class Acts>
+  GIN_HD void signal(Coop coop, const Acts& acts, Scope alreadyReleased) const {
+    const ProxyDesc d = desc(ProxyOp::Signal, acts.resolve(c, ctx));
+    // No action (None, or a bad id already recorded): nothing to carry.
+    if (d.action != uint8_t(ProxyAction::None)) push(coop, d, alreadyReleased);
+  }
+  // The barrier's rail round: add 1 to word `id` (past the user's signals).
+  GIN_HD void barrierSignal(uint32_t id) const {
+    push(CoopThread{}, desc(ProxyOp::Signal, Action{RemoteOp::Add, id, 1, kNoCounter}),
+         Scope::Thread);  // a barrier releases
+  }
+  // Wait until the host has consumed every descriptor claimed on this context
+  // so far (by any coop: one counter per ring is cheaper than per-coop
+  // bookkeeping, and the promise is stronger). Op::ProxyFlush on timeout.
+  template <class Coop>
+  GIN_HD bool flush(Coop coop, MemoryOrder order, bool ok) const {
+    if (c.proxyRings != nullptr && ctx >= 0) {
+      if (coop.rank() == 0) ok = ok && waitConsumed(c, ctx, order);
+      ok = coop.syncAll(ok);
+    }
+    return ok;
+  }
+  GIN_HD void progress() const {}
+
+ private:
+  // The lsa index of a proxy peer whose window this rank stores into itself
+  // (DevComm::proxyLsaStores), else -1.
+  GIN_HD int storeIndex() const { return c.proxyLsaStores != 0 ? lsaIndexOf(c, peer) : -1; }
+  GIN_HD ProxyDesc desc(ProxyOp op, const Action& a) const {
+    ProxyDesc d{};
+    d.op = uint8_t(op);
+    d.peer = peer;
+    d.action = uint8_t(a.remote);
+    d.signalId = a.signal;
+    d.signalValue = a.value;
+    d.counterId = a.counter;
+    return d;
+  }
+  // After the producers stored a put's payload themselves: its actions alone,
+  // as one descriptor (the push's system-scope release orders the coop's
+  // stores before the engine's signal). Nothing to push without actions.
+  template <class Coop, class Acts>
+  GIN_HD void pushActions(Coop coop, const Acts& acts) const {
+    if constexpr (Acts::kAny) {
+      const ProxyDesc d = desc(ProxyOp::Signal, acts.resolve(c, ctx));
+      if (d.action != uint8_t(ProxyAction::None) || d.counterId != kProxyNoCounter)
+        push(coop, d, Scope::Thread);  // always: the coop's own stores are not released yet
+    } else {
+      (void)coop, (void)acts;
+    }
+  }
+  template <class Coop>
+  GIN_HD void push(Coop coop, const ProxyDesc& d, Scope alreadyReleased) const {
+    coop.sync();
+    if (coop.rank() == 0) (void)proxy::push(c, ctx, d, alreadyReleased != Scope::System);
+  }
+};
 
 }  // namespace proxy
 }  // namespace gin
