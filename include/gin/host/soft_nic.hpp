@@ -29,6 +29,7 @@
 #include "gin/core/clock.hpp"
 #include "gin/core/error.hpp"
 #include "gin/device/mlx5/prm.hpp"
+#include "gin/device/mlx5/wqe.hpp"
 #include "gin/host/idle.hpp"
 
 namespace gin {
@@ -328,99 +329,79 @@ class SoftNic {
 
   void execute(QpState& q) {
     const Qp& p = q.qp;
-    const uint8_t* w = p.sq + (q.pi & (p.nWqe - 1)) * mlx5::kSendWqeBB;
-    mlx5::CtrlSeg ctrl;
-    std::memcpy(&ctrl, w, sizeof ctrl);
-    const uint8_t op = mlx5::ctrlOpcode(ctrl), ds = mlx5::ctrlDs(ctrl);
-    const bool wantCqe = (ctrl.fmCeSe & mlx5::kCtrlCqUpdate) != 0;
-    if (mode_ == Mode::Sink) return complete(q, 0, op, false, true);
-    if (mlx5::ctrlWqeIndex(ctrl) != uint16_t(q.pi) || mlx5::ctrlQpn(ctrl) != p.qpn || ds == 0 || ds > 4)
-      return complete(q, mlx5::kSynLocalQpOpErr, op, true);
-    switch (op) {
-      case mlx5::kOpNop: return complete(q, 0, op, false, wantCqe);
-      case mlx5::kOpRdmaWrite:
-      case mlx5::kOpRdmaWriteImm: {
-        mlx5::RaddrSeg r;
-        std::memcpy(&r, w + 16, 16);
-        uint32_t storedCount;
-        std::memcpy(&storedCount, w + 32, 4);
-        const uint64_t raddr = mlx5::raddrAddr(r);
-        if (mlx5::isInline(storedCount)) {
-          mlx5::InlineSeg h{storedCount};
-          const uint32_t n = mlx5::inlineBytes(h);
-          if (n > mlx5::kMaxInlineInOneBB || ds != mlx5::dsInline(n))
-            return complete(q, mlx5::kSynLocalQpOpErr, op, true);
-          bool dstDevice = false;
-          char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n, &dstDevice);
-          if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
-          if (dstDevice) {
-            uint8_t bytes[mlx5::kMaxInlineInOneBB];
-            std::memcpy(bytes, w + 36, n);
-            if (n) deviceCopy_(dst, bytes, n, true);
-            return completeWrite(q, op, wantCqe);
-          }
-          settle();  // a host write (a SignalSet) after every earlier payload
-          if (n == 8 && (raddr & 7) == 0) {
-            // An aligned 8-byte write (SignalSet): one store, release, so a
-            // waiter's acquire load sees earlier WQEs' payload.
-            uint64_t v;
-            std::memcpy(&v, w + 36, 8);
-            atomicStore(reinterpret_cast<uint64_t*>(dst), v, MemoryOrder::Release);
-          } else {
-            std::memcpy(dst, w + 36, n);
-          }
-          return complete(q, 0, op, false, wantCqe);
+    uint8_t w[mlx5::kSendWqeBB];
+    std::memcpy(w, p.sq + (q.pi & (p.nWqe - 1)) * mlx5::kSendWqeBB, sizeof w);
+    if (mode_ == Mode::Sink) {
+      mlx5::CtrlSeg ctrl;
+      std::memcpy(&ctrl, w, sizeof ctrl);
+      return complete(q, 0, mlx5::ctrlOpcode(ctrl), false, true);
+    }
+    const mlx5::WqeRequest r = mlx5::decodeWqe(w, uint16_t(q.pi), p.qpn);
+    const uint8_t op = r.opcode;
+    switch (r.kind) {
+      case mlx5::WqeRequest::Bad: return complete(q, r.syndrome, op, true);
+      case mlx5::WqeRequest::Nop: return complete(q, 0, op, false, r.wantCqe);
+      case mlx5::WqeRequest::WriteInline: {
+        const uint32_t n = r.bytes;
+        bool dstDevice = false;
+        char* dst = resolve(p.peer, r.rkey, r.raddr, n, &dstDevice);
+        if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
+        const uint8_t* bytes = w + mlx5::kInlinePayloadOffset;
+        if (dstDevice) {
+          if (n) deviceCopy_(dst, bytes, n, true);
+          return completeWrite(q, op, r.wantCqe);
         }
-        if (ds != mlx5::kDsWrite) return complete(q, mlx5::kSynLocalQpOpErr, op, true);
-        mlx5::DataSeg d;
-        std::memcpy(&d, w + 32, 16);
-        const uint32_t n = mlx5::dataBytes(d);
+        settle();  // a host write (a SignalSet) after every earlier payload
+        if (n == 8 && (r.raddr & 7) == 0) {
+          // An aligned 8-byte write (SignalSet): one store, release, so a
+          // waiter's acquire load sees earlier WQEs' payload.
+          uint64_t v;
+          std::memcpy(&v, bytes, 8);
+          atomicStore(reinterpret_cast<uint64_t*>(dst), v, MemoryOrder::Release);
+        } else {
+          std::memcpy(dst, bytes, n);
+        }
+        return complete(q, 0, op, false, r.wantCqe);
+      }
+      case mlx5::WqeRequest::Write: {
+        const uint32_t n = r.bytes;
         bool srcDevice = false, dstDevice = false;
-        const char* src = resolve(-1, mlx5::dataKey(d), mlx5::dataAddr(d), n, &srcDevice);
+        const char* src = resolve(-1, r.lkey, r.laddr, n, &srcDevice);
         if (!src) return complete(q, mlx5::kSynLocalProtErr, op, true);
-        char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, n, &dstDevice);
+        char* dst = resolve(p.peer, r.rkey, r.raddr, n, &dstDevice);
         if (!dst) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
         if (n && (srcDevice || dstDevice)) {
           deviceCopy_(dst, src, n, false);
-          return completeWrite(q, op, wantCqe);
+          return completeWrite(q, op, r.wantCqe);
         }
         settle();
         if (n) std::memmove(dst, src, n);
-        return complete(q, 0, op, false, wantCqe);
+        return complete(q, 0, op, false, r.wantCqe);
       }
-      case mlx5::kOpAtomicFa:
-      case mlx5::kOpAtomicCs: {
-        if (ds != mlx5::kDsAtomic) return complete(q, mlx5::kSynLocalQpOpErr, op, true);
-        mlx5::RaddrSeg r;
-        mlx5::AtomicSeg a;
-        mlx5::DataSeg d;
-        std::memcpy(&r, w + 16, 16);
-        std::memcpy(&a, w + 32, 16);
-        std::memcpy(&d, w + 48, 16);
-        if (mlx5::dataBytes(d) != 8) return complete(q, mlx5::kSynLocalLengthErr, op, true);
+      case mlx5::WqeRequest::FetchAdd:
+      case mlx5::WqeRequest::CompareSwap: {
         bool retDevice = false, dstDevice = false;
-        char* ret = resolve(-1, mlx5::dataKey(d), mlx5::dataAddr(d), 8, &retDevice);
+        char* ret = resolve(-1, r.lkey, r.laddr, 8, &retDevice);
         if (!ret || retDevice) return complete(q, mlx5::kSynLocalProtErr, op, true);
-        const uint64_t raddr = mlx5::raddrAddr(r);
-        if (raddr & 7) return complete(q, mlx5::kSynRemoteInvalReqErr, op, true);
-        char* dst = resolve(p.peer, mlx5::raddrKey(r), raddr, 8, &dstDevice);
+        if (r.raddr & 7) return complete(q, mlx5::kSynRemoteInvalReqErr, op, true);
+        char* dst = resolve(p.peer, r.rkey, r.raddr, 8, &dstDevice);
         if (!dst || dstDevice) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
         settle();  // the signal-after-payload rule: earlier WRITEs land first
         uint64_t* word = reinterpret_cast<uint64_t*>(dst);
         uint64_t old;
         // Release: earlier WQEs' payload is visible before the new value
         // (the signal-after-payload rule at the target).
-        if (op == mlx5::kOpAtomicFa) {
-          old = atomicFetchAdd(word, mlx5::atomicSwapAdd(a), MemoryOrder::AcqRel);
+        if (r.kind == mlx5::WqeRequest::FetchAdd) {
+          old = atomicFetchAdd(word, r.swapAdd, MemoryOrder::AcqRel);
         } else {
-          old = mlx5::atomicCompare(a);
-          (void)atomicCompareExchange(word, old, mlx5::atomicSwapAdd(a), MemoryOrder::AcqRel);
+          old = r.compare;
+          (void)atomicCompareExchange(word, old, r.swapAdd, MemoryOrder::AcqRel);
         }
         std::memcpy(ret, &old, 8);
-        return complete(q, 0, op, false, wantCqe);
+        return complete(q, 0, op, false, r.wantCqe);
       }
-      default: return complete(q, mlx5::kSynLocalQpOpErr, op, true);
     }
+    return complete(q, mlx5::kSynLocalQpOpErr, op, true);
   }
 };
 
