@@ -10,7 +10,10 @@
 // "the write" means the kernel saw it; "TIMEOUT" means the write only ran
 // after the spinning kernel gave up. Then the latency of a side-context
 // launch (what gin uses) is measured with the GPU idle and with a kernel
-// spinning.
+// spinning. Last, what a persistent kernel (a GPU NIC's, say: launched first
+// on a non-blocking stream of its own, nothing queued behind it) does to the
+// program around it: which later CUDA calls of another thread return while
+// it runs, and which wait for it to end.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -188,9 +191,112 @@ void sideLatency(Env& env, int blocks, int threads) {
   cudaFreeHost(out);
   cudaStreamDestroy(user);
 }
+
+// A persistent kernel: every block marks itself started (mapped host word),
+// then polls a mapped host stop word.
+__global__ void persistentUntil(volatile unsigned* stop, unsigned* started) {
+  if (threadIdx.x == 0) {
+    atomicAdd_system(started, 1u);
+    __threadfence_system();
+  }
+  while (*stop == 0) __nanosleep(2000);
+}
+__global__ void bump(unsigned* word) { atomicAdd(word, 1u); }
+
+// One CUDA call made by another thread while a persistent kernel of `blocks`
+// blocks runs: does it return within 1 s, or only once the kernel ends?
+void tryBesidePersistent(const std::string& m, int blocks) {
+  unsigned *ctl = nullptr, *ctlDev = nullptr;
+  CK(cudaHostAlloc(&ctl, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+  std::memset(ctl, 0, 64);
+  CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&ctlDev), ctl, 0));
+  unsigned* word = nullptr;
+  void* pre = nullptr;
+  std::vector<char> host(1 << 20, 1);
+  CK(cudaMalloc(&word, 1 << 20));
+  CK(cudaMalloc(&pre, 1 << 20));
+  cudaStream_t nic, other, blocking;
+  int lo = 0, hi = 0;
+  CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  CK(cudaStreamCreateWithPriority(&nic, cudaStreamNonBlocking, hi));
+  CK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  CK(cudaStreamCreate(&blocking));
+  CK(cudaDeviceSynchronize());
+  persistentUntil<<<blocks, 128, 0, nic>>>(ctlDev, ctlDev + 1);
+  CK(cudaGetLastError());
+  const double ts = now();
+  while (*(volatile unsigned*)(ctl + 1) < unsigned(blocks) && now() - ts < 2) std::this_thread::yield();
+  const bool allStarted = *(volatile unsigned*)(ctl + 1) == unsigned(blocks);
+  volatile bool done = false;
+  double took = 0;
+  std::thread t([&] {
+    const double t0 = now();
+    if (m == "kernel-other-stream") {
+      bump<<<1, 1, 0, other>>>(word);
+      CK(cudaStreamSynchronize(other));
+    } else if (m == "kernel-legacy-stream") {
+      bump<<<1, 1>>>(word);
+      CK(cudaStreamSynchronize(0));
+    } else if (m == "kernel-blocking-stream") {
+      bump<<<1, 1, 0, blocking>>>(word);
+      CK(cudaStreamSynchronize(blocking));
+    } else if (m == "two-kernels-other-stream") {
+      bump<<<132, 256, 0, other>>>(word);
+      bump<<<132, 256, 0, other>>>(word);
+      CK(cudaStreamSynchronize(other));
+    } else if (m == "cudaMemcpy-h2d") {
+      CK(cudaMemcpy(word, host.data(), host.size(), cudaMemcpyHostToDevice));
+    } else if (m == "cudaMemcpyAsync-other-stream") {
+      CK(cudaMemcpyAsync(word, host.data(), host.size(), cudaMemcpyHostToDevice, other));
+      CK(cudaStreamSynchronize(other));
+    } else if (m == "cudaMemset") {
+      CK(cudaMemset(word, 0, 4096));
+    } else if (m == "cudaMalloc") {
+      void* p = nullptr;
+      CK(cudaMalloc(&p, 64 << 20));
+      pre = p;  // freed below, after the kernel
+    } else if (m == "cudaFree") {
+      CK(cudaFree(pre));
+      pre = nullptr;
+    } else if (m == "cudaHostAlloc+cudaFreeHost") {
+      void* p = nullptr;
+      CK(cudaHostAlloc(&p, 1 << 20, cudaHostAllocMapped));
+      CK(cudaFreeHost(p));
+    } else if (m == "cudaEventSynchronize-other-stream") {
+      cudaEvent_t e;
+      CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      bump<<<1, 1, 0, other>>>(word);
+      CK(cudaEventRecord(e, other));
+      CK(cudaEventSynchronize(e));
+      CK(cudaEventDestroy(e));
+    } else if (m == "cudaDeviceSynchronize") {
+      CK(cudaDeviceSynchronize());
+    }
+    took = now() - t0;
+    done = true;
+  });
+  const double t0 = now();
+  while (!done && now() - t0 < 1.0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  const bool returned = done;
+  *(volatile unsigned*)ctl = 1;  // stop the persistent kernel
+  t.join();
+  CK(cudaDeviceSynchronize());
+  const char* conns = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  std::printf("beside a persistent kernel (%3d x 128, %s): %-34s conns=%-7s %s (%.4f s)\n", blocks,
+              allStarted ? "started" : "NOT STARTED", m.c_str(), conns ? conns : "default",
+              returned ? "returned" : "WAITED FOR IT", took);
+  if (pre) CK(cudaFree(pre));
+  CK(cudaFree(word));
+  CK(cudaFreeHost(ctl));
+  CK(cudaStreamDestroy(nic));
+  CK(cudaStreamDestroy(other));
+  CK(cudaStreamDestroy(blocking));
+}
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `gin-progress-probe persistent`: only the persistent-kernel rows.
+  const bool onlyPersistent = argc > 1 && std::strcmp(argv[1], "persistent") == 0;
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::printf("no GPU\n");
@@ -225,11 +331,19 @@ int main() {
                         "memcpy-second-context", "kernel-second-context", "kernel-second-context-during-cudaFree",
                         "memcpy-green-context",
                         "kernel-green-context", "managed-cpu-store"}) {
+    if (onlyPersistent) break;
     if (std::strstr(m, "green") && !env.greenStream) continue;
     for (int blocks : {1, 264}) tryMethod(env, m, blocks, blocks == 1 ? 32 : 1024);
   }
-  sideLatency(env, 0, 1);
-  sideLatency(env, 1, 32);
-  sideLatency(env, 264, 1024);
+  if (!onlyPersistent) {
+    sideLatency(env, 0, 1);
+    sideLatency(env, 1, 32);
+    sideLatency(env, 264, 1024);
+  }
+  for (const char* m : {"kernel-other-stream", "kernel-legacy-stream", "kernel-blocking-stream",
+                        "two-kernels-other-stream", "cudaMemcpy-h2d", "cudaMemcpyAsync-other-stream", "cudaMemset",
+                        "cudaMalloc", "cudaFree", "cudaHostAlloc+cudaFreeHost", "cudaEventSynchronize-other-stream",
+                        "cudaDeviceSynchronize"})
+    for (int blocks : {2, 16}) tryBesidePersistent(m, blocks);
   return 0;
 }

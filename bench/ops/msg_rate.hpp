@@ -165,7 +165,7 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   std::vector<RateRes> res;
   for (const ShapeRow& sh : shapes) {
     const int producers = sh.ctas * sh.threads;
-    const int each = int(std::max<uint64_t>(8, perShape / uint64_t(producers)));
+    const int each = int(std::max<uint64_t>(1, perShape / uint64_t(producers)));
     RateRes r{sh.name, producers, uint64_t(each), {}};
     for (int run = -1; run < kLatRuns; ++run) {
       comm.bootstrap().barrier();
@@ -182,7 +182,9 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
         if (run >= 0) r.rates.push_back(double(want) / t / 1e6);
       }
     }
-    if (me == 0) std::fprintf(stderr, "gin-bench msg-rate (ibgda): %s done\n", sh.name.c_str());
+    if (me == 0)
+      std::fprintf(stderr, "gin-bench msg-rate (ibgda): %s done: median %.3f M WQE/s\n", sh.name.c_str(),
+                   median(r.rates));
     res.push_back(std::move(r));
   }
   comm.bootstrap().barrier();
@@ -195,7 +197,8 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
           "last WQE)",
           peer, comm.devComm().nContexts),
       fmt("queues: %d contexts x %d peers QPs of %u WQEs in %s; doorbell %s; NIC: %s", comm.devComm().nContexts, n,
-          ic.qpDepth, gpu ? "mapped pinned host memory" : "host memory",
+          ic.qpDepth,
+          ib->gpuNic() ? "the place the NIC's name says" : gpu ? "mapped pinned host memory" : "host memory",
           ic.deferDoorbell ? "deferred to flush" : "rung per post", ib->nicName().c_str()),
       "the sink NIC only completes: it reads each WQE's control segment and writes a CQE, nothing else, so the "
       "rate is gin's own posting cost (slot reservation, WQE build, in-order publication, doorbell record and "

@@ -76,8 +76,10 @@ class DevCommMemory {
     uint64_t* counters = reinterpret_cast<uint64_t*>(local_.data() + offCounter);
     // The soft NIC applies ibgda signals with CPU atomics: on GPU ranks it
     // needs them in host memory too (a real NIC's atomics reach GPU memory).
+    // (The GPU NIC's atomics, like a real NIC's, reach GPU memory.)
+    const IbgdaConfig::Device nicDevice = detail::ibgdaDevice(cfg.ibgda.device);
     const bool softNicSignals =
-        gpu_ && dev.ibgdaAll != 0 && detail::ibgdaDevice(cfg.ibgda.device) != IbgdaConfig::Device::Mlx5;
+        gpu_ && dev.ibgdaAll != 0 && nicDevice != IbgdaConfig::Device::Mlx5 && !detail::gpuNicDevice(nicDevice);
     if ((proxy || softNicSignals) && gpu_) {
       // Only the proxy (or the soft NIC) touches signals then (every peer
       // goes through it: GPU ranks have no mixed mode), so the device-memory
@@ -88,6 +90,11 @@ class DevCommMemory {
       std::fill(sigPtrs.begin(), sigPtrs.end(), nullptr);
       local_.upload(offSigPtrs, sigPtrs.data(), L * 8);
     }
+#if GIN_WITH_CUDA
+    // Host threads raise the abort flag through it (hostRecordError) on every
+    // GPU rank, whatever holds the signals (the GPU NIC's watcher does too).
+    if (gpu_ && !hostReader_) hostReader_ = std::make_unique<GpuCopier>(topo.cudaDev);
+#endif
 
     // Error record: host memory the GPU can write (mapped pinned), so check()
     // reads it while kernels run. The claim word and the abort flag stay in

@@ -108,10 +108,16 @@ inline constexpr Var kVars[] = {
     row::integer("GIN_IB_GID_INDEX", 0, 65535, "CommConfig's gidIndex, else automatic",
                  "RoCE GID index of the verbs wire and of ibgda's mlx5 NIC (below the port's table length)"),
     // --- ibgda transport
-    row::choice("GIN_IBGDA_DEVICE", "soft,soft-sink,mlx5", "CommConfig::ibgda.device (auto: mlx5)",
-                "ibgda's NIC: the soft NIC, the soft NIC that only completes, or an mlx5 device"),
-    row::choice("GIN_IBGDA_QUEUES", "host,gpu", "CommConfig::ibgda.queues (auto: host)",
-                "where ibgda's queues live (gpu is not written yet: an error)"),
+    row::choice("GIN_IBGDA_DEVICE", "soft,soft-sink,gpu-soft,gpu-soft-sink,mlx5",
+                "CommConfig::ibgda.device (auto: mlx5)",
+                "ibgda's NIC: the soft NIC (a host thread), the GPU NIC (a kernel; GPU ranks), either one "
+                "only completing, or an mlx5 device"),
+    row::choice("GIN_IBGDA_QUEUES", "host,gpu", "CommConfig::ibgda.queues (auto: gpu for the GPU NIC, else host)",
+                "where ibgda's queues live (gpu: the GPU NIC only so far)"),
+    row::integer("GIN_IBGDA_GPU_NIC_CTAS", 1, 1024, "CommConfig::ibgda.gpuNicCtas (2)",
+                 "the GPU NIC's CTAs of 4 warps (each warp serves its share of the QPs)"),
+    row::integer("GIN_IBGDA_GPU_NIC_IDLE_US", 0, 3600000000ll, "CommConfig::ibgda.gpuNicIdleUs (10000)",
+                 "microseconds the GPU NIC's kernel stays without work before it ends (0: until the Comm ends)"),
     row::flag("GIN_SOFT_NIC_DEFERRED_COPIES", "0",
               "1 (CPU ranks, tests): the soft NIC's copies land only when it flushes, as on GPU ranks"),
     // --- AllReduce (docs/design/allreduce.md)

@@ -2,10 +2,14 @@
 // queue, doorbell record, UAR word, completion queue), the key tables kernels
 // read (IbgdaDev), and the NIC that consumes the queues.
 //
-// Two NICs. The soft NIC (gin/host/soft_nic.hpp), selected with
-// IbgdaConfig::device = Soft or GIN_IBGDA_DEVICE=soft: queues in host memory,
-// peers whose memory is mapped in this process (the lsa team); on GPU ranks
-// it reaches device-memory windows by copy-engine copies.
+// Three NICs. The soft NIC (gin/host/soft_nic.hpp), selected with
+// IbgdaConfig::device = Soft or GIN_IBGDA_DEVICE=soft: a host thread, queues
+// in host memory, peers whose memory is mapped in this process (the lsa
+// team); on GPU ranks it reaches device-memory windows by side-context copies.
+// The GPU NIC (gin/host/gpu_nic.hpp), Device::GpuSoft or
+// GIN_IBGDA_DEVICE=gpu-soft, GPU ranks only: a kernel of its own consumes
+// queues in GPU memory (IbgdaConfig::queues = Gpu, its default) and moves
+// data with loads and stores, to lsa peers through their mapped pointers.
 // A real mlx5 (ConnectX) device through rdma-core (gin/host/ibgda_mlx5.hpp),
 // selected with Device::Mlx5 or GIN_IBGDA_DEVICE=mlx5 (and by Auto): it links
 // -libverbs -lmlx5, so it is compiled in only where the program asks for it
@@ -25,6 +29,7 @@
 #include "gin/device/transport/ibgda.hpp"
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/env.hpp"
+#include "gin/host/gpu_nic.hpp"
 #include "gin/host/memory.hpp"
 #include "gin/host/side_context.hpp"
 #include "gin/host/soft_nic.hpp"
@@ -41,15 +46,16 @@
 namespace gin {
 
 struct IbgdaConfig {
-  // Auto: GIN_IBGDA_DEVICE from the environment (soft, soft-sink, mlx5), else
-  // a real mlx5 device. SoftSink: the soft NIC only completes WQEs
-  // (posting-cost benchmarks; nothing is written anywhere).
-  enum class Device { Auto, Soft, SoftSink, Mlx5 };
+  // Auto: GIN_IBGDA_DEVICE from the environment (soft, soft-sink, gpu-soft,
+  // gpu-soft-sink, mlx5), else a real mlx5 device. The *Sink NICs only
+  // complete WQEs (posting-cost benchmarks; nothing is written anywhere).
+  enum class Device { Auto, Soft, SoftSink, Mlx5, GpuSoft, GpuSoftSink };
   Device device = Device::Auto;
   // Where each QP's send queue, doorbell records and CQ live. Host: pinned
   // host memory (mapped into the GPU on GPU ranks); the soft NIC needs it.
-  // Gpu: GPU memory through DEVX umem objects (not written yet: an error).
-  // Auto: GIN_IBGDA_QUEUES (host, gpu), else Host.
+  // Gpu: GPU memory: the GPU NIC's default; on an mlx5 device (DEVX umem
+  // objects) not written yet: an error. Auto: GIN_IBGDA_QUEUES (host, gpu),
+  // else Gpu for the GPU NIC and Host for the others.
   enum class Queues { Auto, Host, Gpu };
   Queues queues = Queues::Auto;
   uint32_t qpDepth = 256;  // WQEs per QP (and CQEs per CQ): a power of two in [2, 2^15]
@@ -62,6 +68,11 @@ struct IbgdaConfig {
   // producers waiting for room ring the doorbell (one ring covers a batch).
   // A peer waiting for a signal sees nothing until the sender flushes.
   bool deferDoorbell = false;
+  // The GPU NIC: CTAs of 4 warps (GIN_IBGDA_GPU_NIC_CTAS overrides), and how
+  // long its kernel stays without work before it ends until the next doorbell
+  // (GIN_IBGDA_GPU_NIC_IDLE_US overrides; 0: it stays until the Comm ends).
+  int gpuNicCtas = 2;
+  uint64_t gpuNicIdleUs = 10000;
 };
 
 namespace detail {
@@ -70,11 +81,19 @@ inline IbgdaConfig::Device ibgdaDevice(IbgdaConfig::Device d) {
   const auto v = env::choice("GIN_IBGDA_DEVICE");
   if (v == "soft") return IbgdaConfig::Device::Soft;
   if (v == "soft-sink") return IbgdaConfig::Device::SoftSink;
+  if (v == "gpu-soft") return IbgdaConfig::Device::GpuSoft;
+  if (v == "gpu-soft-sink") return IbgdaConfig::Device::GpuSoftSink;
   return IbgdaConfig::Device::Mlx5;
 }
-inline IbgdaConfig::Queues ibgdaQueues(IbgdaConfig::Queues q) {
+inline bool gpuNicDevice(IbgdaConfig::Device d) {
+  return d == IbgdaConfig::Device::GpuSoft || d == IbgdaConfig::Device::GpuSoftSink;
+}
+inline IbgdaConfig::Queues ibgdaQueues(IbgdaConfig::Queues q, IbgdaConfig::Device d) {
   if (q != IbgdaConfig::Queues::Auto) return q;
-  return env::choice("GIN_IBGDA_QUEUES") == "gpu" ? IbgdaConfig::Queues::Gpu : IbgdaConfig::Queues::Host;
+  const auto v = env::choice("GIN_IBGDA_QUEUES");
+  if (v == "gpu") return IbgdaConfig::Queues::Gpu;
+  if (v == "host") return IbgdaConfig::Queues::Host;
+  return gpuNicDevice(d) ? IbgdaConfig::Queues::Gpu : IbgdaConfig::Queues::Host;
 }
 }  // namespace detail
 
@@ -98,11 +117,20 @@ class IbgdaTransport {
                   " is 2^31 or more: one mlx5 WQE's data segment describes at most 2^31 - 1 bytes (bit 31 of its "
                   "byte count marks inline data). Set it below 2^31; the default is 1 MiB, and ConnectX ports report "
                   "at most 1 GiB per message (max_msg_sz)");
-    if (detail::ibgdaQueues(cfg.queues) == IbgdaConfig::Queues::Gpu)
+    const IbgdaConfig::Queues queues = detail::ibgdaQueues(cfg.queues, device);
+    if (detail::gpuNicDevice(device)) {
+      startGpuNic(dev, transports, lsaSignals, nSignalWords, gpu, device == IbgdaConfig::Device::GpuSoftSink,
+                  queues == IbgdaConfig::Queues::Host);
+      return;
+    }
+    if (queues == IbgdaConfig::Queues::Gpu)
       throw Error(
-          "ibgda queues in GPU memory (IbgdaConfig::queues = Gpu, GIN_IBGDA_QUEUES=gpu: DEVX QP/CQ objects on GPU "
-          "umem) are not written yet; use host placement (the default)" +
-          std::string(device == IbgdaConfig::Device::Mlx5 ? "" : ", which the soft NIC needs anyway"));
+          "ibgda queues in GPU memory (IbgdaConfig::queues = Gpu, GIN_IBGDA_QUEUES=gpu) are written for the GPU "
+          "NIC only (GIN_IBGDA_DEVICE=gpu-soft); " +
+          std::string(device == IbgdaConfig::Device::Mlx5
+                          ? "on an mlx5 device (DEVX QP/CQ objects on GPU umem) they are not written yet: use "
+                            "GIN_IBGDA_QUEUES=host"
+                          : "the soft NIC, a host thread, needs them in host memory: use GIN_IBGDA_QUEUES=host"));
     if (device == IbgdaConfig::Device::Mlx5) {
 #if GIN_IBGDA_MLX5
       startMlx5(dev, transports, nSignalWords, gpu);
@@ -190,6 +218,7 @@ class IbgdaTransport {
   }
 
   ~IbgdaTransport() {
+    gnic_.reset();  // the GPU NIC's kernel ends before its queues go
     nic_.reset();  // the NIC drains and stops before the queues go (and before its copier)
 #if GIN_IBGDA_MLX5
     mlx5_.reset();
@@ -215,17 +244,24 @@ class IbgdaTransport {
              (mlx5_->roce() ? " (RoCE, GID index " + std::to_string(mlx5_->gidIndex()) + ")" : " (InfiniBand)") +
              ", queues in host memory";
 #endif
+    if (gnic_)
+      return "GPU NIC (" + std::to_string(gnic_->ctas()) + " CTAs" + (gnic_->sink() ? ", sink" : "") +
+             "), queues in " + (gpuQueues_.data() ? "GPU memory" : "mapped host memory");
     return nic_ && nic_->mode() == SoftNic::Mode::Sink ? "soft NIC (sink)" : "soft NIC";
   }
   const IbgdaConfig& config() const { return cfg_; }
-  // Whether the soft NIC carries the queues, and the WQEs it has completed
-  // without error so far (0 on an mlx5 device, which does not count them).
-  bool softNic() const { return nic_ != nullptr; }
+  // Whether a soft NIC (the host thread or the GPU NIC) carries the queues,
+  // and the WQEs it has completed without error so far (0 on an mlx5
+  // device, which does not count them).
+  bool softNic() const { return nic_ != nullptr || gnic_ != nullptr; }
+  // The GPU NIC, or null.
+  GpuNic* gpuNic() const { return gnic_.get(); }
   // What to do if the soft NIC stops on an error (no-op on the mlx5 NIC).
   void onNicStopped(SoftNic::Stopped f) {
     if (nic_) nic_->setOnStop(std::move(f));
+    if (gnic_) gnic_->setOnStop([f](const std::string& why) { f(why.c_str()); });
   }
-  uint64_t nicExecuted() const { return nic_ ? nic_->executed() : 0; }
+  uint64_t nicExecuted() const { return nic_ ? nic_->executed() : gnic_ ? gnic_->executed() : 0; }
 
   // The key this rank's NIC gives window `id` (0: the signal array). Keys are
   // per rank in a real NIC; the soft NIC's are deterministic but still checked.
@@ -245,14 +281,13 @@ class IbgdaTransport {
                   std::to_string(cfg_.maxWindows) + " windows at once (window " + std::to_string(live_[slot]) +
                   " still holds slot " + std::to_string(slot) + "); raise it or deregister windows");
     live_[slot] = id;
-    nic_->addLocalRegion(keyOf(id), reinterpret_cast<uint64_t>(local), bytes, local, gpu_ || deferred_);
+    addRegion(-1, keyOf(id), reinterpret_cast<uint64_t>(local), bytes, local);
     std::vector<IbgdaRemoteKey> rem(static_cast<size_t>(nRanks_));
     for (int p = 0; p < nRanks_; ++p) {
       rem[size_t(p)] = IbgdaRemoteKey{ads[size_t(p)].addr, ads[size_t(p)].key, 0};
       const int li = p - lsaBase_;
       if (li >= 0 && li < int(lsaBases.size()))
-        nic_->addRemoteRegion(p, ads[size_t(p)].key, ads[size_t(p)].addr, ads[size_t(p)].bytes, lsaBases[size_t(li)],
-                              gpu_ || deferred_);
+        addRegion(p, ads[size_t(p)].key, ads[size_t(p)].addr, ads[size_t(p)].bytes, lsaBases[size_t(li)]);
     }
     table_.upload(tablePad_ + offWinRemote_ + size_t(slot) * size_t(nRanks_) * sizeof(IbgdaRemoteKey), rem.data(),
                   rem.size() * sizeof(IbgdaRemoteKey));
@@ -270,13 +305,19 @@ class IbgdaTransport {
 #if GIN_IBGDA_MLX5
     if (mlx5_) return mlx5_->removeWindow(id);
 #endif
+    if (gnic_) {
+      gnic_->removeRegion(-1, keyOf(id));
+      for (int p = 0; p < nRanks_; ++p) gnic_->removeRegion(p, keyOf(id));
+      return;
+    }
     nic_->removeLocalRegion(keyOf(id));
     for (int p = 0; p < nRanks_; ++p) nic_->removeRemoteRegion(p, keyOf(id));
   }
 
   // Every WQE posted so far has been consumed by the NIC (bounded). On an
-  // mlx5 device the host cannot see that (completions are the ranks' threads'
-  // to poll): true; ranks flush before they deregister a window.
+  // mlx5 device and the GPU NIC the host cannot see that (completions are
+  // the ranks' threads' to poll): true; ranks flush before they deregister a
+  // window.
   bool quiesce(uint64_t timeoutNs) const { return nic_ ? nic_->quiesce(timeoutNs) : true; }
 
  private:
@@ -295,6 +336,9 @@ class IbgdaTransport {
   IbgdaConfig cfg_;
   size_t qpBytes_ = 0, tablePad_ = 0, offWin_ = 0, offWinRemote_ = 0, offQps_ = 0, offDev_ = 0, offSigRemote_ = 0;
   HostMappedBuffer nicMem_;
+  DeviceTable gpuQueues_;  // the GPU NIC's queues in GPU memory
+  HostMappedBuffer uars_;  // the GPU NIC's UAR words
+  std::unique_ptr<GpuNic> gnic_;
   DeviceTable table_;
   char* base_ = nullptr;
   const IbgdaDev* dev_ = nullptr;
@@ -349,6 +393,96 @@ class IbgdaTransport {
 #if GIN_IBGDA_MLX5
   std::unique_ptr<Mlx5Nic> mlx5_;
 #endif
+
+  // A region of the soft NIC or the GPU NIC (peer -1: a local key).
+  void addRegion(int peer, uint32_t key, uint64_t addr, uint64_t bytes, char* map) {
+    if (gnic_) return gnic_->addRegion(peer, key, addr, bytes, map);
+    if (peer < 0) return nic_->addLocalRegion(key, addr, bytes, map, gpu_ || deferred_);
+    nic_->addRemoteRegion(peer, key, addr, bytes, map, gpu_ || deferred_);
+  }
+
+  // The GPU NIC: queues in GPU memory (or mapped host memory), UAR words in
+  // mapped host memory (what its watcher polls), the same key tables.
+  void startGpuNic(const DevComm& dev, const std::vector<uint8_t>& transports,
+                   const std::vector<uint64_t*>& lsaSignals, uint32_t nSignalWords, bool gpu, bool sink,
+                   bool queuesOnHost) {
+#if GIN_WITH_CUDA
+    if (!gpu)
+      throw Error("GIN_IBGDA_DEVICE=gpu-soft (the GPU NIC) runs on GPU ranks only; CPU ranks use soft");
+    if (const auto conns = env::raw("CUDA_DEVICE_MAX_CONNECTIONS"); conns && std::atoi(conns->c_str()) == 1)
+      throw Error(
+          "the GPU NIC (GIN_IBGDA_DEVICE=gpu-soft) does not run with CUDA_DEVICE_MAX_CONNECTIONS=1: after an idle "
+          "spell its kernel starts again while the program's kernels wait for it, and with one hardware queue that "
+          "launch waits behind them (measured: docs/design/gpu-nic.md). Use GIN_IBGDA_DEVICE=soft (the host soft "
+          "NIC runs under any setting) or GIN_TRANSPORT=proxy, or raise CUDA_DEVICE_MAX_CONNECTIONS");
+    gpu_ = true;
+    int cudaDevice = 0;
+    GIN_CUDA_CHECK(cudaGetDevice(&cudaDevice));
+    const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg_.qpDepth;
+    qpBytes_ = depth * 64 * 2 + 128;
+    const size_t bytes = qpBytes_ * nQp + nQp * 8;
+    // Every CQE invalid with owner 1 before the NIC starts.
+    std::vector<char> image(bytes, 0);
+    for (size_t i = 0; i < nQp; ++i)
+      for (size_t e = 0; e < depth; ++e) image[i * qpBytes_ + depth * 64 + e * 64 + 63] = char(mlx5::kCqeInitOpOwn);
+    char* nic = nullptr;
+    if (queuesOnHost) {
+      nicMem_ = HostMappedBuffer(true, bytes);
+      std::memcpy(nicMem_.host(), image.data(), bytes);
+      nic = static_cast<char*>(nicMem_.device());
+    } else {
+      gpuQueues_ = DeviceTable(true, bytes);
+      gpuQueues_.upload(0, image.data(), bytes);
+      nic = gpuQueues_.data();
+    }
+    uars_ = HostMappedBuffer(true, nQp * 8);
+    char* scratch = nic + qpBytes_ * nQp;
+    std::vector<IbgdaQpDev> qps = allocTables(nCtx, gpu);
+    std::vector<GpuNic::QpDesc> descs;
+    for (size_t ctx = 0; ctx < nCtx; ++ctx)
+      for (size_t p = 0; p < nR; ++p) {
+        const size_t i = ctx * nR + p;
+        char* q = nic + i * qpBytes_;
+        IbgdaQpDev& d = qps[i];
+        d.sq = reinterpret_cast<uint8_t*>(q);
+        d.cq = reinterpret_cast<mlx5::Cqe64*>(q + depth * 64);
+        d.dbrec = reinterpret_cast<uint32_t*>(q + depth * 128);
+        d.cqDbrec = reinterpret_cast<uint32_t*>(q + depth * 128 + 8);
+        d.uar = static_cast<uint64_t*>(uars_.device()) + i;
+        d.scratchAddr = reinterpret_cast<uint64_t>(scratch + i * 8);
+        d.scratchLkey = kScratchKey;
+        d.qpn = qpnOf(i);
+        if (transports[p] != uint8_t(Transport::Ibgda)) continue;
+        if (int(p) < lsaBase_ || int(p) >= lsaBase_ + int(lsaSignals.size()))
+          throw Error("the GPU NIC reaches only peers whose memory is mapped here (the lsa team); rank " +
+                      std::to_string(p) + " is not one");
+        gpunic::Qp g{d.sq, d.dbrec, d.cq, d.cqDbrec, d.nWqe, d.nCqe, d.qpn, int32_t(p)};
+        descs.push_back(GpuNic::QpDesc{g, static_cast<const uint64_t*>(uars_.host()) + i});
+      }
+    publishTables(qps);
+    GpuNic::Config gc;
+    gc.ctas = int(env::integer("GIN_IBGDA_GPU_NIC_CTAS").value_or(cfg_.gpuNicCtas));
+    gc.idleExitUs = uint64_t(env::integer("GIN_IBGDA_GPU_NIC_IDLE_US").value_or(int64_t(cfg_.gpuNicIdleUs)));
+    gc.sink = sink;
+    gc.startTimeoutNs = dev.timeoutNs;
+    gnic_ = std::make_unique<GpuNic>(cudaDevice, std::move(descs), cfg_.maxWindows * unsigned(nR + 1) + unsigned(nR) + 1,
+                                     gc);
+    gnic_->addRegion(-1, kScratchKey, reinterpret_cast<uint64_t>(scratch), nQp * 8, scratch);
+    std::vector<Advert> ads = exchange(Advert{reinterpret_cast<uint64_t>(dev.signals), keyOf(0), nSignalWords * 8ull});
+    std::vector<IbgdaRemoteKey> sig(nR);
+    for (size_t p = 0; p < nR; ++p) {
+      sig[p] = IbgdaRemoteKey{ads[p].addr, ads[p].key, 0};
+      const int li = int(p) - lsaBase_;
+      if (li >= 0 && li < int(lsaSignals.size()))
+        gnic_->addRegion(int(p), ads[p].key, ads[p].addr, ads[p].bytes, lsaSignals[size_t(li)]);
+    }
+    table_.upload(tablePad_ + offSigRemote_, sig.data(), nR * sizeof(IbgdaRemoteKey));
+    gnic_->start();
+#else
+    (void)dev, (void)transports, (void)lsaSignals, (void)nSignalWords, (void)gpu, (void)sink, (void)queuesOnHost;
+    throw Error("the GPU NIC needs the CUDA runtime");
+#endif
+  }
 
 #if GIN_IBGDA_MLX5
   // The mlx5 device's QPs, then the same key tables the soft NIC path fills
