@@ -345,6 +345,7 @@ class IbgdaTransport {
   std::vector<uint32_t> live_;  // window id per slot, 0: free
   std::unique_ptr<SoftNic> nic_;
   bool gpu_ = false;
+  bool nicOnGpu_ = false;  // the GPU NIC: GPU-scope doorbells and CQEs (IbgdaDev::nicOnGpu)
   bool deferred_ = false;  // CPU ranks, test mode: windows as "device" regions with queued copies
   std::vector<std::pair<char*, std::vector<char>>> queued_;  // deferred_: copies not yet applied (NIC thread only)
 #if GIN_WITH_CUDA
@@ -416,6 +417,7 @@ class IbgdaTransport {
           "launch waits behind them (measured: docs/design/gpu-nic.md). Use GIN_IBGDA_DEVICE=soft (the host soft "
           "NIC runs under any setting) or GIN_TRANSPORT=proxy, or raise CUDA_DEVICE_MAX_CONNECTIONS");
     gpu_ = true;
+    nicOnGpu_ = true;
     int cudaDevice = 0;
     GIN_CUDA_CHECK(cudaGetDevice(&cudaDevice));
     const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg_.qpDepth;
@@ -576,6 +578,7 @@ class IbgdaTransport {
     id.maxWindows = cfg_.maxWindows;
     id.maxWqeBytes = cfg_.maxWqeBytes;
     id.deferDoorbell = cfg_.deferDoorbell ? 1 : 0;
+    id.nicOnGpu = nicOnGpu_ ? 1 : 0;
     table_.upload(tablePad_ + offDev_, &id, sizeof id);
     dev_ = reinterpret_cast<const IbgdaDev*>(base_ + offDev_);
   }

@@ -87,9 +87,15 @@ struct IbgdaDev {
   uint32_t maxWindows;
   uint32_t maxWqeBytes;    // largest RDMA WRITE one WQE carries (< 2^31)
   uint32_t deferDoorbell;  // 1: posts only publish; flush and waits ring (one ring covers a batch)
-  uint32_t pad;
+  uint32_t nicOnGpu;       // 1: the NIC is a kernel on this GPU (the GPU NIC): GPU-scope doorbells and CQEs
 };
 static_assert(std::is_trivially_copyable_v<IbgdaDev>);
+
+// Posts of the converged lanes of a warp to one QP go out as one batch
+// (post() below); 0 turns it off (each lane reserves and publishes alone).
+#ifndef GIN_IBGDA_WARP_AGGREGATE
+#define GIN_IBGDA_WARP_AGGREGATE 1
+#endif
 
 namespace ibgda {
 
@@ -98,11 +104,30 @@ GIN_HD GIN_INLINE const IbgdaQpDev* qpOf(const DevComm& c, int ctx, int peer) {
 }
 
 GIN_HD GIN_INLINE bool deferred(const DevComm& c) { return loadConst(&c.ibgda->deferDoorbell) != 0; }
+GIN_HD GIN_INLINE bool nicOnGpu(const DevComm& c) { return loadConst(&c.ibgda->nicOnGpu) != 0; }
+
+// The doorbell for WQEs up to pi (the last one's control head `head`): the
+// doorbell record with release, so the WQEs and what the caller wrote before
+// are visible to the NIC first, then the UAR word. A NIC across PCIe needs
+// both at system scope. A NIC on this GPU (the GPU NIC) needs the record at
+// GPU scope only, and reads the UAR word only to know it must start again
+// (its watcher compares it with what it consumed), so that store is relaxed.
+GIN_HD GIN_INLINE void doorbell(const IbgdaQpDev* qp, uint64_t pi, uint64_t head, bool gpuNic) {
+  uint32_t* rec = loadConst(&qp->dbrec) + mlx5::kDbrSend;
+  const uint32_t v = mlx5::bswap32(uint32_t(pi) & 0xffffu);
+  if (gpuNic) {
+    atomicStore<Scope::Device>(rec, v, MemoryOrder::Release);
+    atomicStore<Scope::System>(loadConst(&qp->uar), head, MemoryOrder::Relaxed);
+  } else {
+    atomicStore<Scope::System>(rec, v, MemoryOrder::Release);
+    atomicStore<Scope::System>(loadConst(&qp->uar), head, MemoryOrder::Release);
+  }
+}
 
 // Deferred doorbells: ring for every WQE published so far, unless another
 // thread is ringing (the caller's wait loop comes back). The lock keeps
 // doorbell-record writes monotonic, as the ready token does otherwise.
-GIN_HD inline void ring(const IbgdaQpDev* qp) {
+GIN_HD inline void ring(const IbgdaQpDev* qp, bool gpuNic) {
   IbgdaQpState* st = loadConst(&qp->state);
   uint32_t unlocked = 0;
   if (!atomicCompareExchange<Scope::Device>(&st->ringLock, unlocked, 1u, MemoryOrder::Acquire)) return;
@@ -115,9 +140,7 @@ GIN_HD inline void ring(const IbgdaQpDev* qp) {
     // once the record says r, the NIC may run WQE r-1, complete it, and a
     // producer may reuse its slot while we would still be reading it.
     const uint64_t head = *reinterpret_cast<const uint64_t*>(loadConst(&qp->sq) + ((r - 1) & (nWqe - 1)) * 64);
-    atomicStore<Scope::System>(loadConst(&qp->dbrec) + mlx5::kDbrSend, mlx5::bswap32(uint32_t(r) & 0xffffu),
-                               MemoryOrder::Release);
-    atomicStore<Scope::System>(loadConst(&qp->uar), head, MemoryOrder::Release);
+    doorbell(qp, r, head, gpuNic);
     st->rung = r;
   }
   atomicStore<Scope::Device>(&st->ringLock, 0u, MemoryOrder::Release);
@@ -135,6 +158,7 @@ GIN_HD inline bool progress(const DevComm& c, const IbgdaQpDev* qp, int ctx, int
   if (!atomicCompareExchange<Scope::Device>(&st->pollLock, unlocked, 1u, MemoryOrder::Acquire)) return true;
   mlx5::Cqe64* cq = loadConst(&qp->cq);
   const uint32_t nCqe = loadConst(&qp->nCqe), nWqe = loadConst(&qp->nWqe);
+  const bool gpuNic = nicOnGpu(c);
   const uint32_t* counterOf = loadConst(&qp->counterOf);
   uint64_t ci = st->cqCi;
   uint64_t done = st->done;
@@ -143,8 +167,9 @@ GIN_HD inline bool progress(const DevComm& c, const IbgdaQpDev* qp, int ctx, int
     mlx5::Cqe64* e = cq + (ci & (nCqe - 1));
     // wqe_counter, signature and op_own share the CQE's last 4-byte word; the
     // NIC writes it last with release, so this acquire load sees the whole CQE.
-    const uint32_t tail =
-        atomicLoad<Scope::System>(reinterpret_cast<const uint32_t*>(e->b + mlx5::kCqeWqeCounter), MemoryOrder::Acquire);
+    const uint32_t* tailWord = reinterpret_cast<const uint32_t*>(e->b + mlx5::kCqeWqeCounter);
+    const uint32_t tail = gpuNic ? atomicLoad<Scope::Device>(tailWord, MemoryOrder::Acquire)
+                                 : atomicLoad<Scope::System>(tailWord, MemoryOrder::Acquire);
     const uint8_t opOwn = uint8_t(tail >> 24);
     if (mlx5::cqeOwner(opOwn) != mlx5::cqeExpectedOwner(ci, nCqe)) break;
     // A mini-CQE array (checked before the opcode: its high nibble is not
@@ -181,7 +206,11 @@ GIN_HD inline bool progress(const DevComm& c, const IbgdaQpDev* qp, int ctx, int
   if (ci != st->cqCi) {
     st->cqCi = ci;
     // Release: we finished reading these CQEs before the NIC may overwrite them.
-    atomicStore<Scope::System>(loadConst(&qp->cqDbrec), mlx5::bswap32(uint32_t(ci) & 0xffffffu), MemoryOrder::Release);
+    const uint32_t rec = mlx5::bswap32(uint32_t(ci) & 0xffffffu);
+    if (gpuNic)
+      atomicStore<Scope::Device>(loadConst(&qp->cqDbrec), rec, MemoryOrder::Release);
+    else
+      atomicStore<Scope::System>(loadConst(&qp->cqDbrec), rec, MemoryOrder::Release);
   }
   atomicStore<Scope::Device>(&st->pollLock, 0u, MemoryOrder::Release);
   return ok;
@@ -196,7 +225,7 @@ GIN_HD inline bool waitDone(const DevComm& c, const IbgdaQpDev* qp, int ctx, int
       c, &st->done, MemoryOrder::Acquire,
       [&](uint64_t v) {
         if (rollingLessEqual(target, v)) return true;
-        if (defer) ring(qp);
+        if (defer) ring(qp, nicOnGpu(c));
         (void)progress(c, qp, ctx, peer);
         return false;
       },
@@ -211,7 +240,7 @@ GIN_HD inline void progressAll(const DevComm& c) {
     for (int p = 0; p < c.nRanks; ++p)
       if (loadConst(c.peerTransport + p) == uint8_t(Transport::Ibgda)) {
         const IbgdaQpDev* qp = qpOf(c, ctx, p);
-        if (defer) ring(qp);
+        if (defer) ring(qp, nicOnGpu(c));
         (void)progress(c, qp, ctx, p);
       }
 }
@@ -240,6 +269,63 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
   uint8_t* sq = loadConst(&qp->sq);
   uint32_t* counterOf = loadConst(&qp->counterOf);
   const uint32_t nWqe = loadConst(&qp->nWqe), qpn = loadConst(&qp->qpn);
+#if GIN_DEVICE_CODE && GIN_IBGDA_WARP_AGGREGATE
+  // Warp aggregation: the converged lanes of a warp that post to this QP
+  // reserve, publish and ring once for all of them (one atomic on `resv`,
+  // one wait for `ready`, one doorbell), in lane order.
+  const unsigned active = __activemask();
+  const unsigned group = __match_any_sync(active, reinterpret_cast<unsigned long long>(qp));
+  if (__popc(group) > 1) {
+    const int lane = int(threadIdx.x & 31), leader = __ffs(group) - 1, last = 31 - __clz(group);
+    uint32_t before = 0, total = 0;
+    for (unsigned m = group; m; m &= m - 1) {
+      const int l = __ffs(m) - 1;
+      const uint32_t nl = __shfl_sync(group, n, l);
+      if (l < lane) before += nl;
+      total += nl;
+    }
+    if (total <= nWqe) {
+      unsigned long long base = 0;
+      if (lane == leader) base = atomicFetchAdd<Scope::Device>(&st->resv, uint64_t(total), MemoryOrder::Relaxed);
+      base = __shfl_sync(group, base, leader);
+      // Room for the group's slots (see below); the leader waits for all.
+      int ok = 1;
+      if (lane == leader && base + total > nWqe)
+        ok = waitDone(c, qp, ctx, peer, base + total - nWqe, Op::IbgdaFull) ? 1 : 0;
+      if (!__shfl_sync(group, ok, leader)) return false;
+      const uint64_t t = base + before;
+      unsigned long long head = 0;
+      for (uint32_t i = 0; i < n; ++i) {
+        Wqe q;
+        make(i, q);
+        mlx5::CtrlSeg ctrl;
+        __builtin_memcpy(&ctrl, q.w, sizeof ctrl);
+        ctrl = mlx5::makeCtrl(uint16_t(t + i), mlx5::ctrlOpcode(ctrl), mlx5::ctrlOpmod(ctrl), qpn,
+                              mlx5::ctrlDs(ctrl), ctrl.fmCeSe, ctrl.imm, ctrl.signature);
+        __builtin_memcpy(q.w, &ctrl, sizeof ctrl);
+        const uint64_t slot = (t + i) & (nWqe - 1);
+        storeWqe(sq + slot * mlx5::kSendWqeBB, q.w);
+        counterOf[slot] = i + 1 == n ? counter : kIbgdaNoCounter;
+        head = q.w[0];
+      }
+      head = __shfl_sync(group, head, last);
+      // Every lane's WQEs and counterOf entries before the leader's release.
+      __syncwarp(group);
+      if (lane == leader) {
+        ok = detail::boundedWait(
+                 c, &st->ready, MemoryOrder::Acquire, [&](uint64_t v) { return v == base; },
+                 detail::WaitWhat{Op::IbgdaFull, peer, ctx, base, base})
+                 ? 1
+                 : 0;
+        if (ok) {
+          if (!deferred(c)) doorbell(qp, base + total, head, nicOnGpu(c));
+          atomicStore<Scope::Device>(&st->ready, uint64_t(base + total), MemoryOrder::Release);
+        }
+      }
+      return __shfl_sync(group, ok, leader) != 0;
+    }
+  }
+#endif
   // Relaxed: the reservation orders nothing by itself; `done` and `ready`
   // carry the orderings below.
   const uint64_t t = atomicFetchAdd<Scope::Device>(&st->resv, uint64_t(n), MemoryOrder::Relaxed);
@@ -271,10 +357,9 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
   if (!deferred(c)) {
     // Release at system scope: the WQEs (and the caller's source data, and
     // counterOf) are visible before the NIC sees the new producer index.
-    atomicStore<Scope::System>(loadConst(&qp->dbrec) + mlx5::kDbrSend, mlx5::bswap32(uint32_t(t + n) & 0xffffu),
-                               MemoryOrder::Release);
-    // The doorbell: the first 8 bytes of the last WQE's control segment.
-    atomicStore<Scope::System>(loadConst(&qp->uar), ctrlHead, MemoryOrder::Release);
+    // The doorbell: the record, then the UAR word (the first 8 bytes of the
+    // last WQE's control segment).
+    doorbell(qp, t + n, ctrlHead, nicOnGpu(c));
   }
   // Hand the token to the next producer (it acquires `ready`); with deferred
   // doorbells this release is also what ring() acquires.
