@@ -201,6 +201,17 @@ __global__ void valuesEveryWarp(DevComm dc, Window dst, size_t base) {
   net.signal(teamWorld(dc), 0, SignalSet{uint32_t(16 + ctx), 0x5151}, CoopWarp{});
 }
 
+// Every thread puts `chunk` bytes with a SignalInc and a CounterInc on its
+// context: its warp's (a whole warp on one QP: one aggregated post) or, when
+// `split`, lane % 4 (groups of 8 lanes per QP).
+__global__ void putEveryThread(DevComm dc, Window dst, Window src, size_t chunk, bool split) {
+  const size_t id = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int ctx = int((split ? threadIdx.x : threadIdx.x / 32) % kContexts);
+  NetI net(dc, ctx);
+  net.put(teamWorld(dc), 0, dst, id * chunk, src, id * chunk, chunk, SignalInc{uint32_t(ctx)},
+          CounterInc{uint32_t(ctx)}, CoopThread{});
+}
+
 // Thread c waits until signal base + c reaches `least`.
 __global__ void waitSignalsAtLeast(DevComm dc, uint32_t base, uint64_t least) {
   (void)Net(dc, 0).waitSignal(CoopThread{}, base + threadIdx.x, least);
@@ -237,6 +248,35 @@ TEST_CASE("GPU ibgda: every warp of 132 CTAs puts with signal and counter on 4 c
   REQUIRE(h.nic.errors() == 0);
   REQUIRE(h.nic.executed() == 2 * uint64_t(kCtas) * kWarps);  // payload + signal per put
   GPU_CHECK(cudaFree(ok));
+}
+
+TEST_CASE("GPU ibgda: every thread puts (warp-aggregated posting), whole warps and split warps",
+          "[gpu][ibgda]") {
+  constexpr size_t kChunk = 72;  // not a multiple of 16
+  constexpr int kThreads = 256;
+  for (bool split : {false, true}) {
+    CAPTURE(split);
+    const size_t n = size_t(kCtas) * kThreads, total = n * kChunk;
+    Harness h(total);
+    for (size_t i = 0; i < total; ++i) h.srcHost[i] = char(gputest::pattern(5, int(split), i));
+    std::memset(h.dstHost, kPoison, total);
+    putEveryThread<<<kCtas, kThreads>>>(h.dc, h.dst, h.src, kChunk, split);
+    GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
+    int* ok = nullptr;
+    GPU_CHECK(cudaMallocManaged(&ok, kContexts * sizeof(int)));
+    const uint64_t perCtx = n / kContexts;
+    waitAndFlush<<<kContexts, 128>>>(h.dc, perCtx, perCtx, ok);
+    GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
+    GPU_CHECK(cudaDeviceSynchronize());
+    INFO(h.error());
+    for (int c = 0; c < kContexts; ++c) REQUIRE(ok[c] == 1);
+    for (size_t i = 0; i < total; ++i)
+      if (uint8_t(h.dstHost[i]) != gputest::pattern(5, int(split), i)) FAIL("byte " << i << " is wrong");
+    for (int c = 0; c < kContexts; ++c) REQUIRE(h.signalsHost[c] == perCtx);
+    REQUIRE(h.nic.errors() == 0);
+    REQUIRE(h.nic.executed() == 2 * n);  // payload + signal per put
+    GPU_CHECK(cudaFree(ok));
+  }
 }
 
 TEST_CASE("GPU ibgda: putValue with SignalAdd and SignalSet from every warp", "[gpu][ibgda]") {

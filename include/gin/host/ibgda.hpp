@@ -177,18 +177,9 @@ class IbgdaTransport {
         char* q = nic + i * qpBytes_;
         char* qd = onDevice(q);
         IbgdaQpDev& d = qps[i];
-        d.sq = reinterpret_cast<uint8_t*>(qd);
-        d.cq = reinterpret_cast<mlx5::Cqe64*>(qd + depth * 64);
-        d.dbrec = reinterpret_cast<uint32_t*>(qd + depth * 128);
-        d.cqDbrec = reinterpret_cast<uint32_t*>(qd + depth * 128 + 8);
-        d.uar = reinterpret_cast<uint64_t*>(qd + depth * 128 + 64);
-        d.scratchAddr = reinterpret_cast<uint64_t>(onDevice(scratch + i * 8));
-        d.scratchLkey = kScratchKey;
-        d.qpn = qpnOf(i);
+        layQp(d, qd, i, reinterpret_cast<uint64_t*>(qd + depth * 128 + 64), onDevice(scratch));
         if (transports[p] != uint8_t(Transport::Ibgda)) continue;
-        if (int(p) < lsaBase_ || int(p) >= lsaBase_ + int(lsaSignals.size()))
-          throw Error("the soft NIC reaches only peers whose memory is mapped here (the lsa team); rank " +
-                      std::to_string(p) + " is not one");
+        requireLsa(p, lsaSignals.size(), "the soft NIC");
         SoftNic::Qp sq;
         sq.sq = reinterpret_cast<uint8_t*>(q);
         sq.nWqe = d.nWqe;
@@ -203,17 +194,9 @@ class IbgdaTransport {
       }
     publishTables(qps);
 
-    // Signal arrays: every rank advertises (address, key, size) of its own;
-    // the NIC maps each lsa member's through the mapping the Comm made.
-    std::vector<Advert> ads = exchange(Advert{reinterpret_cast<uint64_t>(dev.signals), keyOf(0), nSignalWords * 8ull});
-    std::vector<IbgdaRemoteKey> sig(nR);
-    for (size_t p = 0; p < nR; ++p) {
-      sig[p] = IbgdaRemoteKey{ads[p].addr, ads[p].key, 0};
-      const int li = int(p) - lsaBase_;
-      if (li >= 0 && li < int(lsaSignals.size()))
-        nic_->addRemoteRegion(int(p), ads[p].key, ads[p].addr, ads[p].bytes, reinterpret_cast<char*>(lsaSignals[li]));
-    }
-    table_.upload(tablePad_ + offSigRemote_, sig.data(), nR * sizeof(IbgdaRemoteKey));
+    publishSignals(dev, nSignalWords, lsaSignals, [&](int p, const Advert& a, uint64_t* map) {
+      nic_->addRemoteRegion(p, a.key, a.addr, a.bytes, reinterpret_cast<char*>(map));
+    });
     nic_->start();
   }
 
@@ -395,6 +378,41 @@ class IbgdaTransport {
   std::unique_ptr<Mlx5Nic> mlx5_;
 #endif
 
+  // QP i's NIC-facing words in the block at q (the addresses kernels use),
+  // its UAR word and its scratch word (in the block at `scratch`).
+  void layQp(IbgdaQpDev& d, char* q, size_t i, uint64_t* uar, char* scratch) const {
+    const size_t depth = cfg_.qpDepth;
+    d.sq = reinterpret_cast<uint8_t*>(q);
+    d.cq = reinterpret_cast<mlx5::Cqe64*>(q + depth * 64);
+    d.dbrec = reinterpret_cast<uint32_t*>(q + depth * 128);
+    d.cqDbrec = reinterpret_cast<uint32_t*>(q + depth * 128 + 8);
+    d.uar = uar;
+    d.scratchAddr = reinterpret_cast<uint64_t>(scratch + i * 8);
+    d.scratchLkey = kScratchKey;
+    d.qpn = qpnOf(i);
+  }
+  // The soft NICs reach only peers whose memory is mapped here.
+  void requireLsa(size_t p, size_t nLsa, const char* nic) const {
+    if (int(p) < lsaBase_ || int(p) >= lsaBase_ + int(nLsa))
+      throw Error(std::string(nic) + " reaches only peers whose memory is mapped here (the lsa team); rank " +
+                  std::to_string(p) + " is not one");
+  }
+  // Signal arrays: every rank advertises (address, key, size) of its own;
+  // add(peer, advert, map) gives the NIC each lsa member's, through the
+  // mapping the Comm made; the key table gets every rank's.
+  template <class Add>
+  void publishSignals(const DevComm& dev, uint32_t nSignalWords, const std::vector<uint64_t*>& lsaSignals, Add add) {
+    const size_t nR = size_t(nRanks_);
+    std::vector<Advert> ads = exchange(Advert{reinterpret_cast<uint64_t>(dev.signals), keyOf(0), nSignalWords * 8ull});
+    std::vector<IbgdaRemoteKey> sig(nR);
+    for (size_t p = 0; p < nR; ++p) {
+      sig[p] = IbgdaRemoteKey{ads[p].addr, ads[p].key, 0};
+      const int li = int(p) - lsaBase_;
+      if (li >= 0 && li < int(lsaSignals.size())) add(int(p), ads[p], lsaSignals[size_t(li)]);
+    }
+    table_.upload(tablePad_ + offSigRemote_, sig.data(), nR * sizeof(IbgdaRemoteKey));
+  }
+
   // A region of the soft NIC or the GPU NIC (peer -1: a local key).
   void addRegion(int peer, uint32_t key, uint64_t addr, uint64_t bytes, char* map) {
     if (gnic_) return gnic_->addRegion(peer, key, addr, bytes, map);
@@ -446,18 +464,9 @@ class IbgdaTransport {
         const size_t i = ctx * nR + p;
         char* q = nic + i * qpBytes_;
         IbgdaQpDev& d = qps[i];
-        d.sq = reinterpret_cast<uint8_t*>(q);
-        d.cq = reinterpret_cast<mlx5::Cqe64*>(q + depth * 64);
-        d.dbrec = reinterpret_cast<uint32_t*>(q + depth * 128);
-        d.cqDbrec = reinterpret_cast<uint32_t*>(q + depth * 128 + 8);
-        d.uar = static_cast<uint64_t*>(uars_.device()) + i;
-        d.scratchAddr = reinterpret_cast<uint64_t>(scratch + i * 8);
-        d.scratchLkey = kScratchKey;
-        d.qpn = qpnOf(i);
+        layQp(d, q, i, static_cast<uint64_t*>(uars_.device()) + i, scratch);
         if (transports[p] != uint8_t(Transport::Ibgda)) continue;
-        if (int(p) < lsaBase_ || int(p) >= lsaBase_ + int(lsaSignals.size()))
-          throw Error("the GPU NIC reaches only peers whose memory is mapped here (the lsa team); rank " +
-                      std::to_string(p) + " is not one");
+        requireLsa(p, lsaSignals.size(), "the GPU NIC");
         gpunic::Qp g{d.sq, d.dbrec, d.cq, d.cqDbrec, d.nWqe, d.nCqe, d.qpn, int32_t(p)};
         descs.push_back(GpuNic::QpDesc{g, static_cast<const uint64_t*>(uars_.host()) + i});
       }
@@ -470,15 +479,9 @@ class IbgdaTransport {
     gnic_ = std::make_unique<GpuNic>(cudaDevice, std::move(descs), cfg_.maxWindows * unsigned(nR + 1) + unsigned(nR) + 1,
                                      gc);
     gnic_->addRegion(-1, kScratchKey, reinterpret_cast<uint64_t>(scratch), nQp * 8, scratch);
-    std::vector<Advert> ads = exchange(Advert{reinterpret_cast<uint64_t>(dev.signals), keyOf(0), nSignalWords * 8ull});
-    std::vector<IbgdaRemoteKey> sig(nR);
-    for (size_t p = 0; p < nR; ++p) {
-      sig[p] = IbgdaRemoteKey{ads[p].addr, ads[p].key, 0};
-      const int li = int(p) - lsaBase_;
-      if (li >= 0 && li < int(lsaSignals.size()))
-        gnic_->addRegion(int(p), ads[p].key, ads[p].addr, ads[p].bytes, lsaSignals[size_t(li)]);
-    }
-    table_.upload(tablePad_ + offSigRemote_, sig.data(), nR * sizeof(IbgdaRemoteKey));
+    publishSignals(dev, nSignalWords, lsaSignals, [&](int p, const Advert& a, uint64_t* map) {
+      gnic_->addRegion(p, a.key, a.addr, a.bytes, map);
+    });
     gnic_->start();
 #else
     (void)dev, (void)transports, (void)lsaSignals, (void)nSignalWords, (void)gpu, (void)sink, (void)queuesOnHost;

@@ -258,6 +258,29 @@ struct Wqe {
   uint64_t w[8];
 };
 
+// Build WQEs [t, t+n) with make(i, Wqe&) into their send-queue slots (WQE
+// index and QP number patched into each control segment), mark the last
+// one's counter; returns the last one's control head (what the UAR gets).
+template <class Make>
+GIN_HD GIN_INLINE uint64_t fillWqes(uint8_t* sq, uint32_t* counterOf, uint32_t nWqe, uint32_t qpn, uint64_t t,
+                                    uint32_t n, uint32_t counter, Make& make) {
+  uint64_t ctrlHead = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    Wqe q;
+    make(i, q);
+    mlx5::CtrlSeg ctrl;
+    __builtin_memcpy(&ctrl, q.w, sizeof ctrl);
+    ctrl = mlx5::makeCtrl(uint16_t(t + i), mlx5::ctrlOpcode(ctrl), mlx5::ctrlOpmod(ctrl), qpn, mlx5::ctrlDs(ctrl),
+                          ctrl.fmCeSe, ctrl.imm, ctrl.signature);
+    __builtin_memcpy(q.w, &ctrl, sizeof ctrl);
+    const uint64_t slot = (t + i) & (nWqe - 1);
+    storeWqe(sq + slot * mlx5::kSendWqeBB, q.w);
+    counterOf[slot] = i + 1 == n ? counter : kIbgdaNoCounter;
+    ctrlHead = q.w[0];
+  }
+  return ctrlHead;
+}
+
 // Post n (1 <= n <= nWqe) WQEs produced by make(i, Wqe&) for i in [0, n) to
 // the QP of (ctx, peer); `counter` (or kIbgdaNoCounter) is applied when the
 // last one completes. The caller's writes (a put's source) are ordered before
@@ -293,21 +316,7 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
       if (lane == leader && base + total > nWqe)
         ok = waitDone(c, qp, ctx, peer, base + total - nWqe, Op::IbgdaFull) ? 1 : 0;
       if (!__shfl_sync(group, ok, leader)) return false;
-      const uint64_t t = base + before;
-      unsigned long long head = 0;
-      for (uint32_t i = 0; i < n; ++i) {
-        Wqe q;
-        make(i, q);
-        mlx5::CtrlSeg ctrl;
-        __builtin_memcpy(&ctrl, q.w, sizeof ctrl);
-        ctrl = mlx5::makeCtrl(uint16_t(t + i), mlx5::ctrlOpcode(ctrl), mlx5::ctrlOpmod(ctrl), qpn,
-                              mlx5::ctrlDs(ctrl), ctrl.fmCeSe, ctrl.imm, ctrl.signature);
-        __builtin_memcpy(q.w, &ctrl, sizeof ctrl);
-        const uint64_t slot = (t + i) & (nWqe - 1);
-        storeWqe(sq + slot * mlx5::kSendWqeBB, q.w);
-        counterOf[slot] = i + 1 == n ? counter : kIbgdaNoCounter;
-        head = q.w[0];
-      }
+      unsigned long long head = fillWqes(sq, counterOf, nWqe, qpn, base + before, n, counter, make);
       head = __shfl_sync(group, head, last);
       // Every lane's WQEs and counterOf entries before the leader's release.
       __syncwarp(group);
@@ -333,21 +342,7 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
   // must have completed. No cycle: this depends only on earlier reservations. Acquire (in waitDone): the NIC and the
   // poller are done with those slots before we overwrite them.
   if (t + n > nWqe && !waitDone(c, qp, ctx, peer, t + n - nWqe, Op::IbgdaFull)) return false;
-  uint64_t ctrlHead = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    Wqe q;
-    make(i, q);
-    // Patch the control segment: WQE index and QP number.
-    mlx5::CtrlSeg ctrl;
-    __builtin_memcpy(&ctrl, q.w, sizeof ctrl);
-    ctrl = mlx5::makeCtrl(uint16_t(t + i), mlx5::ctrlOpcode(ctrl), mlx5::ctrlOpmod(ctrl), qpn, mlx5::ctrlDs(ctrl),
-                          ctrl.fmCeSe, ctrl.imm, ctrl.signature);
-    __builtin_memcpy(q.w, &ctrl, sizeof ctrl);
-    const uint64_t slot = (t + i) & (nWqe - 1);
-    storeWqe(sq + slot * mlx5::kSendWqeBB, q.w);
-    counterOf[slot] = i + 1 == n ? counter : kIbgdaNoCounter;
-    ctrlHead = q.w[0];
-  }
+  const uint64_t ctrlHead = fillWqes(sq, counterOf, nWqe, qpn, t, n, counter, make);
   // In-order publication. Acquire: the previous holder's doorbell-record
   // write happens before ours, so the record never moves backwards.
   const bool turn = detail::boundedWait(
