@@ -226,6 +226,21 @@ __global__ void waitAndFlush(DevComm dc, uint64_t perCtx, uint64_t counterPerCtx
 }
 }  // namespace
 
+namespace {
+// One block per context flushes and waits until its signal and its counter
+// reach perCtx; every context must succeed (the NIC's error, if any, says why).
+void flushEveryContext(Harness& h, uint64_t perCtx) {
+  int* ok = nullptr;
+  GPU_CHECK(cudaMallocManaged(&ok, kContexts * sizeof(int)));
+  waitAndFlush<<<kContexts, 128>>>(h.dc, perCtx, perCtx, ok);
+  GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
+  GPU_CHECK(cudaDeviceSynchronize());
+  INFO(h.error());
+  for (int c = 0; c < kContexts; ++c) REQUIRE(ok[c] == 1);
+  GPU_CHECK(cudaFree(ok));
+}
+}  // namespace
+
 TEST_CASE("GPU ibgda: every warp of 132 CTAs puts with signal and counter on 4 contexts through the soft NIC",
           "[gpu][ibgda]") {
   constexpr size_t kChunk = 1000;  // not a multiple of 16: unaligned WQE boundaries
@@ -235,19 +250,11 @@ TEST_CASE("GPU ibgda: every warp of 132 CTAs puts with signal and counter on 4 c
   std::memset(h.dstHost, kPoison, total);
   putEveryWarp<<<kCtas, 32 * kWarps>>>(h.dc, h.dst, h.src, kChunk);
   GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
-  int* ok = nullptr;
-  GPU_CHECK(cudaMallocManaged(&ok, kContexts * sizeof(int)));
-  const uint64_t perCtx = uint64_t(kCtas) * kWarps / kContexts;
-  waitAndFlush<<<kContexts, 128>>>(h.dc, perCtx, perCtx, ok);
-  GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
-  GPU_CHECK(cudaDeviceSynchronize());
-  INFO(h.error());
-  for (int c = 0; c < kContexts; ++c) REQUIRE(ok[c] == 1);
+  flushEveryContext(h, uint64_t(kCtas) * kWarps / kContexts);
   for (size_t i = 0; i < total; ++i)
     if (uint8_t(h.dstHost[i]) != gputest::pattern(3, 0, i)) FAIL("byte " << i << " is wrong");
   REQUIRE(h.nic.errors() == 0);
   REQUIRE(h.nic.executed() == 2 * uint64_t(kCtas) * kWarps);  // payload + signal per put
-  GPU_CHECK(cudaFree(ok));
 }
 
 TEST_CASE("GPU ibgda: every thread puts (warp-aggregated posting), whole warps and split warps",
@@ -262,20 +269,13 @@ TEST_CASE("GPU ibgda: every thread puts (warp-aggregated posting), whole warps a
     std::memset(h.dstHost, kPoison, total);
     putEveryThread<<<kCtas, kThreads>>>(h.dc, h.dst, h.src, kChunk, split);
     GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
-    int* ok = nullptr;
-    GPU_CHECK(cudaMallocManaged(&ok, kContexts * sizeof(int)));
     const uint64_t perCtx = n / kContexts;
-    waitAndFlush<<<kContexts, 128>>>(h.dc, perCtx, perCtx, ok);
-    GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
-    GPU_CHECK(cudaDeviceSynchronize());
-    INFO(h.error());
-    for (int c = 0; c < kContexts; ++c) REQUIRE(ok[c] == 1);
+    flushEveryContext(h, perCtx);
     for (size_t i = 0; i < total; ++i)
       if (uint8_t(h.dstHost[i]) != gputest::pattern(5, int(split), i)) FAIL("byte " << i << " is wrong");
     for (int c = 0; c < kContexts; ++c) REQUIRE(h.signalsHost[c] == perCtx);
     REQUIRE(h.nic.errors() == 0);
     REQUIRE(h.nic.executed() == 2 * n);  // payload + signal per put
-    GPU_CHECK(cudaFree(ok));
   }
 }
 
