@@ -94,10 +94,11 @@ class SoftNic {
   void setDeviceCopy(DeviceCopy copy) { deviceCopy_ = std::move(copy); }
   // Before start(), optional: with a flush, the device copy may return before
   // its bytes land. The NIC then writes the CQEs of the WRITEs that used it
-  // only after flush() returned, and calls it before any effect of a later WQE
-  // that is not such a WRITE (atomics, host writes, errors) and at the end of
-  // each pass over a QP: the payload still lands before its CQE and before
-  // any later WQE's effect, and a run of WRITEs costs one wait, not one each.
+  // only after flush() returned; atomics and aligned 8-byte stores (signals)
+  // of later WQEs wait in order behind them, other host writes and errors
+  // flush first, and every pass over the QPs ends with a flush: the payload
+  // still lands before its CQE and before any later WQE's effect, and a run of
+  // puts with signals costs one wait per pass, not one per signal.
   using DeviceFlush = std::function<void()>;
   void setDeviceFlush(DeviceFlush flush) { deviceFlush_ = std::move(flush); }
   // Called once, on the NIC thread, if it stops on an error (a copy that
@@ -186,11 +187,17 @@ class SoftNic {
   DeviceCopy deviceCopy_;
   DeviceFlush deviceFlush_;
   Stopped onStop_;  // under mu_
-  // WRITEs whose device copies may still be in flight: their CQEs (index in
-  // the CQ reserved, or ~0 for none) wait for the next settle().
+  // WQEs waiting for the next settle(): WRITEs whose device copies may still
+  // be in flight, and the host atomics and stores queued behind them, with
+  // their CQEs (index in the CQ reserved, or ~0 for none).
   struct Later {
-    QpState* q;
-    uint64_t pi, cqIndex;
+    enum Kind : uint8_t { Landed, Store, FetchAdd, CompareSwap };
+    QpState* q = nullptr;
+    uint64_t pi = 0, cqIndex = 0;
+    Kind kind = Landed;
+    uint64_t* word = nullptr;  // Store, FetchAdd, CompareSwap: the target word
+    char* ret = nullptr;       // FetchAdd, CompareSwap: where the old value goes
+    uint64_t a = 0, b = 0;     // the value stored, added or swapped in; b: CompareSwap's compare
   };
   std::vector<Later> later_;
   std::atomic<bool> stop_{false}, paused_{false}, done_{false};
@@ -223,6 +230,7 @@ class SoftNic {
         {
           std::lock_guard<std::mutex> lk(mu_);
           for (QpState& q : qps_) did += drain(q, blocked);
+          settle();  // one wait for the pass's device copies, then their CQEs and the atomics behind them
         }
         if (did) {
           idle.busy();
@@ -271,7 +279,6 @@ class SoftNic {
       ++did;
       if (q.failed.load(std::memory_order_relaxed)) break;
     }
-    settle();
     return did;
   }
 
@@ -293,15 +300,56 @@ class SoftNic {
   // a device flush) once the copies have landed.
   void completeWrite(QpState& q, uint8_t op, bool wantCqe) {
     if (!deviceFlush_) return complete(q, 0, op, false, wantCqe);
-    later_.push_back(Later{&q, q.pi, wantCqe ? q.cqPi++ : ~uint64_t(0)});
-    ++q.pi;
+    queueLater(q, Later{}, wantCqe);
   }
 
-  // Every deferred WRITE has landed: write their CQEs, in order.
+  // An atomic or an aligned 8-byte store into host memory (a signal) of WQE
+  // q.pi: applied now when no device copy is in flight, else queued behind
+  // them, so a run of puts with signals costs one flush per pass, not one per
+  // signal (a flush waits for a time slice of the side context while the
+  // user's kernels run: milliseconds).
+  void hostEffect(QpState& q, const Later& e, uint8_t op, bool wantCqe) {
+    if (later_.empty()) {
+      applyEffect(e);
+      return complete(q, 0, op, false, wantCqe);
+    }
+    queueLater(q, e, wantCqe);
+  }
+  void queueLater(QpState& q, Later e, bool wantCqe) {
+    e.q = &q;
+    e.pi = q.pi;
+    e.cqIndex = wantCqe ? q.cqPi++ : ~uint64_t(0);
+    later_.push_back(e);
+    ++q.pi;
+  }
+  static void applyEffect(const Later& e) {
+    switch (e.kind) {
+      case Later::Landed: return;
+      case Later::Store:
+        // Release: a waiter's acquire load sees earlier WQEs' payload.
+        return atomicStore(e.word, e.a, MemoryOrder::Release);
+      case Later::FetchAdd:
+      case Later::CompareSwap: {
+        // AcqRel: earlier WQEs' payload is visible before the new value (the
+        // signal-after-payload rule at the target).
+        uint64_t old = e.b;
+        if (e.kind == Later::FetchAdd)
+          old = atomicFetchAdd(e.word, e.a, MemoryOrder::AcqRel);
+        else
+          (void)atomicCompareExchange(e.word, old, e.a, MemoryOrder::AcqRel);
+        std::memcpy(e.ret, &old, 8);
+        return;
+      }
+    }
+  }
+
+  // Wait for the queued device copies, then, in WQE order, apply the atomics
+  // and 8-byte stores queued behind them and write the CQEs.
   void settle() {
     if (later_.empty()) return;
     deviceFlush_();
     for (const Later& l : later_) {
+      applyEffect(l);
       if (l.cqIndex != ~uint64_t(0)) writeCqe(l.q->qp, l.cqIndex, l.pi, 0, 0, false);
       l.q->consumed.store(l.pi + 1, std::memory_order_release);
       executed_.fetch_add(1, std::memory_order_relaxed);
@@ -351,16 +399,17 @@ class SoftNic {
           if (n) deviceCopy_(dst, bytes, n, true);
           return completeWrite(q, op, r.wantCqe);
         }
-        settle();  // a host write (a SignalSet) after every earlier payload
         if (n == 8 && (r.raddr & 7) == 0) {
-          // An aligned 8-byte write (SignalSet): one store, release, so a
-          // waiter's acquire load sees earlier WQEs' payload.
-          uint64_t v;
-          std::memcpy(&v, bytes, 8);
-          atomicStore(reinterpret_cast<uint64_t*>(dst), v, MemoryOrder::Release);
-        } else {
-          std::memcpy(dst, bytes, n);
+          // An aligned 8-byte write (SignalSet): one store, after every
+          // earlier payload (see hostEffect).
+          Later e;
+          e.kind = Later::Store;
+          e.word = reinterpret_cast<uint64_t*>(dst);
+          std::memcpy(&e.a, bytes, 8);
+          return hostEffect(q, e, op, r.wantCqe);
         }
+        settle();  // a host write after every earlier payload
+        std::memcpy(dst, bytes, n);
         return complete(q, 0, op, false, r.wantCqe);
       }
       case mlx5::WqeRequest::Write: {
@@ -386,19 +435,14 @@ class SoftNic {
         if (r.raddr & 7) return complete(q, mlx5::kSynRemoteInvalReqErr, op, true);
         char* dst = resolve(p.peer, r.rkey, r.raddr, 8, &dstDevice);
         if (!dst || dstDevice) return complete(q, mlx5::kSynRemoteAccessErr, op, true);
-        settle();  // the signal-after-payload rule: earlier WRITEs land first
-        uint64_t* word = reinterpret_cast<uint64_t*>(dst);
-        uint64_t old;
-        // Release: earlier WQEs' payload is visible before the new value
-        // (the signal-after-payload rule at the target).
-        if (r.kind == mlx5::WqeRequest::FetchAdd) {
-          old = atomicFetchAdd(word, r.swapAdd, MemoryOrder::AcqRel);
-        } else {
-          old = r.compare;
-          (void)atomicCompareExchange(word, old, r.swapAdd, MemoryOrder::AcqRel);
-        }
-        std::memcpy(ret, &old, 8);
-        return complete(q, 0, op, false, r.wantCqe);
+        // The signal-after-payload rule: applied after earlier WRITEs land.
+        Later e;
+        e.kind = r.kind == mlx5::WqeRequest::FetchAdd ? Later::FetchAdd : Later::CompareSwap;
+        e.word = reinterpret_cast<uint64_t*>(dst);
+        e.ret = ret;
+        e.a = r.swapAdd;
+        e.b = r.compare;
+        return hostEffect(q, e, op, r.wantCqe);
       }
     }
     return complete(q, mlx5::kSynLocalQpOpErr, op, true);
