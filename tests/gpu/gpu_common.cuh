@@ -73,6 +73,12 @@ inline void runGpus(int n, const std::function<void(gin::Comm&)>& body, gin::Com
 // included, and the ranks wait for each other until the timeout. That is
 // CUDA's rule for any program, not gin's; with CUDA_DEVICE_MAX_CONNECTIONS=1
 // (Megatron-LM) run one rank per process, as tests/gpu/processes.cu does.
+// Enough queues is not a guarantee either: CUDA hands them out round-robin as
+// streams are created, so once a process has created more streams than it
+// has queues (cases before, NICs' streams), two live streams can share one.
+// A case whose ranks post in one kernel and wait in the next therefore
+// launches every rank's posting kernel before any waiting one (a bootstrap
+// barrier between them), which no queue sharing can deadlock.
 inline int hardwareQueues() {
   const char* e = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   return e && *e ? std::atoi(e) : 8;

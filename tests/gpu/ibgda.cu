@@ -372,6 +372,13 @@ void putsToNextRank(IbgdaConfig::Device device, std::initializer_list<int> rankC
           comm.bootstrap().barrier();
           putEveryWarpTo<<<ctas, 32 * kWarps, 0, st>>>(comm.devComm(), next, dst, src, kChunk, puts);
           GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
+          // Every rank's posting kernel is queued before any rank's waiting
+          // kernel: two ranks' streams may share a CUDA hardware queue (CUDA
+          // assigns queues round-robin as streams are created, so even 32
+          // queues get shared once the process has made that many streams),
+          // and a posting kernel queued behind a kernel that waits for it never
+          // starts (gputest::runRanksOnStreams).
+          comm.bootstrap().barrier();
           const uint64_t perCtx = puts / kContexts;
           waitAndFlush<<<kContexts, 128, 0, st>>>(comm.devComm(), perCtx, perCtx, ok);
           GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
@@ -381,10 +388,17 @@ void putsToNextRank(IbgdaConfig::Device device, std::initializer_list<int> rankC
           GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
           try {
             comm.synchronize();
-          } catch (...) {
-            std::fprintf(stderr, "rank %d of %d: the NIC (%s) executed %llu WQEs\n", me, n,
-                         CommAccess::ibgda(comm)->nicName().c_str(),
-                         (unsigned long long)CommAccess::ibgda(comm)->nicExecuted());
+          } catch (const std::exception& e) {
+            // Which wait gave up, and where the NIC stood: what a stall report needs.
+            IbgdaTransport* ib = CommAccess::ibgda(comm);
+            std::string qps;
+            if (ib->softNic() && !ib->gpuNic()) {
+              for (size_t i = 0; i < ib->nic().nQps(); ++i)
+                qps += " " + std::to_string(ib->nic().consumed(int(i))) + (ib->nic().failed(int(i)) ? "!" : "");
+              qps += "; waiting for its copies for " + std::to_string(ib->nic().flushingForNs() / 1000000) + " ms";
+            }
+            std::fprintf(stderr, "rank %d of %d: the NIC (%s) executed %llu WQEs (per QP:%s); %s\n", me, n,
+                         ib->nicName().c_str(), (unsigned long long)ib->nicExecuted(), qps.c_str(), e.what());
             throw;
           }
           GPU_CHECK(cudaStreamSynchronize(st));

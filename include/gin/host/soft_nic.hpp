@@ -154,6 +154,11 @@ class SoftNic {
   }
 
   uint64_t executed() const { return executed_.load(std::memory_order_relaxed); }
+  // How long the NIC thread has been waiting for its device copies (0: it is not).
+  uint64_t flushingForNs() const {
+    const uint64_t t = flushingSince_.load(std::memory_order_relaxed);
+    return t ? nowNs() - t : 0;
+  }
   uint64_t errors() const { return errors_.load(std::memory_order_relaxed); }
   // WQEs QP `i` has consumed, and whether it is in error.
   uint64_t consumed(int i) const { return qps_.at(size_t(i)).consumed.load(std::memory_order_acquire); }
@@ -201,7 +206,7 @@ class SoftNic {
   };
   std::vector<Later> later_;
   std::atomic<bool> stop_{false}, paused_{false}, done_{false};
-  std::atomic<uint64_t> executed_{0}, errors_{0}, parks_{0};
+  std::atomic<uint64_t> executed_{0}, errors_{0}, parks_{0}, flushingSince_{0};
   std::thread thread_;
 
   static uint64_t regionKey(int peer, uint32_t key) { return (uint64_t(uint32_t(peer + 1)) << 32) | key; }
@@ -347,7 +352,9 @@ class SoftNic {
   // and 8-byte stores queued behind them and write the CQEs.
   void settle() {
     if (later_.empty()) return;
+    flushingSince_.store(nowNs(), std::memory_order_relaxed);
     deviceFlush_();
+    flushingSince_.store(0, std::memory_order_relaxed);
     for (const Later& l : later_) {
       applyEffect(l);
       if (l.cqIndex != ~uint64_t(0)) writeCqe(l.q->qp, l.cqIndex, l.pi, 0, 0, false);
