@@ -193,6 +193,7 @@ struct Options {
   int batch = 1;               // moe: normal mode's slots per tail/head signal
   int slots = 0;               // moe: normal mode's ring slots; 0: default
   bool modeGiven = false, tokensGiven = false;
+  int contexts = 0;  // network contexts (CommConfig::nContexts); 0: the default
 };
 
 // ---------------------------------------------------------------------------

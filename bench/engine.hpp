@@ -75,6 +75,9 @@ class Engine {
   // msg-rate over ibgda: seconds for `ctas` x `threads` producer threads to
   // post `count` WQEs each and see them completed; throws if a flush gave up.
   virtual double postRate(int ctas, int threads, int peer, int count) = 0;
+  // Its baseline: seconds for the same threads to store `count` 64-byte
+  // records each with plain stores (GPU only; 0 on CPU ranks).
+  virtual double storeRate(int, int, int) { return 0; }
   // allreduce: fill `count` floats of rank `rank` at p (this rank's memory);
   // count the wrong floats at p and the disturbed guard bytes after them;
   // seconds for `iters` AllReduces of plan.count floats from send to recv.
@@ -228,7 +231,7 @@ class CpuEngine final : public Engine {
     const int producers = ctas * threads;
     bool ok = true;
     const auto t0 = Clock::now();
-    for (int t = 0; t < producers; ++t) ok = postBurst(dc, t % dc.nContexts, peer, count) && ok;
+    for (int t = 0; t < producers; ++t) ok = postBurst(dc, postContext(t, dc.nContexts), peer, count) && ok;
     const double s = seconds(t0);
     comm_.check();
     if (!ok) throw gin::Error("msg-rate: an ibgda flush gave up without a device error record");
@@ -401,6 +404,7 @@ class GpuEngine final : public Engine {
     cudaSetDevice(dev_);
     cudaStreamSynchronize(stream_);
     cudaFree(scratch_);
+    cudaFree(storeRing_);
     cudaEventDestroy(e0_);
     cudaEventDestroy(e1_);
     cudaStreamDestroy(stream_);
@@ -610,6 +614,10 @@ class GpuEngine final : public Engine {
     if (fetch(0)) throw gin::Error("msg-rate: an ibgda flush gave up without a device error record");
     return s;
   }
+  double storeRate(int ctas, int threads, int count) override {
+    if (!storeRing_) BENCH_CUDA(cudaMalloc(&storeRing_, 16384 * 64));
+    return timed([&] { storeWqesKernel<<<ctas, threads, 0, stream_>>>(storeRing_, count); });
+  }
   double msgLatencyNs(int peer, int iters, double* pushNs) override {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 3 * sizeof(unsigned long long), stream_));
     msgLatencyKernel<<<1, 1, 0, stream_>>>(comm_.devComm(), peer, iters, scratch_);
@@ -658,6 +666,7 @@ class GpuEngine final : public Engine {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t e0_ = nullptr, e1_ = nullptr;
   unsigned long long* scratch_ = nullptr;
+  unsigned long long* storeRing_ = nullptr;  // msg-rate's plain-store baseline
 
   void launched() { BENCH_CUDA(cudaGetLastError()); }
   template <unsigned B>

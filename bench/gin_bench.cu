@@ -5,7 +5,7 @@
 // gin::Comm per GPU) or between CPU ranks (threads) running the same device API.
 //
 //   gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX]
-//                [--iters K] [--json FILE] [--no-nccl] [--channels N]
+//                [--iters K] [--json FILE] [--no-nccl] [--channels N] [--contexts C]
 //                [--mode normal|ll|both] [--tokens T] [--hidden H] [--batch B] [--slots S]
 //   OP: put-bw | signal-lat | barrier | msg-rate | allreduce | sendrecv | moe
 //
@@ -39,7 +39,7 @@ namespace bench {
 
 const char* kUsage =
     "usage: gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
-    "                    [--json FILE] [--no-nccl]\n"
+    "                    [--json FILE] [--no-nccl] [--contexts C]\n"
     "  OP            put-bw | signal-lat | barrier | msg-rate (descriptors/s into the proxy) |\n"
     "                allreduce (ring AllReduce, float sum, next to ncclAllReduce on GPUs) |\n"
     "                sendrecv (p2p send/recv ring shift, next to ncclSend/ncclRecv on GPUs) |\n"
@@ -65,6 +65,8 @@ const char* kUsage =
     "  --channels N  sendrecv: the most p2p channels (CTA pairs) a transfer is spread over (default\n"
     "                32, emulated 2); moe: channels of the normal mode (default 132 / (1 + ranks),\n"
     "                at most 64; half that over proxy or ibgda; emulated 2)\n"
+    "  --contexts C  network contexts (QPs per peer; CommConfig::nContexts, default 4); msg-rate\n"
+    "                puts the producers of warp w on context w % C\n"
     "  --mode M      moe: normal (4096 tokens per rank), ll (low latency, 128 tokens) or both (default)\n"
     "  --tokens T    moe: tokens per rank (default by mode; emulated 256 normal, 32 ll)\n"
     "  --hidden H    moe: hidden size in bf16 elements (default 7168, emulated 1024)\n"
@@ -193,6 +195,11 @@ Options parseArgs(int argc, char** argv) {
       if (!parseInt(v, 0, 1 << 20, &n)) usageError("--tokens " + v + ": expected a whole number from 0 to 1048576");
       o.tokens = int(n);
       o.tokensGiven = true;
+    } else if (a == "--contexts") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 1, 64, &n)) usageError("--contexts " + v + ": expected a whole number from 1 to 64");
+      o.contexts = int(n);
     } else if (a == "--hidden") {
       long n = 0;
       const std::string v = value();
@@ -254,6 +261,7 @@ int visibleGpus() {
 // --transport into the Comm's config. ibgda: the soft NIC as a sink unless
 // GIN_IBGDA_DEVICE names another NIC.
 void setTransport(const Options& o, gin::CommConfig* cfg) {
+  if (o.contexts) cfg->nContexts = o.contexts;
   if (o.transport == "ibgda") {
     cfg->transport = gin::TransportChoice::Ibgda;
     // msg-rate measures posting only (sink); sendrecv moves data (the full soft NIC).

@@ -107,6 +107,10 @@ GIN_HD inline bool msgBurst(const gin::DevComm& dc, int ctx, int peer, int count
 // msg-rate over ibgda: one producer thread posts `count` SignalAdd WQEs
 // (fetch-add; nothing to publish) to `peer` on context `ctx`, then flushes:
 // it returns once the NIC completed them.
+// The context of producer thread t: every lane of a warp on its warp's
+// context (how a kernel that owns its QPs posts: warp w on QP w % contexts).
+GIN_HD inline int postContext(int t, int nContexts) { return (t / 32) % nContexts; }
+
 GIN_HD inline bool postBurst(const gin::DevComm& dc, int ctx, int peer, int count) {
   gin::Net<gin::kBackendIbgda> net(dc, ctx);
   for (int i = 0; i < count; ++i)
@@ -251,10 +255,22 @@ __global__ void msgBurstKernel(gin::DevComm dc, int peer, int count, unsigned lo
   if (!msgBurst(dc, w % dc.nContexts, peer, count)) atomicAdd(failed, 1ull);
 }
 
-// Every thread of the launch is a producer, on context (global thread index) % nContexts.
+// msg-rate's baseline: every thread stores `count` 64-byte records (a WQE's
+// size) with plain stores into a ring of 2^14 slots, neighbouring lanes into
+// neighbouring slots (as a warp's posts fill a send queue).
+__global__ void storeWqesKernel(unsigned long long* ring, int count) {
+  const unsigned t = blockIdx.x * blockDim.x + threadIdx.x, all = gridDim.x * blockDim.x;
+  for (int i = 0; i < count; ++i) {
+    unsigned long long* s = ring + ((unsigned(i) * all + t) & 16383u) * 8;
+    GIN_UNROLL
+    for (int k = 0; k < 8; ++k) s[k] = (unsigned long long)(t ^ unsigned(i)) + unsigned(k);
+  }
+}
+
+// Every thread of the launch is a producer, on context (global warp index) % nContexts.
 __global__ void postBurstKernel(gin::DevComm dc, int peer, int count, unsigned long long* failed) {
   const int t = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (!postBurst(dc, t % dc.nContexts, peer, count)) atomicAdd(failed, 1ull);
+  if (!postBurst(dc, postContext(t, dc.nContexts), peer, count)) atomicAdd(failed, 1ull);
 }
 
 __global__ void msgLatencyKernel(gin::DevComm dc, int peer, int iters, unsigned long long* out) {

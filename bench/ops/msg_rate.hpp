@@ -158,15 +158,17 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   std::vector<ShapeRow> shapes = {{"1 thread", 1, 1}, {"1 warp (32 threads)", 1, 32}};
   if (gpu) {
     shapes.push_back({"1 SM (1 CTA x 256 threads)", 1, 256});
+    shapes.push_back({fmt("one warp per SM (%d CTAs x 32 threads)", sms), sms, 32});
     shapes.push_back({fmt("the whole GPU (%d CTAs x 256 threads)", sms), sms, 256});
   }
   // The sink consumes a few million WQEs/s: 256 Ki per run keeps the op under a minute.
   const uint64_t perShape = o.iters ? uint64_t(o.iters) : (gpu ? (256ull << 10) : (64ull << 10));
-  std::vector<RateRes> res;
+  std::vector<RateRes> res, stores;
   for (const ShapeRow& sh : shapes) {
     const int producers = sh.ctas * sh.threads;
     const int each = int(std::max<uint64_t>(1, perShape / uint64_t(producers)));
     RateRes r{sh.name, producers, uint64_t(each), {}};
+    RateRes st{"  plain 64-byte stores, " + sh.name, producers, uint64_t(each), {}};
     for (int run = -1; run < kLatRuns; ++run) {
       comm.bootstrap().barrier();
       if (me == 0) {
@@ -180,12 +182,15 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
                             " were posted",
                             sh.name.c_str(), done, want));
         if (run >= 0) r.rates.push_back(double(want) / t / 1e6);
+        const double ts = gpu ? e.storeRate(sh.ctas, sh.threads, count) : 0;
+        if (run >= 0 && ts > 0) st.rates.push_back(double(want) / ts / 1e6);
       }
     }
     if (me == 0)
       std::fprintf(stderr, "gin-bench msg-rate (ibgda): %s done: median %.3f M WQE/s\n", sh.name.c_str(),
                    median(r.rates));
     res.push_back(std::move(r));
+    if (!st.rates.empty()) stores.push_back(std::move(st));
   }
   comm.bootstrap().barrier();
   if (me != 0) return;
@@ -193,14 +198,15 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   const gin::IbgdaConfig& ic = ib->config();
   rep->method = {
       fmt("producers: every thread of the launch posts EACH SignalAdd(+1) WQEs (mlx5 atomic fetch-add, "
-          "alreadyReleased) to rank %d on context (thread index %% %d), then flush()es (polls its CQ up to its "
+          "alreadyReleased) to rank %d on context (warp index %% %d), then flush()es (polls its CQ up to its "
           "last WQE)",
           peer, comm.devComm().nContexts),
       fmt("queues: %d contexts x %d peers QPs of %u WQEs in %s; doorbell %s; NIC: %s", comm.devComm().nContexts, n,
           ic.qpDepth,
           ib->gpuNic() ? "the place the NIC's name says" : gpu ? "mapped pinned host memory" : "host memory",
           ic.deferDoorbell ? "deferred to flush" : "rung per post", ib->nicName().c_str()),
-      "the sink NIC only completes: it reads each WQE's control segment and writes a CQE, nothing else, so the "
+      "the sink NIC only completes: it reads each WQE's control segment and writes a CQE where the WQE asks for "
+      "one (the last of each post: one per warp when the warp's lanes post together), nothing else, so the "
       "rate is gin's own posting cost (slot reservation, WQE build, in-order publication, doorbell record and "
       "UAR write, CQ polling) plus the sink's consumption",
       fmt("rate = WQEs / (%s around the launch); warm-up launch of up to 16 WQEs per producer; %d timed runs: "
@@ -212,8 +218,18 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   };
   rep->table.header = {"producers", "WQEs each", "median M WQE/s", "min", "max"};
   J rows = rateRows(rep, res, "mwqe_per_s_median");
+  J base = rateRows(rep, stores, "mstores_per_s_median");
+  for (size_t i = 0; i < stores.size() && i < res.size(); ++i)
+    rep->notes.push_back(fmt("%s: plain stores / posts = %.1fx", res[i].name.c_str(),
+                             median(stores[i].rates) / median(res[i].rates)));
+  if (!stores.empty())
+    rep->method.push_back(
+        "baseline rows (GPU): the same threads store as many 64-byte records with plain stores into a ring of "
+        "2^14 slots in device memory (no reservation, publication, doorbell or completion): what posting would "
+        "cost if writing the WQEs were all of it");
   commonJson(*rep, o, s, where);
   rep->json.set("rates", std::move(rows));
+  rep->json.set("plain_store_rates", std::move(base));
 }
 
 }  // namespace bench

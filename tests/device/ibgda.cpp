@@ -235,8 +235,13 @@ TEST_CASE("ibgda: the 16-bit WQE index and the CQ owner bit wrap; doorbell recor
         std::memcpy(&head, &last, 8);
         expect(*qp->uar == head, "the UAR word is the last WQE's control segment head");
         expect(mlx5::ctrlWqeIndex(last) == uint16_t(posted - 1) && mlx5::ctrlQpn(last) == qp->qpn, "last WQE's ctrl");
-        expect(mlx5::bswap32(qp->cqDbrec[0]) == uint32_t(posted & 0xffffff),
-               "CQ doorbell record is the consumer index");
+        mlx5::CtrlSeg first;  // the putValue's WRITE, the post's first WQE
+        std::memcpy(&first, qp->sq + ((posted - 2) & (qp->nWqe - 1)) * 64, sizeof first);
+        expect((last.fmCeSe & mlx5::kCtrlCqUpdate) && !(first.fmCeSe & mlx5::kCtrlCqUpdate),
+               "only a post's last WQE asks for a CQE");
+        // One CQE per post (its last WQE asks for it), so kOps of them.
+        expect(mlx5::bswap32(qp->cqDbrec[0]) == uint32_t(kOps & 0xffffff),
+               "CQ doorbell record is the consumer index, one CQE per post");
         comm.check();
         comm.deregisterWindow(w);
       },

@@ -162,25 +162,34 @@ GIN_HD GIN_INLINE bool peerFailed(const DevComm& c, const WaitWhat& what) {
   return true;
 }
 
+// How often a long wait reads the team's abort word (host memory: a PCIe
+// read on GPUs). Per waiting thread: tens of thousands of threads waiting at
+// once (every thread of a kernel flushing) must not fill PCIe with these reads.
+inline constexpr uint64_t kTeamCheckNs = 1'000'000;
+
 // Spin until ready(poll()) holds. The clock and the abort flag are looked at
-// every 64 polls (the clock starts then too), the team's abort word (host
-// memory: a PCIe read on GPUs) every 256 once the wait has lasted 20 us, so a
-// wait that is already satisfied costs one poll. On timeout the error record gets `what` and the
+// every 64 polls (the clock starts then too), the team's abort word once the
+// wait has lasted 20 us and then every kTeamCheckNs, so a wait that is
+// already satisfied costs one poll. On timeout the error record gets `what` and the
 // last value seen; on abort (another wait, or another rank, failed) it
 // returns at once. Returns whether the condition was met.
 template <class Poll, class Ready>
 GIN_HD bool boundedPoll(const DevComm& c, Poll poll, Ready ready, const WaitWhat& what) {
-  uint64_t start = 0;
+  uint64_t start = 0, teamAt = 0;
   for (uint32_t spins = 1;; ++spins) {
     const uint64_t v = poll();
     if (ready(v)) return true;
     if ((spins & 63) == 0) {
       if (aborted(c)) return false;
       const uint64_t now = nowNs();
-      if (start == 0) start = now;
-      // The team's word is host memory (a PCIe read on GPUs): not on the
-      // path of a wait that is about to end, only once it has lasted 20 us.
-      if ((spins & 255) == 0 && now - start > 20'000 && peerFailed(c, what)) return false;
+      if (start == 0) {
+        start = now;
+        teamAt = now + 20'000;  // not on the path of a wait that is about to end
+      }
+      if (now >= teamAt) {
+        if (peerFailed(c, what)) return false;
+        teamAt = now + kTeamCheckNs;
+      }
       if (c.timeoutNs != 0 && now - start > c.timeoutNs) {
         recordError(c, what.op, what.peer, what.context, what.id, what.expected, v);
         return false;

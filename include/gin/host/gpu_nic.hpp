@@ -57,7 +57,7 @@ class GpuNic {
  public:
   struct Config {
     int ctas = 2;                  // CTAs of 4 warps; each warp serves QPs i, i + warps, ...
-    bool sink = false;             // complete every WQE without reading it
+    bool sink = false;             // complete every WQE without running it (a CQE where it asks for one)
     uint64_t idleExitUs = 10000;   // end the kernel after this long without work (0: never)
     uint64_t startTimeoutNs = 0;   // how long a (re)launch may take to start (0: 20 s)
   };

@@ -178,13 +178,31 @@ __device__ inline unsigned serve(const Params& p, int qi, int lane, unsigned lon
     // The producer index ran more than a queue ahead: fail, as the host NIC does.
     if (room) fail(mlx5::kSynLocalQpOpErr, mlx5::kOpNop);
   } else if (p.sink) {
-    // Sink: lane k completes WQE pi + k; nothing is read but nothing runs either.
-    const unsigned m = min(min(avail, room), 32u);
-    if (lane == 0) myCounts[0] = executed + m;
+    // Sink: lane k completes WQE pi + k, with a CQE if it asks for one (its
+    // control segment is all that is read); nothing runs.
+    const unsigned m = min(avail, 32u);
+    bool want = false;
+    if (unsigned(lane) < m) {
+      const unsigned long long w1 = __ldcg(reinterpret_cast<const unsigned long long*>(
+                                               q.sq + ((pi + unsigned(lane)) & (q.nWqe - 1)) * mlx5::kSendWqeBB) +
+                                           1);
+      want = ((w1 >> 24) & mlx5::kCtrlCqUpdate) != 0;  // fm_ce_se is byte 11 of the WQE
+    }
+    unsigned wants = __ballot_sync(0xffffffffu, want);
+    unsigned take = m;
+    if (unsigned(__popc(wants)) > room) {
+      // CQ room for the first `room` CQEs only: stop before the next one.
+      unsigned rest = wants;
+      for (unsigned r = 0; r < room; ++r) rest &= rest - 1;
+      take = unsigned(__ffs(int(rest)) - 1);
+      wants &= (1u << take) - 1;
+    }
+    if (lane == 0) myCounts[0] = executed + take;
     __syncwarp();
-    if (unsigned(lane) < m) writeCqe(q, cqPi + lane, pi + lane, 0, 0, false);
-    executed += m;
-    pi += m, cqPi += m, did = m;
+    if (unsigned(lane) < take && want)
+      writeCqe(q, cqPi + unsigned(__popc(wants & ((1u << lane) - 1))), pi + unsigned(lane), 0, 0, false);
+    executed += take;
+    pi += take, cqPi += unsigned(__popc(wants)), did = take;
   } else {
     for (unsigned k = 0; k < avail && k < 64 && !failed; ++k) {
       // One 64-byte WQE: lanes 0-7 load a word each (from L2), then every lane has all of it.

@@ -10,7 +10,8 @@
 // WRITE with immediate, fetch-add, compare-and-swap, NOP, and write a CQE with
 // the right owner bit (its last word with release). GPU memory is reached
 // through the copy function given to setDeviceCopy; atomics need host memory.
-// Sink mode completes every WQE without reading it (posting cost alone).
+// Sink mode completes every WQE (a CQE where it asks for one) without
+// running it (posting cost alone).
 // Details: docs/design/ibgda.md.
 #pragma once
 
@@ -389,7 +390,7 @@ class SoftNic {
     if (mode_ == Mode::Sink) {
       mlx5::CtrlSeg ctrl;
       std::memcpy(&ctrl, w, sizeof ctrl);
-      return complete(q, 0, mlx5::ctrlOpcode(ctrl), false, true);
+      return complete(q, 0, mlx5::ctrlOpcode(ctrl), false, (ctrl.fmCeSe & mlx5::kCtrlCqUpdate) != 0);
     }
     const mlx5::WqeRequest r = mlx5::decodeWqe(w, uint16_t(q.pi), p.qpn);
     const uint8_t op = r.opcode;
