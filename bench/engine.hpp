@@ -615,7 +615,7 @@ class GpuEngine final : public Engine {
     return s;
   }
   double storeRate(int ctas, int threads, int count) override {
-    if (!storeRing_) BENCH_CUDA(cudaMalloc(&storeRing_, 16384 * 64));
+    if (!storeRing_) BENCH_CUDA(cudaMalloc(&storeRing_, size_t(kStoreRingSlots) * 64));
     return timed([&] { storeWqesKernel<<<ctas, threads, 0, stream_>>>(storeRing_, count); });
   }
   double msgLatencyNs(int peer, int iters, double* pushNs) override {

@@ -104,13 +104,13 @@ GIN_HD inline bool msgBurst(const gin::DevComm& dc, int ctx, int peer, int count
   return net.flush(gin::CoopThread{});
 }
 
+// The context of msg-rate producer thread t: every lane of a warp on its
+// warp's context (how a kernel that owns its QPs posts: warp w on QP w % contexts).
+GIN_HD inline int postContext(int t, int nContexts) { return (t / 32) % nContexts; }
+
 // msg-rate over ibgda: one producer thread posts `count` SignalAdd WQEs
 // (fetch-add; nothing to publish) to `peer` on context `ctx`, then flushes:
 // it returns once the NIC completed them.
-// The context of producer thread t: every lane of a warp on its warp's
-// context (how a kernel that owns its QPs posts: warp w on QP w % contexts).
-GIN_HD inline int postContext(int t, int nContexts) { return (t / 32) % nContexts; }
-
 GIN_HD inline bool postBurst(const gin::DevComm& dc, int ctx, int peer, int count) {
   gin::Net<gin::kBackendIbgda> net(dc, ctx);
   for (int i = 0; i < count; ++i)
@@ -256,12 +256,13 @@ __global__ void msgBurstKernel(gin::DevComm dc, int peer, int count, unsigned lo
 }
 
 // msg-rate's baseline: every thread stores `count` 64-byte records (a WQE's
-// size) with plain stores into a ring of 2^14 slots, neighbouring lanes into
-// neighbouring slots (as a warp's posts fill a send queue).
+// size) with plain stores into a ring of kStoreRingSlots, neighbouring lanes
+// into neighbouring slots (as a warp's posts fill a send queue).
+inline constexpr unsigned kStoreRingSlots = 1u << 14;
 __global__ void storeWqesKernel(unsigned long long* ring, int count) {
   const unsigned t = blockIdx.x * blockDim.x + threadIdx.x, all = gridDim.x * blockDim.x;
   for (int i = 0; i < count; ++i) {
-    unsigned long long* s = ring + ((unsigned(i) * all + t) & 16383u) * 8;
+    unsigned long long* s = ring + ((unsigned(i) * all + t) & (kStoreRingSlots - 1)) * 8;
     GIN_UNROLL
     for (int k = 0; k < 8; ++k) s[k] = (unsigned long long)(t ^ unsigned(i)) + unsigned(k);
   }

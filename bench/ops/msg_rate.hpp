@@ -182,7 +182,7 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
                             " were posted",
                             sh.name.c_str(), done, want));
         if (run >= 0) r.rates.push_back(double(want) / t / 1e6);
-        const double ts = gpu ? e.storeRate(sh.ctas, sh.threads, count) : 0;
+        const double ts = e.storeRate(sh.ctas, sh.threads, count);  // 0 on CPU ranks: no baseline row
         if (run >= 0 && ts > 0) st.rates.push_back(double(want) / ts / 1e6);
       }
     }
