@@ -3,6 +3,7 @@
 // the CPU tests and, through gpu_common.cuh, by the GPU suite.
 #pragma once
 
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
@@ -23,10 +24,22 @@ inline gin::CommConfig cpuConfig(uint64_t timeoutNs = 20'000'000'000ull) {
   return c;
 }
 
+// Catch2 assertions are not thread-safe: rank bodies check with expect(),
+// which throws, and the test asserts on the main thread.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+inline void expect(bool ok, const std::string& what) {
+  if (!ok) throw Failure(what);
+}
+
 // Runs body(comm) on n rank threads of one InProcessGroup, rank r's Comm built
 // with configFor(r). Exceptions (including Catch2 assertion failures raised
 // with REQUIRE inside a rank) are collected and the first is rethrown on the
-// calling thread once all ranks have ended.
+// calling thread once all ranks have ended. So that a failure says why:
+// an expect() failure carries the rank's number and its error record (a wait
+// that returned false says there which wait gave up, on what, having seen
+// what), and every other rank's failure goes to stderr.
 inline void runRankThreads(int n, const std::function<gin::CommConfig(int)>& configFor,
                            const std::function<void(gin::Comm&)>& body,
                            uint64_t bootstrapTimeoutNs = 20'000'000'000ull) {
@@ -34,19 +47,43 @@ inline void runRankThreads(int n, const std::function<gin::CommConfig(int)>& con
   bcfg.timeoutNs = bootstrapTimeoutNs;
   gin::InProcessGroup group(n, bcfg);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::string> texts(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
         gin::Comm comm(group.rank(r), configFor(r));
-        body(comm);
+        try {
+          body(comm);
+        } catch (const Failure& f) {
+          std::string record;
+          try {
+            comm.check();
+          } catch (const std::exception& e) {
+            record = e.what();
+          }
+          if (record.empty() || std::string(f.what()).find(record) != std::string::npos) throw;
+          throw Failure(std::string(f.what()) + " [rank " + std::to_string(r) + "'s error record: " + record + "]");
+        }
+      } catch (const std::exception& e) {
+        texts[size_t(r)] = e.what();
+        errors[size_t(r)] = std::current_exception();
       } catch (...) {
+        texts[size_t(r)] = "(not a std::exception: a Catch2 assertion)";
         errors[size_t(r)] = std::current_exception();
       }
     });
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  int first = -1;
+  for (int r = 0; r < n; ++r)
+    if (errors[size_t(r)]) {
+      if (first < 0)
+        first = r;
+      else
+        std::fprintf(stderr, "gintest: rank %d failed too (rank %d's failure is the one rethrown): %s\n", r, first,
+                     texts[size_t(r)].c_str());
+    }
+  if (first >= 0) std::rethrow_exception(errors[size_t(first)]);
 }
 
 // N CPU ranks, all with `cfg`.
@@ -78,15 +115,6 @@ inline std::vector<std::string> rankErrors(int n, const gin::CommConfig& cfg,
     });
   for (auto& t : threads) t.join();
   return msgs;
-}
-
-// Catch2 assertions are not thread-safe: rank bodies check with expect(),
-// which throws, and the test asserts on the main thread.
-struct Failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-inline void expect(bool ok, const std::string& what) {
-  if (!ok) throw Failure(what);
 }
 
 // Sets (or, with nullptr, unsets) an environment variable for one scope and
