@@ -2,7 +2,8 @@
 // per-channel rings whose head/tail are gin signals) and low-latency mode
 // (per-expert buffers), over lsa, the proxy and ibgda (soft NIC), for 1 to 8 ranks and
 // token counts 0, 1 and primes; every output checked against a host
-// reference, two layers in a row (the second reuses reset signals).
+// reference, two layers in a row (the second reuses reset signals); choices
+// of -1 (no expert) and indices it must refuse.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 
@@ -19,7 +20,7 @@ using gin::test::CommAccess;
 using gintest::expect;
 
 namespace {
-void check(const gin::ep::Shape& sh, bool ll, TransportChoice tr) {
+void check(const gin::ep::Shape& sh, bool ll, TransportChoice tr, double noExpert = 0) {
   CommConfig cfg = gintest::cpuConfig();
   cfg.transport = tr;
   cfg.ibgda.device = IbgdaConfig::Device::Soft;  // used when tr is Ibgda
@@ -32,7 +33,7 @@ void check(const gin::ep::Shape& sh, bool ll, TransportChoice tr) {
                "the proxy transport is not in use");
         gin::ep::CpuLayer layer(comm, sh, ll);
         for (int round = 0; round < 2; ++round) {
-          const gin::ep::Inputs in = gin::ep::makeInputs(sh, comm.rank(), 77 + uint64_t(round));
+          const gin::ep::Inputs in = gin::ep::makeInputs(sh, comm.rank(), 77 + uint64_t(round), noExpert);
           const std::vector<float> out = layer.run(in);
           const std::vector<double> ref = gin::ep::reference(sh, in);
           size_t first = 0;
@@ -97,6 +98,50 @@ TEST_CASE("moe over the proxy and ibgda (soft NIC) transports: both modes, batch
     CHECK_NOTHROW(check(sh, true, tr));
     sh.batch = 2;  // tails and heads advanced two slots at a time (the ring holds 3)
     CHECK_NOTHROW(check(sh, false, tr));
+  }
+}
+
+TEST_CASE("moe: a choice of -1 means no expert; a token with none gets zeros", "[moe]") {
+  const char* forced = std::getenv("GIN_TRANSPORT");
+  const double noExpert = GENERATE(0.3, 1.0);  // 1.0: nothing is sent at all
+  for (auto [name, tr] : {std::pair{"lsa", TransportChoice::Lsa}, std::pair{"proxy", TransportChoice::Proxy},
+                          std::pair{"ibgda", TransportChoice::Ibgda}}) {
+    if (forced && std::string(forced) != name) continue;
+    CAPTURE(name, noExpert);
+    gin::ep::Shape sh;
+    sh.ranks = 4;
+    sh.experts = 8;
+    sh.tokens = 19;
+    sh.hidden = 32;
+    sh.topk = 4;
+    sh.channels = 2;
+    sh.slots = 2;
+    CHECK_NOTHROW(check(sh, false, tr, noExpert));
+    CHECK_NOTHROW(check(sh, true, tr, noExpert));
+  }
+}
+
+TEST_CASE("moe refuses an expert index outside -1 and [0, experts), naming it", "[moe][errors]") {
+  gin::ep::Shape sh;
+  sh.ranks = 2;
+  sh.experts = 4;
+  sh.tokens = 3;
+  sh.hidden = 8;
+  sh.topk = 2;
+  for (const int bad : {-2, 4}) {
+    std::string msg;
+    gintest::runRanks(2, [&](Comm& comm) {
+      gin::ep::CpuLayer layer(comm, sh, false);
+      gin::ep::Inputs in = gin::ep::makeInputs(sh, comm.rank(), 5);
+      in.idx[3] = bad;  // token 1, choice 1
+      try {
+        layer.run(in);
+      } catch (const std::invalid_argument& e) {
+        if (comm.rank() == 0) msg = e.what();
+      }
+    });
+    CAPTURE(bad, msg);
+    CHECK(msg.find("token 1 choice 1 names expert " + std::to_string(bad)) != std::string::npos);
   }
 }
 

@@ -15,7 +15,7 @@ using namespace gin;
 using gputest::expect;
 
 namespace {
-void check(const gin::ep::Shape& sh, bool ll, TransportChoice tr) {
+void check(const gin::ep::Shape& sh, bool ll, TransportChoice tr, double noExpert = 0) {
   CommConfig cfg = gputest::gpuConfig();
   cfg.transport = tr;
   cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
@@ -24,7 +24,7 @@ void check(const gin::ep::Shape& sh, bool ll, TransportChoice tr) {
       [&](Comm& comm, cudaStream_t st) {
         gin::ep::GpuLayer layer(comm, sh, ll, st);
         for (int round = 0; round < 2; ++round) {
-          const gin::ep::Inputs in = gin::ep::makeInputs(sh, comm.rank(), 91 + uint64_t(round));
+          const gin::ep::Inputs in = gin::ep::makeInputs(sh, comm.rank(), 91 + uint64_t(round), noExpert);
           const std::vector<float> out = layer.run(in);
           size_t first = 0;
           const size_t bad = gin::ep::mismatches(out, gin::ep::reference(sh, in), &first);
@@ -63,6 +63,9 @@ TEST_CASE("GPU moe: normal and low-latency modes match the host reference", "[gp
       sh.tokens = 128;
       CAPTURE(ranks, int(tr));
       CHECK_NOTHROW(check(sh, true, tr));
+      // A third of the choices are -1 (no expert): both modes skip them.
+      CHECK_NOTHROW(check(sh, false, tr, 0.33));
+      CHECK_NOTHROW(check(sh, true, tr, 0.33));
     }
 }
 

@@ -19,11 +19,13 @@ namespace gin::ep {
 
 struct Inputs {
   std::vector<uint16_t> x;    // [T][H] bf16
-  std::vector<int32_t> idx;   // [T][K] distinct experts
-  std::vector<float> weight;  // [T][K]
+  std::vector<int32_t> idx;   // [T][K] distinct experts; -1: no expert (the choice is masked, as in DeepEP)
+  std::vector<float> weight;  // [T][K] (ignored where idx is -1)
 };
 
-inline Inputs makeInputs(const Shape& sh, int rank, uint64_t seed) {
+// Random tokens and routing; each choice is -1 with probability `noExpert`
+// (its weight left nonzero, so a reduction that does not skip it is wrong).
+inline Inputs makeInputs(const Shape& sh, int rank, uint64_t seed, double noExpert = 0) {
   std::mt19937_64 g(seed * 1000003u + uint64_t(rank));
   Inputs in;
   in.x.resize(size_t(sh.tokens) * sh.hidden);
@@ -39,9 +41,26 @@ inline Inputs makeInputs(const Shape& sh, int rank, uint64_t seed) {
       in.idx[size_t(t) * sh.topk + k] = all[size_t(k)];
       sum += in.weight[size_t(t) * sh.topk + k] = std::uniform_real_distribution<float>(0.1f, 1.f)(g);
     }
-    for (int k = 0; k < sh.topk; ++k) in.weight[size_t(t) * sh.topk + k] /= sum;
+    for (int k = 0; k < sh.topk; ++k) {
+      in.weight[size_t(t) * sh.topk + k] /= sum;
+      if (noExpert > 0 && std::uniform_real_distribution<double>(0, 1)(g) < noExpert)
+        in.idx[size_t(t) * sh.topk + k] = -1;
+    }
   }
   return in;
+}
+
+// Every expert index is -1 or in [0, experts): std::invalid_argument naming
+// the first one that is not.
+inline void checkRouting(const Shape& sh, const Inputs& in) {
+  if (in.idx.size() != size_t(sh.tokens) * size_t(sh.topk) || in.weight.size() != in.idx.size() ||
+      in.x.size() != size_t(sh.tokens) * size_t(sh.hidden))
+    throw std::invalid_argument("moe: inputs must hold tokens x hidden values and tokens x topk indices and weights");
+  for (size_t i = 0; i < in.idx.size(); ++i)
+    if (in.idx[i] < -1 || in.idx[i] >= sh.experts)
+      throw std::invalid_argument("moe: token " + std::to_string(i / size_t(sh.topk)) + " choice " +
+                                  std::to_string(i % size_t(sh.topk)) + " names expert " + std::to_string(in.idx[i]) +
+                                  "; expert indices are -1 (no expert) or in [0, " + std::to_string(sh.experts) + ")");
 }
 
 // out[t] = sum_k weight[t][k] * expert_{idx[t][k]}(x[t]), in double.
@@ -49,6 +68,7 @@ inline std::vector<double> reference(const Shape& sh, const Inputs& in) {
   std::vector<double> out(size_t(sh.tokens) * sh.hidden, 0.0);
   for (int t = 0; t < sh.tokens; ++t)
     for (int k = 0; k < sh.topk; ++k) {
+      if (in.idx[size_t(t) * sh.topk + k] < 0) continue;
       const double w = in.weight[size_t(t) * sh.topk + k], s = expertScale(in.idx[size_t(t) * sh.topk + k]);
       for (int i = 0; i < sh.hidden; ++i)
         out[size_t(t) * sh.hidden + i] += w * s * bf16ToFloat(in.x[size_t(t) * sh.hidden + i]);
@@ -80,6 +100,7 @@ inline std::vector<uint64_t> dispatchUnits(const Shape& sh, const Inputs& in, bo
   for (size_t t = 0; t < size_t(sh.tokens); ++t) {
     uint64_t hit = 0;  // normal mode: one unit per destination rank (ranks <= 64)
     for (size_t k = 0; k < size_t(sh.topk); ++k) {
+      if (in.idx[t * size_t(sh.topk) + k] < 0) continue;
       const int d = in.idx[t * size_t(sh.topk) + k] / L;
       if (ll)
         units[size_t(d)] += 1;
@@ -146,6 +167,7 @@ struct Plan {
 };
 
 inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
+  checkRouting(lIn.shape, in);
   Layer l = lIn;
   l.topkIdx = in.idx.data();
   const Shape& sh = l.shape;
@@ -161,13 +183,14 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
         const uint32_t tk[2] = {uint32_t(t), uint32_t(k)};
         std::memcpy(p.meta.data() + (t * K + k) * 16, tk, 8);
       }
-    p.combineArrivals = uint64_t(T * K);
     p.sendList.assign(std::max<size_t>(size_t(sh.experts) * T, 1), 0);
     p.sendCount.assign(size_t(sh.experts), 0);
     for (size_t t = 0; t < T; ++t)
       for (size_t k = 0; k < K; ++k) {
+        if (in.idx[t * K + k] < 0) continue;  // no expert: nothing sent, nothing comes back
         const size_t e = size_t(in.idx[t * K + k]);
         p.sendList[e * T + p.sendCount[e]++] = uint32_t(t) | uint32_t(k) << 24;
+        p.combineArrivals += 1;
       }
     return p;
   }
@@ -188,7 +211,7 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
       m.combineSlot = uint32_t(j);
       for (int k = 0; k < sh.topk; ++k) {
         const int e = in.idx[t * K + size_t(k)];
-        if (e / sh.localExperts() != d) continue;
+        if (e < 0 || e / sh.localExperts() != d) continue;
         m.pick[m.nLocal].localExpert = e % sh.localExperts();
         m.pick[m.nLocal].weight = in.weight[t * K + size_t(k)];
         m.nLocal += 1;
@@ -360,7 +383,8 @@ class CpuLayer {
     const float* comb = static_cast<const float*>(comm_.localPointer(l_.combine));
     for (size_t t = 0; t < T; ++t)
       for (size_t k = 0; k < K; ++k)
-        for (size_t i = 0; i < H; ++i) out[t * H + i] += in.weight[t * K + k] * comb[(t * K + k) * H + i];
+        if (in.idx[t * K + k] >= 0)
+          for (size_t i = 0; i < H; ++i) out[t * H + i] += in.weight[t * K + k] * comb[(t * K + k) * H + i];
     return out;
   }
 };

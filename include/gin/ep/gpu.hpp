@@ -179,10 +179,11 @@ __global__ void combineWaitKernel(Layer l, uint64_t want, int* failed) {
 }
 
 // out[t] = sum of the token's rows (rows [t][0, rows[t]) of width H, each
-// scaled by scale[t][j] when given). Four floats per load where H allows,
-// several in flight per thread (restrict: out aliases no input).
+// scaled by scale[t][j] when given; row j skipped where idx[t][j] is -1, no
+// expert, when idx is given). Four floats per load where H allows, several
+// in flight per thread (restrict: out aliases no input).
 __global__ void reduceKernel(Layer l, const int* __restrict__ rows, int rowStride, const float* __restrict__ scale,
-                             float* __restrict__ out) {
+                             const int32_t* __restrict__ idx, float* __restrict__ out) {
   const size_t H = size_t(l.shape.hidden);
   const float* __restrict__ comb = static_cast<const float*>(gin::localPointer(l.combine, 0));
   const bool vec = H % 4 == 0;
@@ -195,6 +196,7 @@ __global__ void reduceKernel(Layer l, const int* __restrict__ rows, int rowStrid
       if (vec) {
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int j = 0; j < n; ++j) {
+          if (idx && idx[t * size_t(rowStride) + size_t(j)] < 0) continue;
           const float s = scale ? scale[t * size_t(rowStride) + size_t(j)] : 1.f;
           const float4 v = reinterpret_cast<const float4*>(row0 + size_t(j) * H)[i];
           acc.x += s * v.x;
@@ -206,7 +208,8 @@ __global__ void reduceKernel(Layer l, const int* __restrict__ rows, int rowStrid
       } else {
         float acc = 0;
         for (int j = 0; j < n; ++j)
-          acc += (scale ? scale[t * size_t(rowStride) + size_t(j)] : 1.f) * row0[size_t(j) * H + i];
+          if (!idx || idx[t * size_t(rowStride) + size_t(j)] >= 0)
+            acc += (scale ? scale[t * size_t(rowStride) + size_t(j)] : 1.f) * row0[size_t(j) * H + i];
         out[t * H + i] = acc;
       }
     }
@@ -378,14 +381,15 @@ class GpuLayer {
       gpu::expertCombineKernel<<<combineGrid_, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
       gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());
       gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, rows_, sh.maxDests(), nullptr,
-                                                                                     out_);
+                                                                                     nullptr, out_);
     } else {
       gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
       gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
       if (dispatched) GIN_CUDA_CHECK(cudaEventRecord(dispatched, st_));
       gpu::llExpertKernel<<<sh.localExperts() * R * llSplit_, kThreads, 0, st_>>>(l_, llSplit_, failed());
       gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());
-      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, nullptr, sh.topk, w_, out_);
+      gpu::reduceKernel<<<std::max(1, std::min(sh.tokens, 264)), kThreads, 0, st_>>>(l_, nullptr, sh.topk, w_, idx_,
+                                                                                     out_);
     }
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     GIN_CUDA_CHECK(cudaGetLastError());

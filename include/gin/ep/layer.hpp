@@ -140,11 +140,13 @@ struct Layer {
 // ---- normal mode ------------------------------------------------------------
 
 // Does token t go to rank d? Its index among the token's destinations is its
-// combine slot (destinations in increasing rank order; ranks <= 64).
+// combine slot (destinations in increasing rank order; ranks <= 64). A
+// choice of -1 (no expert) goes nowhere.
 GIN_HD inline int destSlot(const Layer& l, int t, int d) {
   const int L = l.shape.localExperts();
   uint64_t m = 0;  // bit r: token t goes to rank r
-  for (int k = 0; k < l.shape.topk; ++k) m |= 1ull << (l.topkIdx[size_t(t) * l.shape.topk + k] / L);
+  for (int k = 0; k < l.shape.topk; ++k)
+    if (const int e = l.topkIdx[size_t(t) * l.shape.topk + k]; e >= 0) m |= 1ull << (e / L);
   if (((m >> d) & 1) == 0) return -1;
   uint64_t below = m & ((1ull << d) - 1);
   int j = 0;
