@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "../common/net_checks.hpp"
+#include "gin/host/error_text.hpp"
 #include "gin/host/test_access.hpp"
 
 using namespace gin;
