@@ -19,6 +19,7 @@
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
 using gin::test::CommAccess;
+using gin::test::PauseAccess;
 using gintest::checkMessage;
 using gintest::expect;
 using gintest::pattern;
@@ -258,7 +259,7 @@ TEST_CASE("ibgda: a full queue makes producers wait for completions, never overw
         Net net(dc, 0);
         const Team world = teamWorld(dc);
         SoftNic& nic = CommAccess::ibgda(comm)->nic();
-        nic.pause(true);
+        PauseAccess::pause(nic, true);
         for (uint32_t k = 0; k < kDepth; ++k) net.putValue(world, 0, w, 8 * k, uint64_t(k + 1));
         const IbgdaQpState& st = qpState(comm, 0, 0);
         expect(st.ready == kDepth, "the queue holds depth WQEs");
@@ -270,7 +271,7 @@ TEST_CASE("ibgda: a full queue makes producers wait for completions, never overw
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         const bool earlyReturn = returned.load();
         const uint64_t readyWhilePaused = st.ready, consumedWhilePaused = nic.consumed(0);
-        nic.pause(false);
+        PauseAccess::pause(nic, false);
         producer.join();
         expect(!earlyReturn, "a producer returned while the queue was full");
         expect(readyWhilePaused == kDepth,
@@ -298,7 +299,7 @@ TEST_CASE("ibgda: a queue that stays full times out into the error record", "[ib
         Window w = comm.allocWindow(64);
         Net net(dc, 3);
         const Team world = teamWorld(dc);
-        CommAccess::ibgda(comm)->nic().pause(true);
+        PauseAccess::pause(CommAccess::ibgda(comm)->nic(), true);
         const auto t0 = std::chrono::steady_clock::now();
         for (int k = 0; k < 5; ++k) net.putValue(world, 0, w, 0, uint64_t(k));  // depth 4: the 5th waits
         const auto ms =
@@ -306,7 +307,7 @@ TEST_CASE("ibgda: a queue that stays full times out into the error record", "[ib
         expect(ms >= 150 && ms < 10000, "the full-queue wait took " + std::to_string(ms) + " ms, timeout is 200");
         msg = checkMessage(comm);
         expect(!net.flush(CoopThread{}), "flush succeeded after an abort");
-        CommAccess::ibgda(comm)->nic().pause(false);
+        PauseAccess::pause(CommAccess::ibgda(comm)->nic(), false);
         comm.deregisterWindow(w);
       },
       ibgdaConfig(200'000'000ull, 4)));
@@ -327,9 +328,9 @@ TEST_CASE("ibgda: a soft NIC that stops on an error ends the waits on it at once
         const DevComm dc = comm.devComm();
         Window src = comm.allocWindow(256), dst = comm.allocWindow(256);
         SoftNic& nic = CommAccess::ibgda(comm)->nic();
-        nic.pause(true);  // parked: the hook is not in use while it changes
+        PauseAccess::pause(nic, true);  // parked: the hook is not in use while it changes
         nic.setDeviceCopy([](void*, const void*, size_t, bool) { throw Error("injected copy failure"); });
-        nic.pause(false);
+        PauseAccess::pause(nic, false);
         Net net(dc, 0);
         const auto t0 = std::chrono::steady_clock::now();
         net.put(teamWorld(dc), 0, dst, 0, src, 0, 256);
@@ -613,7 +614,7 @@ TEST_CASE("ibgda: a compressed CQE (mini-CQE array) is reported as such, never p
         net.putValue(world, 0, w, 0, uint64_t(1));
         expect(net.flush(CoopThread{}), "first flush: " + checkMessage(comm));
         SoftNic& nic = CommAccess::ibgda(comm)->nic();
-        nic.pause(true);
+        PauseAccess::pause(nic, true);
         net.putValue(world, 0, w, 8, uint64_t(2));  // WQE 1: published, not consumed
         // What a NIC with CQE compression on for this CQ could write at CQ
         // index 1: this pass's owner bit, format 3 (bits 3..2 of op_own).
@@ -625,7 +626,7 @@ TEST_CASE("ibgda: a compressed CQE (mini-CQE array) is reported as such, never p
         flushed = net.flush(CoopThread{});
         msg = checkMessage(comm);
         expect(qp->state->done == 1, "the compressed block counted as the completion of WQE 1");
-        nic.pause(false);
+        PauseAccess::pause(nic, false);
         comm.deregisterWindow(w);
       },
       ibgdaConfig(20'000'000'000ull, 16)));

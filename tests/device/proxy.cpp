@@ -18,11 +18,13 @@
 #include <thread>
 
 #include "../common/net_checks.hpp"
+#include "gin/host/error_text.hpp"
 #include "gin/host/test_access.hpp"
 
 using namespace gin;
 using Catch::Matchers::ContainsSubstring;
 using gin::test::CommAccess;
+using gin::test::PauseAccess;
 using gintest::checkMessage;
 using gintest::expect;
 using gintest::pattern;
@@ -312,7 +314,7 @@ TEST_CASE("proxy: a full ring makes the producer wait instead of overwriting", "
         Window w = comm.allocWindow(8 * 16);
         Net net(dc, 0);
         const Team world = teamWorld(dc);
-        CommAccess::proxyEngine(comm)->pause(true);
+        PauseAccess::pause(*CommAccess::proxyEngine(comm), true);
         for (int k = 0; k < 8; ++k) net.putValue(world, 0, w, 8 * size_t(k), uint64_t(100 + k), SignalInc{0});
         std::atomic<bool> done{false};
         std::thread late([&] {
@@ -324,7 +326,7 @@ TEST_CASE("proxy: a full ring makes the producer wait instead of overwriting", "
         ProxyDesc first{};
         const bool intact =
             proxyUnpack(&dc.proxyRings[0].slots[0], 0, &first) && first.dstOffset == 0 && first.srcOffset == 100;
-        CommAccess::proxyEngine(comm)->pause(false);
+        PauseAccess::pause(*CommAccess::proxyEngine(comm), false);
         late.join();
         expect(waited, "the 9th push into an 8-slot ring returned while the engine was paused");
         expect(intact, "the 9th push overwrote slot 0 before it was consumed");
@@ -347,10 +349,10 @@ TEST_CASE("proxy: a stuck engine turns a full ring and a flush into error record
         const DevComm dc = comm.devComm();
         Window w = comm.allocWindow(64);
         Net net(dc, 2);
-        CommAccess::proxyEngine(comm)->pause(true);
+        PauseAccess::pause(*CommAccess::proxyEngine(comm), true);
         for (int k = 0; k < 9; ++k) net.putValue(teamWorld(dc), 0, w, 0, uint64_t(k));  // the 9th gives up
         fullMsg = checkMessage(comm);
-        CommAccess::proxyEngine(comm)->pause(false);
+        PauseAccess::pause(*CommAccess::proxyEngine(comm), false);
       },
       proxyConfig(200'000'000ull, 8)));
   REQUIRE_NOTHROW(runRanks(
@@ -360,11 +362,11 @@ TEST_CASE("proxy: a stuck engine turns a full ring and a flush into error record
         Window w = comm.allocWindow(64);
         Net net(dc, 1);
         if (comm.rank() == 1) {
-          CommAccess::proxyEngine(comm)->pause(true);
+          PauseAccess::pause(*CommAccess::proxyEngine(comm), true);
           net.put(teamWorld(dc), 0, w, 0, w, 8, 8);
           expect(!net.flush(CoopThread{}), "flush should give up while the engine is paused");
           flushMsg = checkMessage(comm);
-          CommAccess::proxyEngine(comm)->pause(false);
+          PauseAccess::pause(*CommAccess::proxyEngine(comm), false);
         }
         comm.bootstrap().barrier();
       },
@@ -738,7 +740,7 @@ TEST_CASE("proxy: pause(true) parks every engine thread; nothing on any ring is 
         ProxyEngine* e = CommAccess::proxyEngine(comm);
         Window w = comm.allocWindow(64);
         comm.bootstrap().barrier();
-        e->pause(true);
+        PauseAccess::pause(*e, true);
         const int peer = 1 - comm.rank();
         for (int c = 0; c < dc.nContexts; ++c)
           Net(dc, c).putValue(teamWorld(dc), peer, w, 8 * size_t(c), uint64_t(c + 1), SignalInc{0});
@@ -746,7 +748,7 @@ TEST_CASE("proxy: pause(true) parks every engine thread; nothing on any ring is 
         for (int c = 0; c < dc.nContexts; ++c)
           expect(*dc.proxyRings[c].consumed == 0, "ring " + std::to_string(c) + " was consumed while paused");
         expect(e->executed() == 0, "executed while paused");
-        e->pause(false);
+        PauseAccess::pause(*e, false);
         Net net(dc, 0);
         expect(net.waitSignal(CoopThread{}, 0, uint64_t(dc.nContexts)), "signals after resuming");
         const auto* got = static_cast<const uint64_t*>(comm.localPointer(w));

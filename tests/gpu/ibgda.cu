@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "gin/host/error_text.hpp"
 #include "gin/host/soft_nic.hpp"
 #include "gin/host/test_access.hpp"
 #include "gpu_common.cuh"

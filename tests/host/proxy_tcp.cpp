@@ -22,6 +22,7 @@
 
 #include "../common/net_checks.hpp"
 #include "../common/processes.hpp"
+#include "gin/host/tcp_frame.hpp"
 #include "gin/host/test_access.hpp"
 
 using namespace gin;

@@ -36,53 +36,9 @@
 #include <type_traits>
 
 #include "gin/device.hpp"
+#include "gin/ep/shape.hpp"
 
 namespace gin::ep {
-
-inline constexpr int kMaxTopk = 16;
-
-struct Shape {
-  int ranks = 1;
-  int experts = 8;    // E, a multiple of ranks
-  int tokens = 0;     // T per rank
-  int hidden = 7168;  // H (bf16 elements)
-  int topk = 8;       // K <= E
-  int channels = 4;   // C
-  int slots = 8;      // S per (source, channel) ring
-  // Normal mode: tokens per tail/head signal. 1: a sender advances the tail
-  // after every step (the tokens its warps put at once) and a receiver frees
-  // the slots it copied out at every step. B > 1: each waits until B tokens
-  // or slots are due (DeepEP's chunked tail/head updates); neither holds a
-  // signal back while it waits (see sendStep).
-  int batch = 1;
-  // Low-latency mode: senders per expert (CTAs per expert on a GPU). Each
-  // puts a share of the expert's tokens and then the count with a SignalAdd
-  // of 1; a receiver waits for the count signal to reach llSenders.
-  int llSenders = 4;
-  GIN_HD int localExperts() const { return experts / ranks; }
-  // Destinations per token are at most min(K, ranks).
-  GIN_HD int maxDests() const { return topk < ranks ? topk : ranks; }
-  // One ring slot: metadata, then the token's H bf16 values, 16-byte aligned.
-  GIN_HD size_t metaBytes() const { return (16 + 8 * size_t(topk) + 15) / 16 * 16; }
-  GIN_HD size_t tokenBytes() const { return (size_t(hidden) * 2 + 15) / 16 * 16; }
-  GIN_HD size_t slotBytes() const { return metaBytes() + tokenBytes(); }
-  // Normal mode: the most tokens one (channel, destination) lane sends.
-  GIN_HD size_t laneCap() const { return (size_t(tokens) + size_t(channels) - 1) / size_t(channels); }
-};
-
-// The metadata that travels with a token (normal mode): who sent it, where
-// its combined result goes back to, and the experts of the destination rank
-// it chose, with their weights.
-struct TokenMeta {
-  uint32_t srcToken;
-  uint32_t combineSlot;  // j: the token's j-th destination rank
-  uint32_t nLocal;       // entries used below
-  uint32_t pad;
-  struct {
-    int32_t localExpert;
-    float weight;
-  } pick[kMaxTopk];  // [topk] of them travel (metaBytes())
-};
 
 // bf16 <-> float, round to nearest even (host and device).
 GIN_HD inline float bf16ToFloat(uint16_t b) {
@@ -101,19 +57,6 @@ GIN_HD inline uint16_t floatToBf16(float f) {
 // The stand-in expert: expert e scales its input by (1 + e/64). Exact enough
 // in float that a host reference can check the result tightly.
 GIN_HD inline float expertScale(int e) { return 1.0f + float(e) / 64.0f; }
-
-// Signal ids of one layer, from `base`.
-struct Signals {
-  uint32_t base;
-  int ranks, channels;
-  GIN_HD uint32_t count() const { return base; }
-  GIN_HD uint32_t combine() const { return base + 1; }
-  GIN_HD uint32_t tail(int src, int c) const { return base + 2 + uint32_t(src * channels + c); }
-  GIN_HD uint32_t head(int dst, int c) const { return base + 2 + uint32_t((ranks + dst) * channels + c); }
-  GIN_HD uint32_t end() const { return base + 2 + uint32_t(2 * ranks * channels); }
-  // Low-latency mode: one count signal per (local expert, source).
-  GIN_HD uint32_t llCount(int localExpert, int src) const { return base + 2 + uint32_t(localExpert * ranks + src); }
-};
 
 // Everything a rank's bodies need (trivially copyable, passed to kernels).
 struct Layer {

@@ -1,11 +1,13 @@
 // gin/host/bootstrap_tcp.hpp — ranks as processes on any hosts: TcpBootstrap, a
 // star through rank 0, found through a UniqueId or the launcher's environment
-// (detectLaunch). Frames are checked and every wait has a deadline; a failure on
-// any rank reaches every rank with a message naming who and where.
+// (detectLaunch). Frames (bootstrap_frame.hpp) are checked and every wait has a
+// deadline; a failure on any rank reaches every rank with a message naming who
+// and where.
 #pragma once
 
 #include "gin/core/error.hpp"
 #include "gin/host/bootstrap_base.hpp"
+#include "gin/host/bootstrap_frame.hpp"
 #include "gin/host/deadline.hpp"
 #include "gin/host/launch.hpp"
 #include "gin/host/socket.hpp"
@@ -29,37 +31,6 @@
 #include <vector>
 
 namespace gin {
-namespace detail {
-
-// Every message on the wire. Host byte order: the ranks of one job share an
-// architecture, and a foreign one shows up as a magic mismatch, not as garbage.
-struct FrameHeader {
-  uint32_t magic;
-  uint32_t op;
-  uint64_t seq;     // collective number, 1-based, the same on every rank
-  uint64_t length;  // payload bytes that follow
-  uint64_t size;    // the call's size argument (bytesPerRank, bytes, or nRanks for hello)
-  int32_t sender;
-  int32_t root;  // broadcast root; -1 otherwise
-};
-static_assert(sizeof(FrameHeader) == 40);
-inline constexpr uint32_t kFrameMagic = 0x424e4947;  // "GINB" in memory on little-endian hosts
-inline constexpr uint64_t kMaxAbortText = 64 * 1024;
-
-inline std::string hexText(uint32_t v) {
-  char buf[16];
-  std::snprintf(buf, sizeof buf, "0x%08x", v);
-  return buf;
-}
-
-inline std::string frameText(const FrameHeader& h) {
-  return "{magic " + hexText(h.magic) + ", op " + opText(h.op) + ", seq " + std::to_string(h.seq) + ", length " +
-         std::to_string(h.length) + ", size " + std::to_string(h.size) + ", sender " + std::to_string(h.sender) +
-         ", root " + std::to_string(h.root) + "}";
-}
-
-}  // namespace detail
-
 // Ranks as processes, meeting at rank 0 (a star): rank 0 listens on addr:port,
 // the others connect to it (retrying, since rank 0 may start last), and every
 // collective is "everyone sends to rank 0, rank 0 checks and answers everyone".
@@ -198,17 +169,11 @@ class TcpBootstrap final : public Bootstrap {
     return FrameHeader{detail::kFrameMagic, op, seq, length, size, rank_, root};
   }
 
-  detail::IoResult sendFrame(int fd, const FrameHeader& h, const void* payload, Clock::time_point deadline) {
-    auto r = detail::sendAll(fd, &h, sizeof h, deadline);
-    if (r.kind == detail::Io::Ok && h.length > 0) r = detail::sendAll(fd, payload, h.length, deadline);
-    return r;
-  }
-
   // Best effort: the peer learns why instead of running into its own timeout.
   void sendAbort(int fd, const std::string& why) {
     const std::string text = why.substr(0, detail::kMaxAbortText);
     const auto deadline = detail::deadlineAfter(std::min<uint64_t>(timeoutNs_, 1'000'000'000ull));
-    sendFrame(fd, header(detail::kAbort, seq_, text.size(), 0, -1), text.data(), deadline);
+    detail::sendFrame(fd, header(detail::kAbort, seq_, text.size(), 0, -1), text.data(), deadline);
   }
 
   // Rank 0 failing: tell every connected rank, then close our sending side so
@@ -228,23 +193,6 @@ class TcpBootstrap final : public Bootstrap {
     if (rank_ == 0) failAll("rank 0 failed in " + why);
     if (root_) sendAbort(root_.get(), why);
     fail(why);
-  }
-
-  std::string readAbortText(int fd, uint64_t length, Clock::time_point deadline) {
-    if (length > detail::kMaxAbortText) return "(abort message of " + std::to_string(length) + " bytes, not read)";
-    std::string text(length, '\0');
-    if (detail::recvAll(fd, text.data(), length, deadline).kind != detail::Io::Ok) return "(abort message cut short)";
-    return text;
-  }
-
-  // When rank 0 gives up it sends its reason and exits; our next send may then
-  // hit a reset connection before we read that reason, which is still queued.
-  std::string abortReasonIfAny(int fd) {
-    FrameHeader h{};
-    const auto deadline = detail::deadlineAfter(std::min<uint64_t>(timeoutNs_, 200'000'000ull));
-    if (detail::recvAll(fd, &h, sizeof h, deadline).kind != detail::Io::Ok) return {};
-    if (h.magic != detail::kFrameMagic || h.op != detail::kAbort) return {};
-    return readAbortText(fd, h.length, deadline);
   }
 
   // ---- rendezvous ----
@@ -326,9 +274,9 @@ class TcpBootstrap final : public Bootstrap {
     }
     // Everyone is here: only now do the others learn the job is complete.
     for (int p = 1; p < nRanks_; ++p) {
-      const auto r = sendFrame(peers_[static_cast<size_t>(p)].get(),
-                               header(detail::kWelcome, 0, 0, static_cast<uint64_t>(nRanks_), -1), nullptr,
-                               detail::deadlineAfter(timeoutNs_));
+      const auto r = detail::sendFrame(peers_[static_cast<size_t>(p)].get(),
+                                       header(detail::kWelcome, 0, 0, static_cast<uint64_t>(nRanks_), -1), nullptr,
+                                       detail::deadlineAfter(timeoutNs_));
       if (r.kind != detail::Io::Ok)
         failAll("rank " + std::to_string(p) + " closed its connection during the rendezvous at " + where() + " (" +
                 detail::errnoText(r.err) + "); its process exited or failed: look at its output");
@@ -359,9 +307,9 @@ class TcpBootstrap final : public Bootstrap {
     }
     detail::setNoDelay(root_.get());
     const auto hello = header(detail::kHello, 0, 0, static_cast<uint64_t>(nRanks_), -1);
-    const auto sent = sendFrame(root_.get(), hello, nullptr, detail::deadlineAfter(timeoutNs_));
+    const auto sent = detail::sendFrame(root_.get(), hello, nullptr, detail::deadlineAfter(timeoutNs_));
     if (sent.kind != detail::Io::Ok) {
-      if (auto why = abortReasonIfAny(root_.get()); !why.empty())
+      if (auto why = detail::abortReasonIfAny(root_.get(), timeoutNs_); !why.empty())
         fail("rendezvous at " + where() + " aborted by rank 0: " + why);
       fail("rank 0 at " + where() + " closed the connection during the rendezvous (" + detail::errnoText(sent.err) +
            "); look at rank 0's output");
@@ -378,7 +326,8 @@ class TcpBootstrap final : public Bootstrap {
       fail("rank 0 at " + where() + " closed the connection during the rendezvous (" + detail::errnoText(got.err) +
            "); it failed or exited: look at its output");
     if (h.magic == detail::kFrameMagic && h.op == detail::kAbort)
-      fail("rendezvous at " + where() + " aborted by rank 0: " + readAbortText(root_.get(), h.length, replyDeadline));
+      fail("rendezvous at " + where() +
+           " aborted by rank 0: " + detail::readAbortText(root_.get(), h.length, replyDeadline));
     if (h.magic != detail::kFrameMagic || h.op != detail::kWelcome || h.sender != 0 ||
         h.size != static_cast<uint64_t>(nRanks_) || h.length != 0)
       fail("expected a welcome from rank 0 at " + where() + " but received " + detail::frameText(h) +
@@ -444,7 +393,7 @@ class TcpBootstrap final : public Bootstrap {
     if (h.magic != detail::kFrameMagic)
       failAll("rank 0 received a frame with magic " + detail::hexText(h.magic) + " from " + who + " in " + call +
               " (expected " + detail::hexText(detail::kFrameMagic) + "): the stream is corrupt or not gin's");
-    if (h.op == detail::kAbort) failAll(who + " failed in " + readAbortText(fd, h.length, deadline));
+    if (h.op == detail::kAbort) failAll(who + " failed in " + detail::readAbortText(fd, h.length, deadline));
     if (h.op != op || h.seq != seq || h.size != size || h.root != root || h.sender != p)
       failAll(who + " called " + detail::callText(h.op, h.seq, h.size, h.root) + " while rank 0 called " + call +
               " (frame " + detail::frameText(h) +
@@ -462,7 +411,7 @@ class TcpBootstrap final : public Bootstrap {
     for (int p = 1; p < nRanks_; ++p) {
       const auto [payload, len] = reply(p);
       const auto r =
-          sendFrame(peers_[static_cast<size_t>(p)].get(), header(op, seq, len, size, root), payload, deadline);
+          detail::sendFrame(peers_[static_cast<size_t>(p)].get(), header(op, seq, len, size, root), payload, deadline);
       if (r.kind == detail::Io::Timeout)
         failAll("rank " + std::to_string(p) + " did not take the result of " + detail::callText(op, seq, size, root) +
                 " within " + timeoutText() + "; it is stuck");
@@ -479,11 +428,11 @@ class TcpBootstrap final : public Bootstrap {
     const std::string what = detail::callText(op, seq, size, root);
     const int fd = root_.get();
     auto lost = [&](const detail::IoResult& r) {
-      if (auto why = abortReasonIfAny(fd); !why.empty()) fail(what + " aborted by rank 0: " + why);
+      if (auto why = detail::abortReasonIfAny(fd, timeoutNs_); !why.empty()) fail(what + " aborted by rank 0: " + why);
       fail("lost the connection to rank 0 at " + where() + " during " + what + " (" + detail::errnoText(r.err) +
            "); rank 0's process exited or crashed: look at its output");
     };
-    if (auto r = sendFrame(fd, header(op, seq, len, size, root), payload, detail::deadlineAfter(timeoutNs_));
+    if (auto r = detail::sendFrame(fd, header(op, seq, len, size, root), payload, detail::deadlineAfter(timeoutNs_));
         r.kind != detail::Io::Ok) {
       if (r.kind == detail::Io::Timeout)
         fail("rank 0 at " + where() + " did not take our part of " + what + " within " + timeoutText() +
@@ -499,7 +448,7 @@ class TcpBootstrap final : public Bootstrap {
            "; rank 0 or another rank is stuck");
     if (r.kind == detail::Io::Closed) lost(r);
     if (h.magic == detail::kFrameMagic && h.op == detail::kAbort)
-      fail(what + " aborted by rank 0: " + readAbortText(fd, h.length, deadline));
+      fail(what + " aborted by rank 0: " + detail::readAbortText(fd, h.length, deadline));
     if (h.magic != detail::kFrameMagic || h.op != op || h.seq != seq || h.size != size || h.root != root ||
         h.sender != 0 || h.length != replyLen) {
       const std::string why = "expected the answer to " + what + " (length " + std::to_string(replyLen) +

@@ -36,6 +36,7 @@
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/comm_config.hpp"
 #include "gin/host/dev_comm_memory.hpp"
+#include "gin/host/error_text.hpp"
 #include "gin/host/failure_watcher.hpp"
 #include "gin/host/ibgda.hpp"
 #include "gin/host/memory.hpp"

@@ -46,6 +46,10 @@
 
 namespace gin {
 
+namespace test {
+struct PauseAccess;  // gin/host/test_access.hpp
+}
+
 // What differs when the producers are GPUs: the ticket counters live in
 // device memory (the host reads them through `head`), the engine thread must
 // bind the GPU (`threadInit`), failures are recorded through the host path
@@ -110,22 +114,6 @@ class ProxyEngine {
   ProxyEngine(const ProxyEngine&) = delete;
   ProxyEngine& operator=(const ProxyEngine&) = delete;
 
-  // Test hook: a paused engine consumes nothing (so producers see a full ring
-  // and flush times out) until resumed. Stopping drains even when paused.
-  // pause(true) returns once every thread has parked, so nothing pushed after
-  // it returns is consumed: a thread may be in the middle of a pass when the
-  // flag goes up, and only a park that starts after it proves the pass is
-  // over.
-  void pause(bool p) {
-    std::vector<uint64_t> seen;
-    for (auto& w : workers_) seen.push_back(w->parks.load(std::memory_order_acquire));
-    paused_.store(p, std::memory_order_seq_cst);
-    if (!p) return;
-    for (size_t t = 0; t < workers_.size(); ++t)
-      while (workers_[t]->parks.load(std::memory_order_acquire) == seen[t] &&
-             !workers_[t]->done.load(std::memory_order_acquire))
-        std::this_thread::yield();
-  }
   // False once any thread has stopped (after a failure all of them do).
   bool running() const { return exited_.load(std::memory_order_acquire) == 0; }
   int threadCount() const { return int(workers_.size()); }
@@ -150,6 +138,25 @@ class ProxyEngine {
   }
 
  private:
+  friend struct test::PauseAccess;
+
+  // Test hook (test::PauseAccess): a paused engine consumes nothing (so
+  // producers see a full ring and flush times out) until resumed. Stopping
+  // drains even when paused. pause(true) returns once every thread has parked,
+  // so nothing pushed after it returns is consumed: a thread may be in the
+  // middle of a pass when the flag goes up, and only a park that starts after
+  // it proves the pass is over.
+  void pause(bool p) {
+    std::vector<uint64_t> seen;
+    for (auto& w : workers_) seen.push_back(w->parks.load(std::memory_order_acquire));
+    paused_.store(p, std::memory_order_seq_cst);
+    if (!p) return;
+    for (size_t t = 0; t < workers_.size(); ++t)
+      while (workers_[t]->parks.load(std::memory_order_acquire) == seen[t] &&
+             !workers_[t]->done.load(std::memory_order_acquire))
+        std::this_thread::yield();
+  }
+
   struct RingState {
     size_t index;
     uint64_t next;  // next ticket to consume

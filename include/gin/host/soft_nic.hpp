@@ -35,6 +35,10 @@
 
 namespace gin {
 
+namespace test {
+struct PauseAccess;  // gin/host/test_access.hpp
+}
+
 class SoftNic {
  public:
   enum class Mode { Execute, Sink };
@@ -128,16 +132,6 @@ class SoftNic {
     if (thread_.joinable()) thread_.join();
   }
 
-  // Test hook: a paused NIC consumes nothing. pause(true) returns once the
-  // thread has parked, so nothing posted afterwards is consumed until resumed.
-  void pause(bool p) {
-    const uint64_t seen = parks_.load(std::memory_order_acquire);
-    paused_.store(p, std::memory_order_seq_cst);
-    if (!p || !thread_.joinable()) return;
-    while (parks_.load(std::memory_order_acquire) == seen && !done_.load(std::memory_order_acquire))
-      std::this_thread::yield();
-  }
-
   // Wait until every QP has consumed every WQE its doorbell record announces
   // (or has failed), at most timeoutNs. False on timeout.
   bool quiesce(uint64_t timeoutNs) const {
@@ -167,6 +161,19 @@ class SoftNic {
   size_t nQps() const { return qps_.size(); }
 
  private:
+  friend struct test::PauseAccess;
+
+  // Test hook (test::PauseAccess): a paused NIC consumes nothing. pause(true)
+  // returns once the thread has parked, so nothing posted afterwards is
+  // consumed until resumed.
+  void pause(bool p) {
+    const uint64_t seen = parks_.load(std::memory_order_acquire);
+    paused_.store(p, std::memory_order_seq_cst);
+    if (!p || !thread_.joinable()) return;
+    while (parks_.load(std::memory_order_acquire) == seen && !done_.load(std::memory_order_acquire))
+      std::this_thread::yield();
+  }
+
   struct Region {
     uint64_t addr = 0, bytes = 0;
     char* map = nullptr;

@@ -1,6 +1,7 @@
 // gin/host/tcp_frame.hpp — the tcp wire's frame format (version 1): the 72-byte
 // TcpFrame header, its limits, sealing (magic, version, XXH64 checksums) and a
-// readable dump. The checks a receiver applies are in TcpWire (tcp_wire.hpp).
+// readable dump, and why a receiver rejects a frame (WireFault). The checks it
+// applies are in TcpReceiver (tcp_receiver.hpp).
 #pragma once
 
 #include "gin/core/xxh64.hpp"
@@ -53,6 +54,48 @@ inline void sealTcpFrame(TcpFrame& h, const void* payload) {
   h.version = kTcpWireVersion;
   h.payloadSum = h.length ? xxh64(payload, size_t(h.length)) : 0;
   h.headerSum = xxh64(&h, offsetof(TcpFrame, headerSum));
+}
+
+// Why the tcp wire rejected a frame (DeviceErrorRecord::objectId for Op::WireFrame).
+enum class WireFault : uint32_t {
+  None = 0,
+  BadMagic,         // not a gin wire frame: corrupt stream or another program
+  BadVersion,       // the peer speaks another wire version (another gin release)
+  HeaderChecksum,   // the header's checksum does not match its bytes
+  BadType,          // unknown frame type
+  BadSender,        // sender rank field differs from the connection's peer
+  Sequence,         // frame sequence number skipped or repeated
+  Reserved,         // a reserved field is not zero
+  Oversized,        // payload length above the wire's maximum frame payload
+  BadLength,        // payload length not allowed for the frame type
+  BadAction,        // unknown signal action, or one the frame type cannot carry
+  BadSignal,        // signal id past the receiver's signal words
+  UnknownWindow,    // no window with that id on the receiver
+  OutOfBounds,      // offset + length past the end of the window
+  PayloadChecksum,  // the payload's checksum does not match its bytes
+  BadFence,         // fence number out of order
+};
+
+inline const char* wireFaultName(WireFault f) {
+  switch (f) {
+    case WireFault::None: return "none";
+    case WireFault::BadMagic: return "bad magic";
+    case WireFault::BadVersion: return "unsupported wire version";
+    case WireFault::HeaderChecksum: return "header checksum mismatch";
+    case WireFault::BadType: return "unknown frame type";
+    case WireFault::BadSender: return "sender rank does not match the connection";
+    case WireFault::Sequence: return "sequence number out of order";
+    case WireFault::Reserved: return "reserved field not zero";
+    case WireFault::Oversized: return "oversized payload";
+    case WireFault::BadLength: return "payload length not allowed for the frame type";
+    case WireFault::BadAction: return "bad signal action";
+    case WireFault::BadSignal: return "signal id out of range";
+    case WireFault::UnknownWindow: return "unknown window";
+    case WireFault::OutOfBounds: return "range past the end of the window";
+    case WireFault::PayloadChecksum: return "payload checksum mismatch";
+    case WireFault::BadFence: return "fence out of order";
+  }
+  return "unknown fault";
 }
 
 inline std::string tcpFrameText(const TcpFrame& h) {

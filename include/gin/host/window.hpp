@@ -3,6 +3,7 @@
 // and the WindowDev table kernels read through gin::Window.
 #pragma once
 
+#include <cstring>
 #include <vector>
 
 #include "gin/device/window.hpp"

@@ -77,7 +77,25 @@ enum Syndrome : uint8_t {
   kSynRemoteAbortedErr = 0x22,
 };
 
-// Their names: gin::detail::cqeSyndromeName (gin/core/error.hpp).
+// Their names, for error messages (the values of MLX5_CQE_SYNDROME_* in mlx5dv.h).
+GIN_HD inline const char* cqeSyndromeName(uint32_t s) {
+  switch (s) {
+    case 0x01: return "local length error";
+    case 0x02: return "local QP operation error (malformed WQE: opcode, size or index)";
+    case 0x04: return "local protection error (bad lkey, or local address outside its region)";
+    case 0x05: return "work request flushed (QP in error)";
+    case 0x06: return "memory window bind error";
+    case 0x10: return "bad response";
+    case 0x11: return "local access error";
+    case 0x12: return "remote invalid request (bad opcode, size or alignment)";
+    case 0x13: return "remote access error (bad rkey, or remote address outside the peer's region)";
+    case 0x14: return "remote operation error";
+    case 0x15: return "transport retry counter exceeded";
+    case 0x16: return "RNR retry counter exceeded";
+    case 0x22: return "remote aborted";
+  }
+  return "unknown syndrome";
+}
 
 // ---- send WQE segments (each 16 bytes) ----
 

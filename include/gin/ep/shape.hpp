@@ -1,0 +1,71 @@
+// gin/ep/shape.hpp — the sizes and layout of one expert-parallel layer
+// (gin/ep/layer.hpp): Shape (token, ring slot and lane sizes), TokenMeta (what
+// travels with a token in normal mode) and Signals (the layer's signal ids).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gin/core/config.hpp"
+
+namespace gin::ep {
+
+inline constexpr int kMaxTopk = 16;
+
+struct Shape {
+  int ranks = 1;
+  int experts = 8;    // E, a multiple of ranks
+  int tokens = 0;     // T per rank
+  int hidden = 7168;  // H (bf16 elements)
+  int topk = 8;       // K <= E
+  int channels = 4;   // C
+  int slots = 8;      // S per (source, channel) ring
+  // Normal mode: tokens per tail/head signal. 1: a sender advances the tail
+  // after every step (the tokens its warps put at once) and a receiver frees
+  // the slots it copied out at every step. B > 1: each waits until B tokens
+  // or slots are due (DeepEP's chunked tail/head updates); neither holds a
+  // signal back while it waits (see sendStep, layer.hpp).
+  int batch = 1;
+  // Low-latency mode: senders per expert (CTAs per expert on a GPU). Each
+  // puts a share of the expert's tokens and then the count with a SignalAdd
+  // of 1; a receiver waits for the count signal to reach llSenders.
+  int llSenders = 4;
+  GIN_HD int localExperts() const { return experts / ranks; }
+  // Destinations per token are at most min(K, ranks).
+  GIN_HD int maxDests() const { return topk < ranks ? topk : ranks; }
+  // One ring slot: metadata, then the token's H bf16 values, 16-byte aligned.
+  GIN_HD size_t metaBytes() const { return (16 + 8 * size_t(topk) + 15) / 16 * 16; }
+  GIN_HD size_t tokenBytes() const { return (size_t(hidden) * 2 + 15) / 16 * 16; }
+  GIN_HD size_t slotBytes() const { return metaBytes() + tokenBytes(); }
+  // Normal mode: the most tokens one (channel, destination) lane sends.
+  GIN_HD size_t laneCap() const { return (size_t(tokens) + size_t(channels) - 1) / size_t(channels); }
+};
+
+// The metadata that travels with a token (normal mode): who sent it, where
+// its combined result goes back to, and the experts of the destination rank
+// it chose, with their weights.
+struct TokenMeta {
+  uint32_t srcToken;
+  uint32_t combineSlot;  // j: the token's j-th destination rank
+  uint32_t nLocal;       // entries used below
+  uint32_t pad;
+  struct {
+    int32_t localExpert;
+    float weight;
+  } pick[kMaxTopk];  // [topk] of them travel (metaBytes())
+};
+
+// Signal ids of one layer, from `base`.
+struct Signals {
+  uint32_t base;
+  int ranks, channels;
+  GIN_HD uint32_t count() const { return base; }
+  GIN_HD uint32_t combine() const { return base + 1; }
+  GIN_HD uint32_t tail(int src, int c) const { return base + 2 + uint32_t(src * channels + c); }
+  GIN_HD uint32_t head(int dst, int c) const { return base + 2 + uint32_t((ranks + dst) * channels + c); }
+  GIN_HD uint32_t end() const { return base + 2 + uint32_t(2 * ranks * channels); }
+  // Low-latency mode: one count signal per (local expert, source).
+  GIN_HD uint32_t llCount(int localExpert, int src) const { return base + 2 + uint32_t(localExpert * ranks + src); }
+};
+
+}  // namespace gin::ep
