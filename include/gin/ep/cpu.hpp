@@ -216,10 +216,103 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
         m.pick[m.nLocal].localExpert = e % sh.localExperts();
         m.pick[m.nLocal].weight = in.weight[t * K + size_t(k)];
         m.nLocal += 1;
+        m.choices |= 1u << k;
       }
       std::memcpy(p.meta.data() + (t * D + size_t(j)) * sh.metaBytes(), &m, sh.metaBytes());
     }
   return p;
+}
+
+// ---- CPU-rank drivers: CpuLayer (stand-in experts) and CpuBuffer (gin/ep/buffer.hpp) ----
+
+// A failure of this rank's layer: the device error if there is one (it names
+// itself), else std::runtime_error with `what`.
+[[noreturn]] inline void failLayer(gin::Comm& comm, const std::string& what) {
+  comm.check();
+  throw std::runtime_error("moe: rank " + std::to_string(comm.rank()) + ": " + what);
+}
+
+// The plan's tokens and metadata into the layer's windows, its send lists
+// into `l`, every signal of the layer back to zero on this rank, then a
+// barrier: nobody signals before every rank has reset (collective).
+inline void startLayer(gin::Comm& comm, Layer& l, const Plan& p) {
+  l.sendList = p.sendList.data();
+  l.sendCount = p.sendCount.data();
+  // Empty vectors (no metadata, no tokens) have no data() to copy from:
+  // memcpy from a null pointer is undefined even for 0 bytes.
+  if (!p.x.empty()) std::memcpy(comm.localPointer(l.x), p.x.data(), p.x.size());
+  if (!p.meta.empty()) std::memcpy(comm.localPointer(l.meta), p.meta.data(), p.meta.size());
+  gin::Net<> net(l.dc, 0);
+  for (uint32_t s = l.sig.base; s < l.sig.base + signalsNeeded(l.shape); ++s) net.resetSignal(s);
+  comm.bootstrap().barrier();
+}
+
+// Everything this rank pushed carried out (proxy, ibgda) before any rank
+// resets the layer's signals again, then check() (collective).
+inline void settleLayer(gin::Comm& comm, const Layer& l) {
+  for (int c = 0; c < l.dc.nContexts; ++c) gin::Net<>(l.dc, c).flush(gin::CoopThread{});
+  comm.bootstrap().barrier();
+  comm.check();
+}
+
+// Normal-mode dispatch on one CPU rank, after startLayer: the count exchange,
+// then every lane's sender and every (source, channel) receiver stepped in
+// turn until all are done. What arrives goes to recvX [maxRecv][H] and
+// recvMeta [maxRecv][metaBytes], by (source, channel); srcOf gets each
+// position's source. Returns how many arrived.
+inline uint64_t dispatchNormalCpu(gin::Comm& comm, const Layer& l, const Plan& p, size_t maxRecv, uint16_t* recvX,
+                                  char* recvMeta, std::vector<int>& srcOf) {
+  const Shape& sh = l.shape;
+  const int R = sh.ranks, C = sh.channels, me = comm.rank();
+  gin::Net<> net(l.dc, 0);
+  const gin::Team world = gin::teamWorld(l.dc);
+  for (int d = 0; d < R; ++d)
+    for (int c = 0; c < C; ++c) {
+      const size_t at = (size_t(me) * C + size_t(c)) * 8;
+      const uint64_t n = p.sendCount[size_t(c) * R + size_t(d)];  // lane (c, d)'s tokens
+      if (c + 1 < C)
+        net.putValue(world, d, l.counts, at, n, gin::None{});
+      else
+        net.putValue(world, d, l.counts, at, n, gin::SignalAdd{l.sig.count(), 1});
+    }
+  if (!net.waitSignal(gin::CoopThread{}, l.sig.count(), uint64_t(R))) failLayer(comm, "count exchange");
+  const auto* got = static_cast<const uint64_t*>(comm.localPointer(l.counts));
+  std::vector<RecvState> rs(size_t(R) * C);
+  srcOf.clear();
+  uint64_t base = 0;
+  for (int src = 0; src < R; ++src)
+    for (int c = 0; c < C; ++c) {
+      RecvState& s = rs[size_t(src) * C + size_t(c)];
+      s.expect = gin::volatileLoad(got + size_t(src) * C + size_t(c));
+      s.base = base;
+      base += s.expect;
+      if (base > maxRecv) failLayer(comm, "more tokens announced than any rank can send");
+      srcOf.insert(srcOf.end(), size_t(s.expect), src);
+    }
+  std::vector<SendState> ss(size_t(C) * size_t(R));  // lane (c, d) at [c * R + d]
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(l.dc.timeoutNs);
+  for (;;) {
+    bool busy = false, progress = false;
+    for (int c = 0; c < C; ++c)
+      for (int d = 0; d < R; ++d) {
+        const int r = sendStep(l, c, d, ss[size_t(c) * R + size_t(d)], gin::CoopThread{});
+        busy = busy || r >= 0;
+        progress = progress || r > 0;
+      }
+    for (int src = 0; src < R; ++src)
+      for (int c = 0; c < C; ++c) {
+        const int r = recvStep(l, src, c, rs[size_t(src) * C + size_t(c)], recvX, recvMeta, gin::CoopThread{});
+        busy = busy || r >= 0;
+        progress = progress || r > 0;
+      }
+    if (!busy) break;
+    if (!progress) {
+      if (comm.hasError()) failLayer(comm, "dispatch");
+      if (std::chrono::steady_clock::now() > deadline) failLayer(comm, "dispatch did not finish within the timeout");
+      std::this_thread::yield();
+    }
+  }
+  return base;
 }
 
 // Runs layers on one CPU rank. Collective: every rank constructs it and calls
@@ -243,24 +336,12 @@ class CpuLayer {
     l_.topkIdx = in.idx.data();
     l_.topkW = in.weight.data();
     const Plan p = plan(l_, ll_, in);
-    l_.sendList = p.sendList.data();
-    l_.sendCount = p.sendCount.data();
-    // Empty vectors (no metadata, no tokens) have no data() to copy from:
-    // memcpy from a null pointer is undefined even for 0 bytes.
-    if (!p.x.empty()) std::memcpy(comm_.localPointer(l_.x), p.x.data(), p.x.size());
-    if (!p.meta.empty()) std::memcpy(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
-    gin::Net<> net(l_.dc, 0);
-    for (uint32_t s = l_.sig.base; s < l_.sig.base + signalsNeeded(sh_); ++s) net.resetSignal(s);
-    comm_.bootstrap().barrier();  // every rank reset before anyone signals
+    startLayer(comm_, l_, p);
     t0_ = Clock::now();
     std::vector<float> out = ll_ ? runLowLatency(in, p) : runNormal(p);
     timing_.combineS = seconds(t1_, Clock::now());
     timing_.dispatchS = seconds(t0_, t1_);
-    // Everything this rank pushed has been carried out (proxy) before the
-    // next layer's resets: nothing arrives late into a reset signal.
-    for (int c = 0; c < l_.dc.nContexts; ++c) gin::Net<>(l_.dc, c).flush(gin::CoopThread{});
-    comm_.bootstrap().barrier();
-    comm_.check();
+    settleLayer(comm_, l_);
     return out;
   }
 
@@ -287,66 +368,14 @@ class CpuLayer {
   std::vector<uint16_t> recvX_;
   std::vector<char> recvMeta_;
 
-  void fail(const std::string& what) {
-    comm_.check();  // a device-side failure names itself
-    throw std::runtime_error("moe: rank " + std::to_string(comm_.rank()) + ": " + what);
-  }
+  void fail(const std::string& what) { failLayer(comm_, what); }
 
   std::vector<float> runNormal(const Plan& p) {
     const Shape& sh = sh_;
-    const int R = sh.ranks, C = sh.channels, me = comm_.rank();
     const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), D = size_t(sh.maxDests());
     gin::Net<> net(l_.dc, 0);
-    const gin::Team world = gin::teamWorld(l_.dc);
-    for (int d = 0; d < R; ++d)
-      for (int c = 0; c < C; ++c) {
-        const size_t at = (size_t(me) * C + size_t(c)) * 8;
-        const uint64_t n = p.sendCount[size_t(c) * R + size_t(d)];  // lane (c, d)'s tokens
-        if (c + 1 < C)
-          net.putValue(world, d, l_.counts, at, n, gin::None{});
-        else
-          net.putValue(world, d, l_.counts, at, n, gin::SignalAdd{l_.sig.count(), 1});
-      }
-    if (!net.waitSignal(gin::CoopThread{}, l_.sig.count(), uint64_t(R))) fail("count exchange");
-    const auto* got = static_cast<const uint64_t*>(comm_.localPointer(l_.counts));
-    std::vector<RecvState> rs(size_t(R) * C);
     std::vector<int> srcOf;
-    uint64_t base = 0;
-    for (int src = 0; src < R; ++src)
-      for (int c = 0; c < C; ++c) {
-        RecvState& s = rs[size_t(src) * C + size_t(c)];
-        s.expect = gin::volatileLoad(got + size_t(src) * C + size_t(c));
-        s.base = base;
-        base += s.expect;
-        srcOf.insert(srcOf.end(), size_t(s.expect), src);
-      }
-    if (base > size_t(R) * T) fail("more tokens announced than any rank can send");
-    // Dispatch: every channel's sender and every (source, channel) receiver
-    // stepped in turn until all are done.
-    std::vector<SendState> ss(size_t(C) * size_t(R));  // lane (c, d) at [c * R + d]
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(l_.dc.timeoutNs);
-    for (;;) {
-      bool busy = false, progress = false;
-      for (int c = 0; c < C; ++c)
-        for (int d = 0; d < R; ++d) {
-          const int r = sendStep(l_, c, d, ss[size_t(c) * R + size_t(d)], gin::CoopThread{});
-          busy = busy || r >= 0;
-          progress = progress || r > 0;
-        }
-      for (int src = 0; src < R; ++src)
-        for (int c = 0; c < C; ++c) {
-          const int r =
-              recvStep(l_, src, c, rs[size_t(src) * C + size_t(c)], recvX_.data(), recvMeta_.data(), gin::CoopThread{});
-          busy = busy || r >= 0;
-          progress = progress || r > 0;
-        }
-      if (!busy) break;
-      if (!progress) {
-        if (comm_.hasError()) fail("dispatch");
-        if (std::chrono::steady_clock::now() > deadline) fail("dispatch did not finish within the timeout");
-        std::this_thread::yield();
-      }
-    }
+    const uint64_t base = dispatchNormalCpu(comm_, l_, p, size_t(sh.ranks) * T, recvX_.data(), recvMeta_.data(), srcOf);
     t1_ = Clock::now();
     // Experts, then combine straight into the sources' buffers.
     float* partial = static_cast<float*>(comm_.localPointer(l_.partial));

@@ -48,7 +48,7 @@ struct TokenMeta {
   uint32_t srcToken;
   uint32_t combineSlot;  // j: the token's j-th destination rank
   uint32_t nLocal;       // entries used below
-  uint32_t pad;
+  uint32_t choices;      // bit k: the token's k-th choice is one of pick[] (they are in increasing k)
   struct {
     int32_t localExpert;
     float weight;

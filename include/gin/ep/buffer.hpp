@@ -1,0 +1,181 @@
+// gin/ep/buffer.hpp — DeepEP's normal-mode Buffer on CPU ranks: dispatch
+// hands each rank the tokens routed to its experts, the caller runs the
+// experts, combine sums their bf16 outputs back at the tokens' sources.
+//
+//   gin::ep::CpuBuffer buf(comm, shape);          // shape.tokens: the most tokens per call
+//   gin::ep::Dispatched d = buf.dispatch(in);     // in: x [T][H] bf16, topk idx (-1: none) and weights
+//   // y[i] = experts(d.x[i]) for the local experts d.topkIdx[i][k] >= 0, one bf16 row each
+//   std::vector<uint16_t> out = buf.combine(y.data(), d.handle, bias0, bias1);  // [T][H] bf16
+//
+// What DeepEP users get: rows received in source rank order, then source
+// token order; received top-k indices are local expert ids with -1 where the
+// choice is on another rank or none (weight 0 there); tokens per local
+// expert rounded up to an alignment; combine an unweighted float sum plus up
+// to two biases, to bf16. Collective: every rank calls dispatch and combine
+// in the same order. The GPU version and low-latency mode are still to come
+// (GpuLayer runs stand-in experts inside its combine).
+#pragma once
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gin/ep/combine.hpp"
+#include "gin/ep/cpu.hpp"
+
+namespace gin::ep {
+
+// DeepEP's get_dispatch_layout: per rank and per expert, how many of the T
+// tokens go there, and whether token t goes to rank r ([T][R]). -1: none.
+struct DispatchLayout {
+  std::vector<int> tokensPerRank;      // [R]
+  std::vector<int> tokensPerExpert;    // [E]
+  std::vector<uint8_t> isTokenInRank;  // [T][R]
+};
+
+inline DispatchLayout dispatchLayout(const Shape& sh, const int32_t* topkIdx, int tokens) {
+  const int R = sh.ranks, L = sh.localExperts(), K = sh.topk;
+  DispatchLayout lay;
+  lay.tokensPerRank.assign(size_t(R), 0);
+  lay.tokensPerExpert.assign(size_t(sh.experts), 0);
+  lay.isTokenInRank.assign(size_t(tokens) * size_t(R), 0);
+  for (size_t t = 0; t < size_t(tokens); ++t)
+    for (int k = 0; k < K; ++k) {
+      const int e = topkIdx[t * size_t(K) + size_t(k)];
+      if (e < 0) continue;
+      lay.tokensPerExpert[size_t(e)] += 1;
+      uint8_t& in = lay.isTokenInRank[t * size_t(R) + size_t(e / L)];
+      if (!in) lay.tokensPerRank[size_t(e / L)] += 1;
+      in = 1;
+    }
+  return lay;
+}
+
+// What combine needs to send a dispatch's rows back (DeepEP's handle).
+struct Handle {
+  int tokens = 0;                      // T of the dispatch, on this rank
+  std::vector<int> tokensFromRank;     // [R] rows received from each source
+  std::vector<int> srcRank, srcToken;  // [N] where received row i came from
+  std::vector<uint32_t> slot;          // [N] its combine slot at the source
+  std::vector<int> rows;               // [T] rows each of this rank's tokens gets back
+  uint64_t arrivals = 0;               // rows this rank's combine waits for
+};
+
+struct Dispatched {
+  std::vector<uint16_t> x;           // [N][H] bf16: by source rank, then source token
+  std::vector<int32_t> topkIdx;      // [N][K] local expert, -1 where the choice is elsewhere or none
+  std::vector<float> topkWeights;    // [N][K] 0 where topkIdx is -1
+  std::vector<int> tokensPerExpert;  // [L] rows per local expert, rounded up to the alignment
+  Handle handle;
+};
+
+class CpuBuffer {
+ public:
+  // shape.tokens is the most tokens a call may bring; ranks must be the
+  // communicator's size. Signals [sigBase, sigBase + signalsNeeded(shape)).
+  CpuBuffer(gin::Comm& comm, const Shape& sh, uint32_t sigBase = 0)
+      : comm_(comm), maxTokens_(sh.tokens), l_(openLayer(comm, sh, false, sigBase)) {
+    const size_t maxRecv = size_t(sh.ranks) * size_t(sh.tokens);
+    recvX_.resize(maxRecv * size_t(sh.hidden));
+    recvMeta_.resize(maxRecv * sh.metaBytes());
+  }
+  CpuBuffer(const CpuBuffer&) = delete;
+  CpuBuffer& operator=(const CpuBuffer&) = delete;
+  ~CpuBuffer() { closeLayer(comm_, l_); }
+
+  const Shape& shape() const { return l_.shape; }
+
+  // Tokens T = in.idx.size() / topk (at most shape().tokens; ranks may
+  // differ). expertAlignment >= 1 rounds tokensPerExpert up.
+  Dispatched dispatch(const Inputs& in, int expertAlignment = 1) {
+    const int K = l_.shape.topk, L = l_.shape.localExperts();
+    const size_t H = size_t(l_.shape.hidden);
+    const size_t T = in.idx.size() / size_t(K);
+    if (T > size_t(maxTokens_))
+      throw std::invalid_argument("ep: dispatch of " + std::to_string(T) + " tokens; the buffer takes at most " +
+                                  std::to_string(maxTokens_) + " (Shape::tokens)");
+    if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
+    l_.shape.tokens = int(T);
+    l_.topkIdx = in.idx.data();
+    const Plan p = plan(l_, false, in);
+    startLayer(comm_, l_, p);
+    std::vector<int> srcOf;
+    const size_t n = size_t(dispatchNormalCpu(comm_, l_, p, size_t(l_.shape.ranks) * size_t(maxTokens_), recvX_.data(),
+                                              recvMeta_.data(), srcOf));
+    settleLayer(comm_, l_);
+    // Positions arrive by (source, channel); rows go out by (source, token).
+    auto metaAt = [&](size_t pos) {
+      TokenMeta m{};
+      std::memcpy(&m, recvMeta_.data() + pos * l_.shape.metaBytes(), l_.shape.metaBytes());
+      return m;
+    };
+    std::vector<uint32_t> srcTok(n);
+    for (size_t pos = 0; pos < n; ++pos) srcTok[pos] = metaAt(pos).srcToken;
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return srcOf[a] != srcOf[b] ? srcOf[a] < srcOf[b] : srcTok[a] < srcTok[b]; });
+    Dispatched d;
+    Handle& h = d.handle;
+    h.tokens = int(T);
+    h.tokensFromRank.assign(size_t(l_.shape.ranks), 0);
+    h.rows = p.rows;
+    h.arrivals = p.combineArrivals;
+    d.x.resize(n * H);
+    d.topkIdx.assign(n * size_t(K), -1);
+    d.topkWeights.assign(n * size_t(K), 0.f);
+    d.tokensPerExpert.assign(size_t(L), 0);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t pos = order[i];
+      const TokenMeta m = metaAt(pos);
+      std::copy_n(recvX_.data() + pos * H, H, d.x.data() + i * H);
+      h.srcRank.push_back(srcOf[pos]);
+      h.srcToken.push_back(int(m.srcToken));
+      h.slot.push_back(m.combineSlot);
+      h.tokensFromRank[size_t(srcOf[pos])] += 1;
+      uint32_t choices = m.choices;
+      for (uint32_t j = 0; j < m.nLocal; ++j, choices &= choices - 1) {
+        const int k = __builtin_ctz(choices);  // the j-th choice on this rank
+        d.topkIdx[i * size_t(K) + size_t(k)] = m.pick[j].localExpert;
+        d.topkWeights[i * size_t(K) + size_t(k)] = m.pick[j].weight;
+        d.tokensPerExpert[size_t(m.pick[j].localExpert)] += 1;
+      }
+    }
+    for (int& c : d.tokensPerExpert) c = (c + expertAlignment - 1) / expertAlignment * expertAlignment;
+    return d;
+  }
+
+  // y: [N][H] bf16, one row per row of the dispatch that made `h`, in its
+  // order. bias0/bias1: [T][H] bf16 or nullptr. Returns [T][H] bf16: per
+  // token the float sum of its rows and biases (zeros for a token that went
+  // nowhere, plus the biases).
+  std::vector<uint16_t> combine(const uint16_t* y, const Handle& h, const uint16_t* bias0 = nullptr,
+                                const uint16_t* bias1 = nullptr) {
+    const size_t H = size_t(l_.shape.hidden), T = size_t(h.tokens), n = h.srcRank.size();
+    if (T > size_t(maxTokens_) || h.rows.size() != T || h.srcToken.size() != n || h.slot.size() != n)
+      throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
+    l_.shape.tokens = int(T);
+    gin::Net<> net(l_.dc, 0);
+    net.resetSignal(l_.sig.combine());
+    comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
+    for (size_t i = 0; i < n; ++i)
+      returnRow(l_, h.srcRank[i], uint32_t(h.srcToken[i]), h.slot[i], i, y + i * H, gin::CoopThread{});
+    if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), h.arrivals)) failLayer(comm_, "combine");
+    std::vector<uint16_t> out(T * H);
+    for (size_t t = 0; t < T; ++t)
+      sumRows(l_, t, h.rows[t], bias0 ? bias0 + t * H : nullptr, bias1 ? bias1 + t * H : nullptr, out.data() + t * H,
+              gin::CoopThread{});
+    settleLayer(comm_, l_);
+    return out;
+  }
+
+ private:
+  gin::Comm& comm_;
+  int maxTokens_;
+  Layer l_;
+  std::vector<uint16_t> recvX_;
+  std::vector<char> recvMeta_;
+};
+
+}  // namespace gin::ep

@@ -1,0 +1,217 @@
+// gin::ep::CpuBuffer (gin/ep/buffer.hpp) on CPU ranks: DeepEP's normal-mode
+// dispatch and combine with the experts run by the test between them. Every
+// rank regenerates every rank's inputs (they are seeded by rank), so it
+// checks what it received row by row against its sources: the rows in
+// (source, token) order, bit-exact; the received top-k indices and weights;
+// tokens per expert with the alignment; get_dispatch_layout's counts. Then
+// combine with the test's experts and 0, 1 or 2 biases against a float
+// reference. lsa, proxy and ibgda (soft NIC); 1 to 4 ranks; token counts that
+// differ per rank, 0 included; choices of -1.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "../common/ranks.hpp"
+#include "gin/ep/buffer.hpp"
+
+using namespace gin;
+using gin::ep::bf16ToFloat;
+using gin::ep::floatToBf16;
+using gintest::expect;
+
+namespace {
+struct Case {
+  int ranks, experts, hidden, topk, maxTokens;
+  double noExpert;
+  int align;
+  TransportChoice tr;
+};
+
+// Rank r's token count in round `round` (0 for some, maxTokens for some).
+int tokensOf(const Case& c, int r, int round) { return std::max(0, c.maxTokens - (r * 5 + round * 3) % 9); }
+
+gin::ep::Inputs inputsOf(const Case& c, const gin::ep::Shape& sh, int r, int round) {
+  gin::ep::Shape s = sh;
+  s.tokens = tokensOf(c, r, round);
+  return gin::ep::makeInputs(s, r, 500 + uint64_t(round), c.noExpert);
+}
+
+// The test's experts: expert e's output on x is expertScale(e) * x; a
+// received row's output is the weighted sum over its local choices, to bf16.
+std::vector<uint16_t> runExperts(const gin::ep::Dispatched& d, int me, int L, int K, size_t H) {
+  const size_t n = d.handle.srcRank.size();
+  std::vector<uint16_t> y(n * H);
+  for (size_t i = 0; i < n; ++i)
+    for (size_t h = 0; h < H; ++h) {
+      float acc = 0;
+      for (int k = 0; k < K; ++k)
+        if (const int el = d.topkIdx[i * size_t(K) + size_t(k)]; el >= 0)
+          acc += d.topkWeights[i * size_t(K) + size_t(k)] * gin::ep::expertScale(me * L + el) *
+                 bf16ToFloat(d.x[i * H + h]);
+      y[i * H + h] = floatToBf16(acc);
+    }
+  return y;
+}
+
+void check(const Case& c) {
+  CommConfig cfg = gintest::cpuConfig();
+  cfg.transport = c.tr;
+  cfg.ibgda.device = IbgdaConfig::Device::Soft;
+  gin::ep::Shape sh;
+  sh.ranks = c.ranks;
+  sh.experts = c.experts;
+  sh.tokens = c.maxTokens;
+  sh.hidden = c.hidden;
+  sh.topk = c.topk;
+  sh.channels = 2;
+  sh.slots = 3;
+  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
+  const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
+  const size_t H = size_t(c.hidden);
+  gintest::runRanks(
+      R,
+      [&](Comm& comm) {
+        const int me = comm.rank();
+        gin::ep::CpuBuffer buf(comm, sh);
+        for (int round = 0; round < 3; ++round) {
+          const std::string where = "rank " + std::to_string(me) + " round " + std::to_string(round) + ": ";
+          std::vector<gin::ep::Inputs> all;
+          for (int r = 0; r < R; ++r) all.push_back(inputsOf(c, sh, r, round));
+          const gin::ep::Inputs& in = all[size_t(me)];
+          const size_t T = size_t(tokensOf(c, me, round));
+
+          // get_dispatch_layout, against a count of its own.
+          const gin::ep::DispatchLayout lay = gin::ep::dispatchLayout(sh, in.idx.data(), int(T));
+          for (int r = 0; r < R; ++r) {
+            int n = 0;
+            for (size_t t = 0; t < T; ++t) {
+              bool hit = false;
+              for (int k = 0; k < K; ++k) hit = hit || (in.idx[t * K + k] >= 0 && in.idx[t * K + k] / L == r);
+              n += hit;
+              expect(lay.isTokenInRank[t * R + size_t(r)] == uint8_t(hit), where + "isTokenInRank");
+            }
+            expect(lay.tokensPerRank[size_t(r)] == n, where + "tokensPerRank");
+          }
+
+          const gin::ep::Dispatched d = buf.dispatch(in, c.align);
+          // The rows this rank must get: by source, then token, each once.
+          size_t i = 0;
+          std::vector<int> perExpert(size_t(L), 0);
+          for (int r = 0; r < R; ++r)
+            for (size_t t = 0; t < all[size_t(r)].idx.size() / size_t(K); ++t) {
+              const auto& src = all[size_t(r)];
+              bool mine = false;
+              for (int k = 0; k < K; ++k) mine = mine || (src.idx[t * K + k] >= 0 && src.idx[t * K + k] / L == me);
+              if (!mine) continue;
+              const std::string row = where + "row " + std::to_string(i) + " (rank " + std::to_string(r) + " token " +
+                                      std::to_string(t) + ")";
+              expect(i < d.handle.srcRank.size(), row + ": missing");
+              expect(d.handle.srcRank[i] == r && d.handle.srcToken[i] == int(t), row + ": out of order");
+              for (size_t h = 0; h < H; ++h)
+                expect(d.x[i * H + h] == src.x[t * H + h], row + ": value " + std::to_string(h) + " differs");
+              for (int k = 0; k < K; ++k) {
+                const int e = src.idx[t * K + k];
+                const bool local = e >= 0 && e / L == me;
+                expect(d.topkIdx[i * K + k] == (local ? e % L : -1), row + ": topkIdx");
+                expect(d.topkWeights[i * K + k] == (local ? src.weight[t * K + k] : 0.f), row + ": topkWeights");
+                if (local) perExpert[size_t(e % L)] += 1;
+              }
+              ++i;
+            }
+          expect(i == d.handle.srcRank.size(), where + "more rows than were sent");
+          for (int el = 0; el < L; ++el)
+            expect(d.tokensPerExpert[size_t(el)] == (perExpert[size_t(el)] + c.align - 1) / c.align * c.align,
+                   where + "tokensPerExpert");
+
+          // Experts, then combine with `round` biases.
+          const std::vector<uint16_t> y = runExperts(d, me, L, K, H);
+          std::vector<uint16_t> b0(T * H), b1(T * H);
+          for (size_t k = 0; k < T * H; ++k) {
+            b0[k] = floatToBf16(float(int(k % 7) - 3) / 8.f);
+            b1[k] = floatToBf16(float(int(k % 5)) / 16.f);
+          }
+          const std::vector<uint16_t> out =
+              buf.combine(y.data(), d.handle, round >= 1 ? b0.data() : nullptr, round >= 2 ? b1.data() : nullptr);
+          expect(out.size() == T * H, where + "combine's size");
+          // Reference: per destination rank, that rank's expert output
+          // rounded to bf16 (as its experts do), summed in float.
+          for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h) {
+              double ref = 0, mag = 0;
+              for (int r = 0; r < R; ++r) {
+                float acc = 0;
+                bool hit = false;
+                for (int k = 0; k < K; ++k)
+                  if (const int e = in.idx[t * K + k]; e >= 0 && e / L == r) {
+                    hit = true;
+                    acc += in.weight[t * K + k] * gin::ep::expertScale(e) * bf16ToFloat(in.x[t * H + h]);
+                  }
+                if (!hit) continue;
+                const double v = bf16ToFloat(floatToBf16(acc));
+                ref += v;
+                mag += std::fabs(v);
+              }
+              if (round >= 1) ref += bf16ToFloat(b0[t * H + h]), mag += std::fabs(bf16ToFloat(b0[t * H + h]));
+              if (round >= 2) ref += bf16ToFloat(b1[t * H + h]), mag += std::fabs(bf16ToFloat(b1[t * H + h]));
+              const double got = bf16ToFloat(out[t * H + h]);
+              // One bf16 rounding of the sum, and one of a partial either way.
+              expect(std::fabs(got - ref) <= mag / 128 + 1e-30, where + "token " + std::to_string(t) + " value " +
+                                                                    std::to_string(h) + ": " + std::to_string(got) +
+                                                                    ", reference " + std::to_string(ref));
+            }
+        }
+      },
+      cfg);
+}
+}  // namespace
+
+TEST_CASE("ep buffer: dispatch hands each rank its rows in (source, token) order, combine sums the experts' rows",
+          "[ep]") {
+  const int ranks = GENERATE(1, 2, 3, 4);
+  const int maxTokens = GENERATE(1, 23);
+  const double noExpert = GENERATE(0.0, 0.3);
+  CAPTURE(ranks, maxTokens, noExpert);
+  CHECK_NOTHROW(check({ranks, 4 * ranks, 40, std::min(4, 4 * ranks), maxTokens, noExpert, 1, TransportChoice::Lsa}));
+}
+
+TEST_CASE("ep buffer over the proxy and ibgda (soft NIC), expert alignment 4", "[ep][proxy][ibgda]") {
+  const char* forced = std::getenv("GIN_TRANSPORT");
+  for (auto [name, tr] : {std::pair{"proxy", TransportChoice::Proxy}, std::pair{"ibgda", TransportChoice::Ibgda}}) {
+    if (forced && std::string(forced) != name) continue;
+    CAPTURE(name);
+    CHECK_NOTHROW(check({3, 6, 24, 3, 17, 0.2, 4, tr}));
+  }
+}
+
+TEST_CASE("ep buffer refuses more tokens than it was built for, and a foreign handle", "[ep][errors]") {
+  gin::ep::Shape sh;
+  sh.ranks = 2;
+  sh.experts = 4;
+  sh.tokens = 3;
+  sh.hidden = 8;
+  sh.topk = 2;
+  std::string tooMany, foreign;
+  gintest::runRanks(2, [&](Comm& comm) {
+    gin::ep::CpuBuffer buf(comm, sh);
+    gin::ep::Shape big = sh;
+    big.tokens = 4;
+    try {
+      buf.dispatch(gin::ep::makeInputs(big, comm.rank(), 1));
+    } catch (const std::invalid_argument& e) {
+      if (comm.rank() == 0) tooMany = e.what();
+    }
+    gin::ep::Handle h;
+    h.tokens = 2;  // rows for 0 tokens
+    try {
+      buf.combine(nullptr, h);
+    } catch (const std::invalid_argument& e) {
+      if (comm.rank() == 0) foreign = e.what();
+    }
+  });
+  CHECK(tooMany.find("dispatch of 4 tokens; the buffer takes at most 3") != std::string::npos);
+  CHECK(foreign.find("a handle that no dispatch of this buffer made") != std::string::npos);
+}
