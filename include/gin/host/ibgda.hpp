@@ -1,6 +1,7 @@
 // gin/host/ibgda.hpp — the ibgda transport, host side: the queue pairs (send
 // queue, doorbell record, UAR word, completion queue), the key tables kernels
-// read (IbgdaDev), and the NIC that consumes the queues.
+// read (IbgdaDev), and the NIC that consumes the queues. IbgdaConfig, which
+// picks the NIC, is in ibgda_config.hpp.
 //
 // Three NICs. The soft NIC (gin/host/soft_nic.hpp), selected with
 // IbgdaConfig::device = Soft or GIN_IBGDA_DEVICE=soft: a host thread, queues
@@ -30,9 +31,11 @@
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/env.hpp"
 #include "gin/host/gpu_nic.hpp"
+#include "gin/host/ibgda_config.hpp"
 #include "gin/host/memory.hpp"
 #include "gin/host/side_context.hpp"
 #include "gin/host/soft_nic.hpp"
+#include "gin/host/soft_nic_copies.hpp"
 #include "gin/host/window.hpp"
 
 // The mlx5 NIC links -libverbs -lmlx5: compiled in only on request.
@@ -45,58 +48,6 @@
 
 namespace gin {
 
-struct IbgdaConfig {
-  // Auto: GIN_IBGDA_DEVICE from the environment (soft, soft-sink, gpu-soft,
-  // gpu-soft-sink, mlx5), else a real mlx5 device. The *Sink NICs only
-  // complete WQEs (posting-cost benchmarks; nothing is written anywhere).
-  enum class Device { Auto, Soft, SoftSink, Mlx5, GpuSoft, GpuSoftSink };
-  Device device = Device::Auto;
-  // Where each QP's send queue, doorbell records and CQ live. Host: pinned
-  // host memory (mapped into the GPU on GPU ranks); the soft NIC needs it.
-  // Gpu: GPU memory: the GPU NIC's default; on an mlx5 device (DEVX umem
-  // objects) not written yet: an error. Auto: GIN_IBGDA_QUEUES (host, gpu),
-  // else Gpu for the GPU NIC and Host for the others.
-  enum class Queues { Auto, Host, Gpu };
-  Queues queues = Queues::Auto;
-  uint32_t qpDepth = 256;  // WQEs per QP (and CQEs per CQ): a power of two in [2, 2^15]
-  // Bytes one RDMA WRITE carries; larger puts are split. Below 2^31 (bit 31
-  // of a data segment's byte count means inline data); on an mlx5 device,
-  // lowered to the port's max_msg_sz where that is smaller (config() tells).
-  uint32_t maxWqeBytes = 1u << 20;
-  uint32_t maxWindows = 64;  // windows registered at once
-  // Posts only publish their WQEs; flush, waitCounter, readCounter and
-  // producers waiting for room ring the doorbell (one ring covers a batch).
-  // A peer waiting for a signal sees nothing until the sender flushes.
-  bool deferDoorbell = false;
-  // The GPU NIC: CTAs of 4 warps (GIN_IBGDA_GPU_NIC_CTAS overrides), and how
-  // long its kernel stays without work before it ends until the next doorbell
-  // (GIN_IBGDA_GPU_NIC_IDLE_US overrides; 0: it stays until the Comm ends).
-  int gpuNicCtas = 2;
-  uint64_t gpuNicIdleUs = 10000;
-};
-
-namespace detail {
-inline IbgdaConfig::Device ibgdaDevice(IbgdaConfig::Device d) {
-  if (d != IbgdaConfig::Device::Auto) return d;
-  const auto v = env::choice("GIN_IBGDA_DEVICE");
-  if (v == "soft") return IbgdaConfig::Device::Soft;
-  if (v == "soft-sink") return IbgdaConfig::Device::SoftSink;
-  if (v == "gpu-soft") return IbgdaConfig::Device::GpuSoft;
-  if (v == "gpu-soft-sink") return IbgdaConfig::Device::GpuSoftSink;
-  return IbgdaConfig::Device::Mlx5;
-}
-inline bool gpuNicDevice(IbgdaConfig::Device d) {
-  return d == IbgdaConfig::Device::GpuSoft || d == IbgdaConfig::Device::GpuSoftSink;
-}
-inline IbgdaConfig::Queues ibgdaQueues(IbgdaConfig::Queues q, IbgdaConfig::Device d) {
-  if (q != IbgdaConfig::Queues::Auto) return q;
-  const auto v = env::choice("GIN_IBGDA_QUEUES");
-  if (v == "gpu") return IbgdaConfig::Queues::Gpu;
-  if (v == "host") return IbgdaConfig::Queues::Host;
-  return gpuNicDevice(d) ? IbgdaConfig::Queues::Gpu : IbgdaConfig::Queues::Host;
-}
-}  // namespace detail
-
 class IbgdaTransport {
  public:
   // Collective over `bs`. lsaSignals: each lsa member's signal array mapped
@@ -105,32 +56,14 @@ class IbgdaTransport {
                  const std::vector<uint64_t*>& lsaSignals, uint32_t nSignalWords, bool gpu, IbgdaConfig cfg)
       : bs_(bs), rank_(dev.rank), nRanks_(dev.nRanks), lsaBase_(dev.rank - dev.lsaRank), cfg_(cfg) {
     const IbgdaConfig::Device device = detail::ibgdaDevice(cfg.device);
-    if (cfg.qpDepth < 2 || (cfg.qpDepth & (cfg.qpDepth - 1)) || cfg.qpDepth > (1u << 15) || cfg.maxWqeBytes == 0 ||
-        cfg.maxWindows == 0)
-      throw Error(
-          "CommConfig::ibgda: qpDepth must be a power of two in [2, 2^15], maxWqeBytes and maxWindows > 0 "
-          "(got " +
-          std::to_string(cfg.qpDepth) + ", " + std::to_string(cfg.maxWqeBytes) + ", " + std::to_string(cfg.maxWindows) +
-          ")");
-    if (cfg.maxWqeBytes > mlx5::kMaxDataSegBytes)
-      throw Error("CommConfig::ibgda.maxWqeBytes = " + std::to_string(cfg.maxWqeBytes) +
-                  " is 2^31 or more: one mlx5 WQE's data segment describes at most 2^31 - 1 bytes (bit 31 of its "
-                  "byte count marks inline data). Set it below 2^31; the default is 1 MiB, and ConnectX ports report "
-                  "at most 1 GiB per message (max_msg_sz)");
+    detail::checkIbgdaConfig(cfg);
     const IbgdaConfig::Queues queues = detail::ibgdaQueues(cfg.queues, device);
     if (detail::gpuNicDevice(device)) {
       startGpuNic(dev, transports, lsaSignals, nSignalWords, gpu, device == IbgdaConfig::Device::GpuSoftSink,
                   queues == IbgdaConfig::Queues::Host);
       return;
     }
-    if (queues == IbgdaConfig::Queues::Gpu)
-      throw Error(
-          "ibgda queues in GPU memory (IbgdaConfig::queues = Gpu, GIN_IBGDA_QUEUES=gpu) are written for the GPU "
-          "NIC only (GIN_IBGDA_DEVICE=gpu-soft); " +
-          std::string(device == IbgdaConfig::Device::Mlx5
-                          ? "on an mlx5 device (DEVX QP/CQ objects on GPU umem) they are not written yet: use "
-                            "GIN_IBGDA_QUEUES=host"
-                          : "the soft NIC, a host thread, needs them in host memory: use GIN_IBGDA_QUEUES=host"));
+    detail::checkIbgdaQueues(queues, device);
     if (device == IbgdaConfig::Device::Mlx5) {
 #if GIN_IBGDA_MLX5
       startMlx5(dev, transports, nSignalWords, gpu);
@@ -151,9 +84,9 @@ class IbgdaTransport {
     // before any later WQE of the QP). The Comm keeps the signal
     // arrays in mapped host memory for it, so atomics stay CPU atomics.
     if (gpu) {
-      startDeviceCopies();
+      copies_.startDeviceCopies(*nic_);
     } else if (env::flag("GIN_SOFT_NIC_DEFERRED_COPIES").value_or(false)) {
-      startDeferredHostCopies();
+      copies_.startDeferredHostCopies(*nic_);
     }
     const size_t nCtx = size_t(dev.nContexts), nR = size_t(nRanks_), nQp = nCtx * nR, depth = cfg.qpDepth;
 
@@ -329,51 +262,8 @@ class IbgdaTransport {
   std::unique_ptr<SoftNic> nic_;
   bool gpu_ = false;
   bool nicOnGpu_ = false;  // the GPU NIC: GPU-scope doorbells and CQEs (IbgdaDev::nicOnGpu)
-  bool deferred_ = false;  // CPU ranks, test mode: windows as "device" regions with queued copies
-  std::vector<std::pair<char*, std::vector<char>>> queued_;  // deferred_: copies not yet applied (NIC thread only)
-#if GIN_WITH_CUDA
-  std::unique_ptr<SideCopier> copier_;
-  int cudaDevice_ = 0;
-#endif
-
-  // Test mode for CPU ranks (GIN_SOFT_NIC_DEFERRED_COPIES=1): windows count as
-  // device memory and their copies land only when the NIC flushes, as the
-  // side-context copies of GPU ranks do, so the CPU suites check that the NIC
-  // never completes or signals before a deferred payload has landed.
-  void startDeferredHostCopies() {
-    deferred_ = true;
-    nic_->setDeviceCopy([this](void* dst, const void* src, size_t n, bool) {
-      const char* from = static_cast<const char*>(src);
-      queued_.emplace_back(static_cast<char*>(dst), std::vector<char>(from, from + n));
-    });
-    nic_->setDeviceFlush([this] {
-      for (auto& [dst, bytes] : queued_) std::memcpy(dst, bytes.data(), bytes.size());
-      queued_.clear();
-    });
-  }
-
-  // The soft NIC's copies for GPU ranks: kernels of gin's side context
-  // (side_context.hpp), which never queue behind the user's kernels that post
-  // these WQEs and wait for them. They are queued, and the NIC waits for them
-  // (flush) before it writes their CQEs or applies a later WQE. No CUDA
-  // runtime call of the user's context on this path: one could wait for a
-  // lock that a thread blocked in cudaDeviceSynchronize holds (a rank
-  // waiting for the very kernels this NIC serves).
-  void startDeviceCopies() {
-#if GIN_WITH_CUDA
-    GIN_CUDA_CHECK(cudaGetDevice(&cudaDevice_));
-    copier_ = std::make_unique<SideCopier>(cudaDevice_);
-    nic_->setDeviceCopy([this](void* dst, const void* src, size_t n, bool inlineBytes) {
-      if (inlineBytes)
-        copier_->copyValue(dst, src, n);  // staged: the bytes are gone after the call
-      else
-        copier_->copy(dst, src, n);
-    });
-    nic_->setDeviceFlush([this] { copier_->complete(); });
-#else
-    throw Error("GPU ranks need the CUDA runtime");
-#endif
-  }
+  // The soft NIC's copies into device regions (soft_nic_copies.hpp).
+  detail::SoftNicCopies copies_;
 #if GIN_IBGDA_MLX5
   std::unique_ptr<Mlx5Nic> mlx5_;
 #endif
@@ -416,8 +306,8 @@ class IbgdaTransport {
   // A region of the soft NIC or the GPU NIC (peer -1: a local key).
   void addRegion(int peer, uint32_t key, uint64_t addr, uint64_t bytes, char* map) {
     if (gnic_) return gnic_->addRegion(peer, key, addr, bytes, map);
-    if (peer < 0) return nic_->addLocalRegion(key, addr, bytes, map, gpu_ || deferred_);
-    nic_->addRemoteRegion(peer, key, addr, bytes, map, gpu_ || deferred_);
+    if (peer < 0) return nic_->addLocalRegion(key, addr, bytes, map, gpu_ || copies_.deferred());
+    nic_->addRemoteRegion(peer, key, addr, bytes, map, gpu_ || copies_.deferred());
   }
 
   // The GPU NIC: queues in GPU memory (or mapped host memory), UAR words in
