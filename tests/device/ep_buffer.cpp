@@ -5,8 +5,10 @@
 // (source, token) order, bit-exact; the received top-k indices and weights;
 // tokens per expert with the alignment; get_dispatch_layout's counts. Then
 // combine with the test's experts and 0, 1 or 2 biases against a float
-// reference. lsa, proxy and ibgda (soft NIC); 1 to 4 ranks; token counts that
-// differ per rank, 0 included; choices of -1.
+// reference. Low-latency mode: rows packed per local expert in source order,
+// the layout ranges, combine weighted by the top-k weights. lsa, proxy and
+// ibgda (soft NIC); 1 to 4 ranks; token counts that differ per rank, 0
+// included; choices of -1.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 
@@ -61,14 +63,13 @@ void check(const Case& c) {
   CommConfig cfg = gintest::cpuConfig();
   cfg.transport = c.tr;
   cfg.ibgda.device = IbgdaConfig::Device::Soft;
-  gin::ep::Shape sh;
-  sh.ranks = c.ranks;
-  sh.experts = c.experts;
-  sh.tokens = c.maxTokens;
-  sh.hidden = c.hidden;
-  sh.topk = c.topk;
-  sh.channels = 2;
-  sh.slots = 3;
+  const gin::ep::Shape sh{.ranks = c.ranks,
+                          .experts = c.experts,
+                          .tokens = c.maxTokens,
+                          .hidden = c.hidden,
+                          .topk = c.topk,
+                          .channels = 2,
+                          .slots = 3};
   cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
   const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
   const size_t H = size_t(c.hidden);
@@ -167,7 +168,94 @@ void check(const Case& c) {
       },
       cfg);
 }
+
+// Low-latency mode: every (token, choice) to its expert, packed per local
+// expert in source order; combine weighted by the top-k weights.
+void checkLl(const Case& c) {
+  CommConfig cfg = gintest::cpuConfig();
+  cfg.transport = c.tr;
+  cfg.ibgda.device = IbgdaConfig::Device::Soft;
+  const gin::ep::Shape sh{.ranks = c.ranks,
+                          .experts = c.experts,
+                          .tokens = c.maxTokens,
+                          .hidden = c.hidden,
+                          .topk = c.topk,
+                          .llSenders = 2};
+  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
+  const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
+  const size_t H = size_t(c.hidden), Tmax = size_t(c.maxTokens);
+  gintest::runRanks(
+      R,
+      [&](Comm& comm) {
+        const int me = comm.rank();
+        gin::ep::CpuBuffer buf(comm, sh, true);
+        for (int round = 0; round < 2; ++round) {
+          const std::string where = "rank " + std::to_string(me) + " round " + std::to_string(round) + ": ";
+          std::vector<gin::ep::Inputs> all;
+          for (int r = 0; r < R; ++r) all.push_back(inputsOf(c, sh, r, round));
+          const gin::ep::Inputs& in = all[size_t(me)];
+          const size_t T = size_t(tokensOf(c, me, round));
+          const gin::ep::LlDispatched d = buf.lowLatencyDispatch(in);
+          const gin::ep::LlHandle& h = d.handle;
+          for (int el = 0; el < L; ++el) {
+            uint64_t begin = 0;
+            for (int r = 0; r < R; ++r) {
+              const auto& src = all[size_t(r)];
+              uint64_t n = 0;
+              for (size_t t = 0; t < src.idx.size() / size_t(K); ++t)
+                for (int k = 0; k < K; ++k) {
+                  if (src.idx[t * K + k] != me * L + el) continue;
+                  const size_t row = size_t(el) * R * Tmax + size_t(begin + n);
+                  const std::string at = where + "expert " + std::to_string(el) + " row " + std::to_string(begin + n) +
+                                         " (rank " + std::to_string(r) + " token " + std::to_string(t) + ")";
+                  expect(h.srcToken[row] == int(t) && h.srcK[row] == k, at + ": out of order");
+                  for (size_t i = 0; i < H; ++i)
+                    expect(d.x[row * H + i] == src.x[t * H + i], at + ": value " + std::to_string(i) + " differs");
+                  ++n;
+                }
+              expect(h.range[size_t(el) * R + size_t(r)] == (begin << 32 | n), where + "layout range");
+              begin += n;
+            }
+            expect(h.count[size_t(el)] == int(begin), where + "count of expert " + std::to_string(el));
+          }
+          // The experts: expert e's row is expertScale(e) * x, unweighted.
+          std::vector<uint16_t> y(d.x.size());
+          for (int el = 0; el < L; ++el)
+            for (size_t q = 0; q < size_t(h.count[size_t(el)]); ++q) {
+              const size_t row = size_t(el) * R * Tmax + q;
+              for (size_t i = 0; i < H; ++i)
+                y[row * H + i] = floatToBf16(gin::ep::expertScale(me * L + el) * bf16ToFloat(d.x[row * H + i]));
+            }
+          const std::vector<uint16_t> out = buf.lowLatencyCombine(y.data(), in.idx.data(), in.weight.data(), h);
+          expect(out.size() == T * H, where + "combine's size");
+          for (size_t t = 0; t < T; ++t)
+            for (size_t i = 0; i < H; ++i) {
+              double ref = 0, mag = 0;
+              for (int k = 0; k < K; ++k)
+                if (const int e = in.idx[t * K + k]; e >= 0) {
+                  const double v = double(in.weight[t * K + k]) *
+                                   bf16ToFloat(floatToBf16(gin::ep::expertScale(e) * bf16ToFloat(in.x[t * H + i])));
+                  ref += v;
+                  mag += std::fabs(v);
+                }
+              const double got = bf16ToFloat(out[t * H + i]);
+              expect(std::fabs(got - ref) <= mag / 128 + 1e-30, where + "token " + std::to_string(t) + " value " +
+                                                                    std::to_string(i) + ": " + std::to_string(got) +
+                                                                    ", reference " + std::to_string(ref));
+            }
+        }
+      },
+      cfg);
+}
 }  // namespace
+
+TEST_CASE("ep buffer, low-latency mode: rows packed per expert in source order, combine weighted", "[ep]") {
+  const int ranks = GENERATE(1, 2, 3, 4);
+  const int maxTokens = GENERATE(1, 23);
+  const double noExpert = GENERATE(0.0, 0.3);
+  CAPTURE(ranks, maxTokens, noExpert);
+  CHECK_NOTHROW(checkLl({ranks, 4 * ranks, 40, std::min(4, 4 * ranks), maxTokens, noExpert, 1, TransportChoice::Lsa}));
+}
 
 TEST_CASE("ep buffer: dispatch hands each rank its rows in (source, token) order, combine sums the experts' rows",
           "[ep]") {
@@ -178,22 +266,19 @@ TEST_CASE("ep buffer: dispatch hands each rank its rows in (source, token) order
   CHECK_NOTHROW(check({ranks, 4 * ranks, 40, std::min(4, 4 * ranks), maxTokens, noExpert, 1, TransportChoice::Lsa}));
 }
 
-TEST_CASE("ep buffer over the proxy and ibgda (soft NIC), expert alignment 4", "[ep][proxy][ibgda]") {
+TEST_CASE("ep buffer over the proxy and ibgda (soft NIC): both modes, expert alignment 4", "[ep][proxy][ibgda]") {
   const char* forced = std::getenv("GIN_TRANSPORT");
   for (auto [name, tr] : {std::pair{"proxy", TransportChoice::Proxy}, std::pair{"ibgda", TransportChoice::Ibgda}}) {
     if (forced && std::string(forced) != name) continue;
     CAPTURE(name);
     CHECK_NOTHROW(check({3, 6, 24, 3, 17, 0.2, 4, tr}));
+    CHECK_NOTHROW(checkLl({3, 6, 24, 3, 17, 0.2, 1, tr}));
   }
 }
 
-TEST_CASE("ep buffer refuses more tokens than it was built for, and a foreign handle", "[ep][errors]") {
-  gin::ep::Shape sh;
-  sh.ranks = 2;
-  sh.experts = 4;
-  sh.tokens = 3;
-  sh.hidden = 8;
-  sh.topk = 2;
+TEST_CASE("ep buffer refuses more tokens than it was built for, a foreign handle and the other mode's calls",
+          "[ep][errors]") {
+  const gin::ep::Shape sh{.ranks = 2, .experts = 4, .tokens = 3, .hidden = 8, .topk = 2};
   std::string tooMany, foreign;
   gintest::runRanks(2, [&](Comm& comm) {
     gin::ep::CpuBuffer buf(comm, sh);
@@ -213,5 +298,16 @@ TEST_CASE("ep buffer refuses more tokens than it was built for, and a foreign ha
     }
   });
   CHECK(tooMany.find("dispatch of 4 tokens; the buffer takes at most 3") != std::string::npos);
+  std::string wrongMode;
+  gintest::runRanks(2, [&](Comm& comm) {
+    gin::ep::CpuBuffer buf(comm, sh, true);
+    try {
+      buf.dispatch(gin::ep::makeInputs(sh, comm.rank(), 1));
+    } catch (const std::invalid_argument& e) {
+      if (comm.rank() == 0) wrongMode = e.what();
+    }
+  });
+  CHECK(wrongMode.find("dispatch on a low-latency buffer; build the buffer with lowLatency = false") !=
+        std::string::npos);
   CHECK(foreign.find("a handle that no dispatch of this buffer made") != std::string::npos);
 }

@@ -108,26 +108,14 @@ TEST_CASE("moe: a choice of -1 means no expert; a token with none gets zeros", "
                           std::pair{"ibgda", TransportChoice::Ibgda}}) {
     if (forced && std::string(forced) != name) continue;
     CAPTURE(name, noExpert);
-    gin::ep::Shape sh;
-    sh.ranks = 4;
-    sh.experts = 8;
-    sh.tokens = 19;
-    sh.hidden = 32;
-    sh.topk = 4;
-    sh.channels = 2;
-    sh.slots = 2;
+    const gin::ep::Shape sh{.ranks = 4, .experts = 8, .tokens = 19, .hidden = 32, .topk = 4, .channels = 2, .slots = 2};
     CHECK_NOTHROW(check(sh, false, tr, noExpert));
     CHECK_NOTHROW(check(sh, true, tr, noExpert));
   }
 }
 
 TEST_CASE("moe refuses an expert index outside -1 and [0, experts), naming it", "[moe][errors]") {
-  gin::ep::Shape sh;
-  sh.ranks = 2;
-  sh.experts = 4;
-  sh.tokens = 3;
-  sh.hidden = 8;
-  sh.topk = 2;
+  const gin::ep::Shape sh{.ranks = 2, .experts = 4, .tokens = 3, .hidden = 8, .topk = 2};
   for (const int bad : {-2, 4}) {
     std::string msg;
     gintest::runRanks(2, [&](Comm& comm) {

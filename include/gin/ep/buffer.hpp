@@ -62,6 +62,20 @@ struct Handle {
   uint64_t arrivals = 0;               // rows this rank's combine waits for
 };
 
+// Low-latency mode (DeepEP's low_latency_dispatch): per local expert, the
+// rows of every source packed in source order.
+struct LlHandle {
+  int tokens = 0;                   // T of the dispatch, on this rank
+  std::vector<int> count;           // [L] rows per local expert
+  std::vector<uint64_t> range;      // [L][R] begin << 32 | count of each source's rows
+  std::vector<int> srcToken, srcK;  // [L][R * Tmax] each packed row's token and choice at its source
+  uint64_t arrivals = 0;            // rows this rank's combine waits for
+};
+struct LlDispatched {
+  std::vector<uint16_t> x;  // [L][R * Tmax][H] bf16; rows past count[e] are not written
+  LlHandle handle;
+};
+
 struct Dispatched {
   std::vector<uint16_t> x;           // [N][H] bf16: by source rank, then source token
   std::vector<int32_t> topkIdx;      // [N][K] local expert, -1 where the choice is elsewhere or none
@@ -72,13 +86,18 @@ struct Dispatched {
 
 class CpuBuffer {
  public:
-  // shape.tokens is the most tokens a call may bring; ranks must be the
-  // communicator's size. Signals [sigBase, sigBase + signalsNeeded(shape)).
-  CpuBuffer(gin::Comm& comm, const Shape& sh, uint32_t sigBase = 0)
-      : comm_(comm), maxTokens_(sh.tokens), l_(openLayer(comm, sh, false, sigBase)) {
+  // shape.tokens is the most tokens a call may bring (the same on every
+  // rank); ranks must be the communicator's size. lowLatency picks the
+  // mode, as DeepEP's low_latency_mode: dispatch/combine in normal mode,
+  // lowLatencyDispatch/lowLatencyCombine in low-latency mode. Signals
+  // [sigBase, sigBase + signalsNeeded(shape)).
+  CpuBuffer(gin::Comm& comm, const Shape& sh, bool lowLatency = false, uint32_t sigBase = 0)
+      : comm_(comm), maxTokens_(sh.tokens), ll_(lowLatency), l_(openLayer(comm, sh, lowLatency, sigBase)) {
     const size_t maxRecv = size_t(sh.ranks) * size_t(sh.tokens);
-    recvX_.resize(maxRecv * size_t(sh.hidden));
-    recvMeta_.resize(maxRecv * sh.metaBytes());
+    if (!ll_) {
+      recvX_.resize(maxRecv * size_t(sh.hidden));
+      recvMeta_.resize(maxRecv * sh.metaBytes());
+    }
   }
   CpuBuffer(const CpuBuffer&) = delete;
   CpuBuffer& operator=(const CpuBuffer&) = delete;
@@ -91,10 +110,7 @@ class CpuBuffer {
   Dispatched dispatch(const Inputs& in, int expertAlignment = 1) {
     const int K = l_.shape.topk, L = l_.shape.localExperts();
     const size_t H = size_t(l_.shape.hidden);
-    const size_t T = in.idx.size() / size_t(K);
-    if (T > size_t(maxTokens_))
-      throw std::invalid_argument("ep: dispatch of " + std::to_string(T) + " tokens; the buffer takes at most " +
-                                  std::to_string(maxTokens_) + " (Shape::tokens)");
+    const size_t T = checkTokens(in, false, "dispatch");
     if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
     l_.shape.tokens = int(T);
     l_.topkIdx = in.idx.data();
@@ -153,6 +169,7 @@ class CpuBuffer {
   std::vector<uint16_t> combine(const uint16_t* y, const Handle& h, const uint16_t* bias0 = nullptr,
                                 const uint16_t* bias1 = nullptr) {
     const size_t H = size_t(l_.shape.hidden), T = size_t(h.tokens), n = h.srcRank.size();
+    if (ll_) throw std::invalid_argument("ep: combine on a low-latency buffer; call lowLatencyCombine");
     if (T > size_t(maxTokens_) || h.rows.size() != T || h.srcToken.size() != n || h.slot.size() != n)
       throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
     l_.shape.tokens = int(T);
@@ -160,7 +177,8 @@ class CpuBuffer {
     net.resetSignal(l_.sig.combine());
     comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
     for (size_t i = 0; i < n; ++i)
-      returnRow(l_, h.srcRank[i], uint32_t(h.srcToken[i]), h.slot[i], i, y + i * H, gin::CoopThread{});
+      returnRow(l_, h.srcRank[i], combineRowOffset(l_.shape, size_t(h.srcToken[i]), h.slot[i]), i, y + i * H,
+                gin::CoopThread{});
     if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), h.arrivals)) failLayer(comm_, "combine");
     std::vector<uint16_t> out(T * H);
     for (size_t t = 0; t < T; ++t)
@@ -170,10 +188,111 @@ class CpuBuffer {
     return out;
   }
 
+  // Low-latency mode: every (token, choice) pair goes to its expert's rank
+  // on its own (a token with two experts on one rank goes twice), into that
+  // expert's rows; T at most shape().tokens.
+  LlDispatched lowLatencyDispatch(const Inputs& in) {
+    const Shape& sh = l_.shape;
+    const int R = sh.ranks, L = sh.localExperts();
+    const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_);
+    const size_t T = checkTokens(in, true, "lowLatencyDispatch");
+    // Tokens past T choose no expert, so the layout is the same on every
+    // rank whatever its T (DeepEP's num_max_dispatch_tokens_per_rank).
+    Inputs padded = in;
+    padded.x.resize(Tmax * H, 0);
+    padded.idx.resize(Tmax * size_t(sh.topk), -1);
+    padded.weight.resize(padded.idx.size(), 0.f);
+    l_.topkIdx = padded.idx.data();
+    const Plan p = plan(l_, true, padded);
+    startLayer(comm_, l_, p);
+    for (int e = 0; e < sh.experts; ++e) {
+      llDispatchExpert(l_, e, 0, 1, gin::CoopThread{});
+      for (int s = 0; s < sh.llSenders; ++s) llDispatchCount(l_, e, gin::CoopThread{});
+    }
+    if (!llWaitDispatch(l_, gin::CoopThread{})) failLayer(comm_, "low-latency dispatch");
+    LlDispatched d;
+    LlHandle& h = d.handle;
+    h.tokens = int(T);
+    h.arrivals = p.combineArrivals;
+    h.count.assign(size_t(L), 0);
+    h.range.assign(size_t(L) * size_t(R), 0);
+    h.srcToken.assign(size_t(L) * size_t(R) * Tmax, -1);
+    h.srcK.assign(h.srcToken.size(), -1);
+    d.x.assign(h.srcToken.size() * H, 0);
+    const auto* counts = static_cast<const uint64_t*>(comm_.localPointer(l_.counts));
+    for (int el = 0; el < L; ++el) {
+      uint64_t begin = 0;
+      for (int src = 0; src < R; ++src) {
+        const uint64_t n = gin::volatileLoad(counts + size_t(el) * size_t(R) + size_t(src));
+        h.range[size_t(el) * size_t(R) + size_t(src)] = begin << 32 | n;
+        for (uint64_t q = 0; q < n; ++q) {
+          const char* slot = static_cast<const char*>(comm_.localPointer(l_.ring, llSlot(sh, el, src, size_t(q))));
+          uint32_t tk[2];
+          std::memcpy(tk, slot, 8);
+          const size_t row = size_t(el) * size_t(R) * Tmax + size_t(begin + q);
+          h.srcToken[row] = int(tk[0]);
+          h.srcK[row] = int(tk[1]);
+          std::memcpy(d.x.data() + row * H, slot + 16, H * 2);
+        }
+        begin += n;
+      }
+      h.count[size_t(el)] = int(begin);
+    }
+    settleLayer(comm_, l_);
+    return d;
+  }
+
+  // y: [L][R * Tmax][H] bf16, one row per packed row of the dispatch that
+  // made `h` (rows past count[e] are not read). topkIdx/topkWeights: [T][K],
+  // those of that dispatch. Returns [T][H] bf16: per token the float sum of
+  // its choices' rows, each times its weight (choices of -1 skipped).
+  std::vector<uint16_t> lowLatencyCombine(const uint16_t* y, const int32_t* topkIdx, const float* topkWeights,
+                                          const LlHandle& h) {
+    const Shape& sh = l_.shape;
+    const int R = sh.ranks, L = sh.localExperts();
+    const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_), T = size_t(h.tokens);
+    if (!ll_) throw std::invalid_argument("ep: lowLatencyCombine on a normal-mode buffer; call combine");
+    if (T > Tmax || h.count.size() != size_t(L) || h.srcToken.size() != size_t(L) * size_t(R) * Tmax)
+      throw std::invalid_argument("ep: lowLatencyCombine was given a handle that no dispatch of this buffer made");
+    gin::Net<> net(l_.dc, 0);
+    net.resetSignal(l_.sig.combine());
+    comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
+    for (int el = 0; el < L; ++el)
+      for (int src = 0; src < R; ++src) {
+        const uint64_t r = h.range[size_t(el) * size_t(R) + size_t(src)];
+        for (uint64_t q = r >> 32; q < (r >> 32) + (r & 0xffffffffu); ++q) {
+          const size_t row = size_t(el) * size_t(R) * Tmax + size_t(q);
+          returnRow(l_, src, llRowOffset(sh, size_t(h.srcToken[row]), size_t(h.srcK[row])), row, y + row * H,
+                    gin::CoopThread{});
+        }
+      }
+    if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), h.arrivals)) failLayer(comm_, "low-latency combine");
+    std::vector<uint16_t> out(T * H);
+    const size_t K = size_t(sh.topk);
+    for (size_t t = 0; t < T; ++t)
+      weightedSumRows(l_, t, topkIdx + t * K, topkWeights + t * K, out.data() + t * H, gin::CoopThread{});
+    settleLayer(comm_, l_);
+    return out;
+  }
+
  private:
   gin::Comm& comm_;
   int maxTokens_;
+  bool ll_;
   Layer l_;
+
+  // T of `in`, checked against the buffer and its mode.
+  size_t checkTokens(const Inputs& in, bool lowLatency, const char* call) const {
+    if (lowLatency != ll_)
+      throw std::invalid_argument(std::string("ep: ") + call + " on a " + (ll_ ? "low-latency" : "normal-mode") +
+                                  " buffer; build the buffer with lowLatency = " + (lowLatency ? "true" : "false"));
+    const size_t T = in.idx.size() / size_t(l_.shape.topk);
+    if (T > size_t(maxTokens_))
+      throw std::invalid_argument(std::string("ep: ") + call + " of " + std::to_string(T) +
+                                  " tokens; the buffer takes at most " + std::to_string(maxTokens_) +
+                                  " (Shape::tokens)");
+    return T;
+  }
   std::vector<uint16_t> recvX_;
   std::vector<char> recvMeta_;
 };

@@ -11,7 +11,7 @@
 #include "gin/core/error.hpp"
 #include "gin/device/comm.hpp"
 #include "gin/host/env.hpp"
-#include "gin/host/ibgda.hpp"
+#include "gin/host/ibgda_config.hpp"
 #include "gin/host/proxy.hpp"
 #include "gin/host/tcp_wire.hpp"
 

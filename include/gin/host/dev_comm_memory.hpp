@@ -29,7 +29,7 @@
 #include "gin/device/comm.hpp"
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/comm_config.hpp"
-#include "gin/host/ibgda.hpp"
+#include "gin/host/ibgda_config.hpp"
 #include "gin/host/memory.hpp"
 #include "gin/host/proxy.hpp"
 #include "gin/host/topology.hpp"
