@@ -99,6 +99,7 @@ void check(const Case& c) {
           }
 
           const gin::ep::Dispatched d = buf.dispatch(in, c.align);
+          expect(buf.shape().tokens == c.maxTokens, where + "shape() after a dispatch");
           // The rows this rank must get: by source, then token, each once.
           size_t i = 0;
           std::vector<int> perExpert(size_t(L), 0);

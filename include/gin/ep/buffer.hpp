@@ -1,6 +1,7 @@
-// gin/ep/buffer.hpp — DeepEP's normal-mode Buffer on CPU ranks: dispatch
-// hands each rank the tokens routed to its experts, the caller runs the
-// experts, combine sums their bf16 outputs back at the tokens' sources.
+// gin/ep/buffer.hpp — DeepEP's Buffer on CPU ranks: dispatch hands each rank
+// the tokens routed to its experts, the caller runs the experts, combine sums
+// their bf16 outputs back at the tokens' sources (normal and low-latency
+// modes; docs/ep.md).
 //
 //   gin::ep::CpuBuffer buf(comm, shape);          // shape.tokens: the most tokens per call
 //   gin::ep::Dispatched d = buf.dispatch(in);     // in: x [T][H] bf16, topk idx (-1: none) and weights
@@ -12,8 +13,8 @@
 // choice is on another rank or none (weight 0 there); tokens per local
 // expert rounded up to an alignment; combine an unweighted float sum plus up
 // to two biases, to bf16. Collective: every rank calls dispatch and combine
-// in the same order. The GPU version and low-latency mode are still to come
-// (GpuLayer runs stand-in experts inside its combine).
+// in the same order. The GPU version is still to come (GpuLayer runs
+// stand-in experts inside its combine).
 #pragma once
 
 #include <algorithm>
@@ -103,7 +104,12 @@ class CpuBuffer {
   CpuBuffer& operator=(const CpuBuffer&) = delete;
   ~CpuBuffer() { closeLayer(comm_, l_); }
 
-  const Shape& shape() const { return l_.shape; }
+  // The shape the buffer was built with (tokens: the most per call).
+  Shape shape() const {
+    Shape s = l_.shape;
+    s.tokens = maxTokens_;
+    return s;
+  }
 
   // Tokens T = in.idx.size() / topk (at most shape().tokens; ranks may
   // differ). expertAlignment >= 1 rounds tokensPerExpert up.
