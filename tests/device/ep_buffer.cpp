@@ -8,7 +8,8 @@
 // reference. Low-latency mode: rows packed per local expert in source order,
 // the layout ranges, combine weighted by the top-k weights. lsa, proxy and
 // ibgda (soft NIC); 1 to 4 ranks; token counts that differ per rank, 0
-// included; choices of -1.
+// included; choices of -1; a cached dispatch of new tokens along a handle's
+// layout.
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 
@@ -59,18 +60,28 @@ std::vector<uint16_t> runExperts(const gin::ep::Dispatched& d, int me, int L, in
   return y;
 }
 
-void check(const Case& c) {
+// The case's shape (rings of 3 slots on 2 channels; 2 low-latency senders)
+// and a communicator config with its transport and enough signals.
+gin::ep::Shape shapeOf(const Case& c) {
+  return {.ranks = c.ranks,
+          .experts = c.experts,
+          .tokens = c.maxTokens,
+          .hidden = c.hidden,
+          .topk = c.topk,
+          .channels = 2,
+          .slots = 3,
+          .llSenders = 2};
+}
+CommConfig configOf(const Case& c) {
   CommConfig cfg = gintest::cpuConfig();
   cfg.transport = c.tr;
   cfg.ibgda.device = IbgdaConfig::Device::Soft;
-  const gin::ep::Shape sh{.ranks = c.ranks,
-                          .experts = c.experts,
-                          .tokens = c.maxTokens,
-                          .hidden = c.hidden,
-                          .topk = c.topk,
-                          .channels = 2,
-                          .slots = 3};
-  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
+  cfg.nSignals = int(gin::ep::signalsNeeded(shapeOf(c))) + 4;
+  return cfg;
+}
+
+void check(const Case& c) {
+  const gin::ep::Shape sh = shapeOf(c);
   const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
   const size_t H = size_t(c.hidden);
   gintest::runRanks(
@@ -165,24 +176,41 @@ void check(const Case& c) {
                                                                     std::to_string(h) + ": " + std::to_string(got) +
                                                                     ", reference " + std::to_string(ref));
             }
+
+          // A cached dispatch of new tokens along the same layout, then a
+          // combine of the rows as they came (the identity expert).
+          std::vector<std::vector<uint16_t>> x2;
+          for (int r = 0; r < R; ++r) {
+            gin::ep::Shape s = sh;
+            s.tokens = tokensOf(c, r, round);
+            x2.push_back(gin::ep::makeInputs(s, r, 900 + uint64_t(round)).x);
+          }
+          const gin::ep::Dispatched d2 = buf.dispatch(x2[size_t(me)], d.handle);
+          expect(d2.topkIdx.empty() && d2.topkWeights.empty() && d2.tokensPerExpert.empty(),
+                 where + "a cached dispatch returns no top-k");
+          expect(d2.x.size() == d.x.size(), where + "cached dispatch: row count");
+          for (size_t row = 0; row < d2.handle.srcRank.size(); ++row) {
+            const auto& src = x2[size_t(d2.handle.srcRank[row])];
+            for (size_t h = 0; h < H; ++h)
+              expect(d2.x[row * H + h] == src[size_t(d2.handle.srcToken[row]) * H + h],
+                     where + "cached dispatch: row " + std::to_string(row) + " value " + std::to_string(h));
+          }
+          const std::vector<uint16_t> out2 = buf.combine(d2.x.data(), d2.handle);
+          for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h) {
+              const double v = bf16ToFloat(x2[size_t(me)][t * H + h]), ref = d.handle.rows[t] * v;
+              expect(std::fabs(bf16ToFloat(out2[t * H + h]) - ref) <= std::fabs(ref) / 128 + 1e-30,
+                     where + "cached combine: token " + std::to_string(t));
+            }
         }
       },
-      cfg);
+      configOf(c));
 }
 
 // Low-latency mode: every (token, choice) to its expert, packed per local
 // expert in source order; combine weighted by the top-k weights.
 void checkLl(const Case& c) {
-  CommConfig cfg = gintest::cpuConfig();
-  cfg.transport = c.tr;
-  cfg.ibgda.device = IbgdaConfig::Device::Soft;
-  const gin::ep::Shape sh{.ranks = c.ranks,
-                          .experts = c.experts,
-                          .tokens = c.maxTokens,
-                          .hidden = c.hidden,
-                          .topk = c.topk,
-                          .llSenders = 2};
-  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
+  const gin::ep::Shape sh = shapeOf(c);
   const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
   const size_t H = size_t(c.hidden), Tmax = size_t(c.maxTokens);
   gintest::runRanks(
@@ -246,7 +274,7 @@ void checkLl(const Case& c) {
             }
         }
       },
-      cfg);
+      configOf(c));
 }
 }  // namespace
 

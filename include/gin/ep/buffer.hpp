@@ -53,7 +53,8 @@ inline DispatchLayout dispatchLayout(const Shape& sh, const int32_t* topkIdx, in
   return lay;
 }
 
-// What combine needs to send a dispatch's rows back (DeepEP's handle).
+// What combine needs to send a dispatch's rows back, and a cached dispatch
+// to repeat its layout (DeepEP's handle).
 struct Handle {
   int tokens = 0;                      // T of the dispatch, on this rank
   std::vector<int> tokensFromRank;     // [R] rows received from each source
@@ -61,6 +62,11 @@ struct Handle {
   std::vector<uint32_t> slot;          // [N] its combine slot at the source
   std::vector<int> rows;               // [T] rows each of this rank's tokens gets back
   uint64_t arrivals = 0;               // rows this rank's combine waits for
+  // For a cached dispatch: what this rank sent (the plan, without tokens),
+  // what each (source, channel) sent here, and row i's receive position.
+  Plan sent;
+  std::vector<uint64_t> fromLane;  // [R][C]
+  std::vector<size_t> recvPos;     // [N]
 };
 
 // Low-latency mode (DeepEP's low_latency_dispatch): per local expert, the
@@ -123,8 +129,9 @@ class CpuBuffer {
     const Plan p = plan(l_, false, in);
     startLayer(comm_, l_, p);
     std::vector<int> srcOf;
+    std::vector<uint64_t> fromLane;
     const size_t n = size_t(dispatchNormalCpu(comm_, l_, p, size_t(l_.shape.ranks) * size_t(maxTokens_), recvX_.data(),
-                                              recvMeta_.data(), srcOf));
+                                              recvMeta_.data(), srcOf, fromLane));
     settleLayer(comm_, l_);
     // Positions arrive by (source, channel); rows go out by (source, token).
     auto metaAt = [&](size_t pos) {
@@ -144,6 +151,10 @@ class CpuBuffer {
     h.tokensFromRank.assign(size_t(l_.shape.ranks), 0);
     h.rows = p.rows;
     h.arrivals = p.combineArrivals;
+    h.sent = p;
+    h.sent.x.clear();
+    h.fromLane = std::move(fromLane);
+    h.recvPos = order;
     d.x.resize(n * H);
     d.topkIdx.assign(n * size_t(K), -1);
     d.topkWeights.assign(n * size_t(K), 0.f);
@@ -165,6 +176,37 @@ class CpuBuffer {
       }
     }
     for (int& c : d.tokensPerExpert) c = (c + expertAlignment - 1) / expertAlignment * expertAlignment;
+    return d;
+  }
+
+  // A cached dispatch (DeepEP's dispatch with a handle): new tokens x
+  // [T][H] bf16 along the layout of the dispatch that made `h`, with no
+  // count exchange and no plan. Every rank calls it with a handle of the same
+  // dispatch. Returns the rows in that dispatch's order and its handle;
+  // topkIdx, topkWeights and tokensPerExpert stay empty (DeepEP: None).
+  Dispatched dispatch(const std::vector<uint16_t>& x, const Handle& h) {
+    const size_t H = size_t(l_.shape.hidden), T = size_t(h.tokens), n = h.recvPos.size();
+    if (ll_)
+      throw std::invalid_argument("ep: dispatch on a low-latency buffer; build the buffer with lowLatency = false");
+    if (T > size_t(maxTokens_) || x.size() != T * H || h.sent.rows.size() != T || h.srcRank.size() != n)
+      throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer and x of its " +
+                                  std::to_string(h.tokens) + " tokens x hidden values");
+    l_.shape.tokens = int(T);
+    Plan p = h.sent;
+    p.x = packTokens(l_.shape, x.data());
+    startLayer(comm_, l_, p);
+    std::vector<int> srcOf;
+    std::vector<uint64_t> fromLane = h.fromLane;
+    const size_t got = size_t(dispatchNormalCpu(comm_, l_, p, size_t(l_.shape.ranks) * size_t(maxTokens_),
+                                                recvX_.data(), recvMeta_.data(), srcOf, fromLane, true));
+    settleLayer(comm_, l_);
+    if (got != n)
+      failLayer(comm_, "a cached dispatch received " + std::to_string(got) + " rows, its handle " + std::to_string(n) +
+                           ": every rank must pass a handle of the same dispatch");
+    Dispatched d;
+    d.handle = h;
+    d.x.resize(n * H);
+    for (size_t i = 0; i < n; ++i) std::copy_n(recvX_.data() + h.recvPos[i] * H, H, d.x.data() + i * H);
     return d;
   }
 

@@ -167,16 +167,23 @@ struct Plan {
   uint64_t combineArrivals = 0;
 };
 
+// x [T][H] bf16 laid out in slots of tokenBytes (the x window's contents).
+inline std::vector<char> packTokens(const Shape& sh, const uint16_t* x) {
+  const size_t T = size_t(sh.tokens), H = size_t(sh.hidden);
+  std::vector<char> out(T * sh.tokenBytes(), 0);
+  for (size_t t = 0; t < T; ++t) std::memcpy(out.data() + t * sh.tokenBytes(), x + t * H, H * 2);
+  return out;
+}
+
 inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
   checkRouting(lIn.shape, in);
   Layer l = lIn;
   l.topkIdx = in.idx.data();
   const Shape& sh = l.shape;
-  const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), K = size_t(sh.topk), D = size_t(sh.maxDests());
+  const size_t T = size_t(sh.tokens), K = size_t(sh.topk), D = size_t(sh.maxDests());
   const int R = sh.ranks, C = sh.channels;
   Plan p;
-  p.x.assign(T * sh.tokenBytes(), 0);
-  for (size_t t = 0; t < T; ++t) std::memcpy(p.x.data() + t * sh.tokenBytes(), in.x.data() + t * H, H * 2);
+  p.x = packTokens(sh, in.x.data());
   if (ll) {
     p.meta.assign(T * K * 16, 0);
     for (size_t t = 0; t < T; ++t)
@@ -259,31 +266,40 @@ inline void settleLayer(gin::Comm& comm, const Layer& l) {
 // then every lane's sender and every (source, channel) receiver stepped in
 // turn until all are done. What arrives goes to recvX [maxRecv][H] and
 // recvMeta [maxRecv][metaBytes], by (source, channel); srcOf gets each
-// position's source. Returns how many arrived.
+// position's source, fromLane [R][C] how many each (source, channel) sent.
+// With `cached`, fromLane holds those counts already (a repeated layout) and
+// the exchange is skipped. Returns how many arrived.
 inline uint64_t dispatchNormalCpu(gin::Comm& comm, const Layer& l, const Plan& p, size_t maxRecv, uint16_t* recvX,
-                                  char* recvMeta, std::vector<int>& srcOf) {
+                                  char* recvMeta, std::vector<int>& srcOf, std::vector<uint64_t>& fromLane,
+                                  bool cached = false) {
   const Shape& sh = l.shape;
   const int R = sh.ranks, C = sh.channels, me = comm.rank();
   gin::Net<> net(l.dc, 0);
   const gin::Team world = gin::teamWorld(l.dc);
-  for (int d = 0; d < R; ++d)
-    for (int c = 0; c < C; ++c) {
-      const size_t at = (size_t(me) * C + size_t(c)) * 8;
-      const uint64_t n = p.sendCount[size_t(c) * R + size_t(d)];  // lane (c, d)'s tokens
-      if (c + 1 < C)
-        net.putValue(world, d, l.counts, at, n, gin::None{});
-      else
-        net.putValue(world, d, l.counts, at, n, gin::SignalAdd{l.sig.count(), 1});
-    }
-  if (!net.waitSignal(gin::CoopThread{}, l.sig.count(), uint64_t(R))) failLayer(comm, "count exchange");
-  const auto* got = static_cast<const uint64_t*>(comm.localPointer(l.counts));
+  if (!cached) {
+    for (int d = 0; d < R; ++d)
+      for (int c = 0; c < C; ++c) {
+        const size_t at = (size_t(me) * C + size_t(c)) * 8;
+        const uint64_t n = p.sendCount[size_t(c) * R + size_t(d)];  // lane (c, d)'s tokens
+        if (c + 1 < C)
+          net.putValue(world, d, l.counts, at, n, gin::None{});
+        else
+          net.putValue(world, d, l.counts, at, n, gin::SignalAdd{l.sig.count(), 1});
+      }
+    if (!net.waitSignal(gin::CoopThread{}, l.sig.count(), uint64_t(R))) failLayer(comm, "count exchange");
+    const auto* got = static_cast<const uint64_t*>(comm.localPointer(l.counts));
+    fromLane.assign(size_t(R) * C, 0);
+    for (size_t i = 0; i < fromLane.size(); ++i) fromLane[i] = gin::volatileLoad(got + i);
+  } else if (fromLane.size() != size_t(R) * C) {
+    throw std::invalid_argument("ep: a cached layout of another shape");
+  }
   std::vector<RecvState> rs(size_t(R) * C);
   srcOf.clear();
   uint64_t base = 0;
   for (int src = 0; src < R; ++src)
     for (int c = 0; c < C; ++c) {
       RecvState& s = rs[size_t(src) * C + size_t(c)];
-      s.expect = gin::volatileLoad(got + size_t(src) * C + size_t(c));
+      s.expect = fromLane[size_t(src) * C + size_t(c)];
       s.base = base;
       base += s.expect;
       if (base > maxRecv) failLayer(comm, "more tokens announced than any rank can send");
@@ -375,7 +391,9 @@ class CpuLayer {
     const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), D = size_t(sh.maxDests());
     gin::Net<> net(l_.dc, 0);
     std::vector<int> srcOf;
-    const uint64_t base = dispatchNormalCpu(comm_, l_, p, size_t(sh.ranks) * T, recvX_.data(), recvMeta_.data(), srcOf);
+    std::vector<uint64_t> fromLane;
+    const uint64_t base =
+        dispatchNormalCpu(comm_, l_, p, size_t(sh.ranks) * T, recvX_.data(), recvMeta_.data(), srcOf, fromLane);
     t1_ = Clock::now();
     // Experts, then combine straight into the sources' buffers.
     float* partial = static_cast<float*>(comm_.localPointer(l_.partial));
