@@ -134,17 +134,14 @@ class CpuBuffer {
                                               recvMeta_.data(), srcOf, fromLane));
     settleLayer(comm_, l_);
     // Positions arrive by (source, channel); rows go out by (source, token).
-    auto metaAt = [&](size_t pos) {
-      TokenMeta m{};
-      std::memcpy(&m, recvMeta_.data() + pos * l_.shape.metaBytes(), l_.shape.metaBytes());
-      return m;
-    };
-    std::vector<uint32_t> srcTok(n);
-    for (size_t pos = 0; pos < n; ++pos) srcTok[pos] = metaAt(pos).srcToken;
+    std::vector<TokenMeta> meta(n);
+    for (size_t pos = 0; pos < n; ++pos)
+      std::memcpy(&meta[pos], recvMeta_.data() + pos * l_.shape.metaBytes(), l_.shape.metaBytes());
     std::vector<size_t> order(n);
     for (size_t i = 0; i < n; ++i) order[i] = i;
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return srcOf[a] != srcOf[b] ? srcOf[a] < srcOf[b] : srcTok[a] < srcTok[b]; });
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return srcOf[a] != srcOf[b] ? srcOf[a] < srcOf[b] : meta[a].srcToken < meta[b].srcToken;
+    });
     Dispatched d;
     Handle& h = d.handle;
     h.tokens = int(T);
@@ -161,7 +158,7 @@ class CpuBuffer {
     d.tokensPerExpert.assign(size_t(L), 0);
     for (size_t i = 0; i < n; ++i) {
       const size_t pos = order[i];
-      const TokenMeta m = metaAt(pos);
+      const TokenMeta& m = meta[pos];
       std::copy_n(recvX_.data() + pos * H, H, d.x.data() + i * H);
       h.srcRank.push_back(srcOf[pos]);
       h.srcToken.push_back(int(m.srcToken));
@@ -230,8 +227,8 @@ class CpuBuffer {
     if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), h.arrivals)) failLayer(comm_, "combine");
     std::vector<uint16_t> out(T * H);
     for (size_t t = 0; t < T; ++t)
-      sumRows(l_, t, h.rows[t], bias0 ? bias0 + t * H : nullptr, bias1 ? bias1 + t * H : nullptr, out.data() + t * H,
-              gin::CoopThread{});
+      sumRows(combineRows(combineRowOffset(l_.shape, t, 0)), H, h.rows[t], nullptr, nullptr,
+              bias0 ? bias0 + t * H : nullptr, bias1 ? bias1 + t * H : nullptr, out.data() + t * H, gin::CoopThread{});
     settleLayer(comm_, l_);
     return out;
   }
@@ -318,7 +315,8 @@ class CpuBuffer {
     std::vector<uint16_t> out(T * H);
     const size_t K = size_t(sh.topk);
     for (size_t t = 0; t < T; ++t)
-      weightedSumRows(l_, t, topkIdx + t * K, topkWeights + t * K, out.data() + t * H, gin::CoopThread{});
+      sumRows(combineRows(llRowOffset(sh, t, 0)), H, sh.topk, topkIdx + t * K, topkWeights + t * K, nullptr, nullptr,
+              out.data() + t * H, gin::CoopThread{});
     settleLayer(comm_, l_);
     return out;
   }
@@ -328,6 +326,11 @@ class CpuBuffer {
   int maxTokens_;
   bool ll_;
   Layer l_;
+
+  // This rank's combine window from byte offset `at`, as bf16 rows.
+  const uint16_t* combineRows(size_t at) const {
+    return static_cast<const uint16_t*>(comm_.localPointer(l_.combine, at));
+  }
 
   // T of `in`, checked against the buffer and its mode.
   size_t checkTokens(const Inputs& in, bool lowLatency, const char* call) const {

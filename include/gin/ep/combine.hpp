@@ -40,36 +40,25 @@ GIN_HD void returnRow(const Layer& l, int src, size_t at, size_t stage, const ui
           gin::None{}, coop);
 }
 
-// out[i] = bf16(sum over j < rows of comb row (t, j)[i], + bias0[i] + bias1[i]
-// where given), for i < H, in float, rows in slot order (destination ranks
-// ascending). comb: this rank's combine window.
+// out[i] = bf16(sum over j < n of weight[j] * rows[j][i], + bias0[i] +
+// bias1[i]), for i < H, in float, j ascending; rows[j] is the j-th row of H
+// bf16 values from `rows`. Each of idx, weight, bias0, bias1 may be null:
+// idx skips j where idx[j] < 0 (no expert), no weight means 1, no bias none.
+// Normal combine: a token's rows in its combine window (combineRowOffset),
+// its rows count, biases; low latency: its K rows (llRowOffset), top-k
+// indices and weights.
 template <class Coop>
-GIN_HD void sumRows(const Layer& l, size_t t, int rows, const uint16_t* bias0, const uint16_t* bias1, uint16_t* out,
-                    Coop coop) {
-  const Shape& sh = l.shape;
-  const size_t H = size_t(sh.hidden);
-  const uint16_t* comb = static_cast<const uint16_t*>(gin::localPointer(l.combine, combineRowOffset(sh, t, 0)));
+GIN_HD void sumRows(const uint16_t* rows, size_t H, int n, const int32_t* idx, const float* weight,
+                    const uint16_t* bias0, const uint16_t* bias1, uint16_t* out, Coop coop) {
   for (size_t i = size_t(coop.rank()); i < H; i += size_t(coop.size())) {
     float acc = 0;
-    for (int j = 0; j < rows; ++j) acc += bf16ToFloat(comb[size_t(j) * H + i]);
+    for (int j = 0; j < n; ++j) {
+      if (idx && idx[j] < 0) continue;
+      const float v = bf16ToFloat(rows[size_t(j) * H + i]);
+      acc += weight ? weight[j] * v : v;
+    }
     if (bias0) acc += bf16ToFloat(bias0[i]);
     if (bias1) acc += bf16ToFloat(bias1[i]);
-    out[i] = floatToBf16(acc);
-  }
-}
-
-// Low-latency mode: out[i] = bf16(sum over k with idx[k] >= 0 of
-// weight[k] * comb row (t, k)[i]), for i < H, in float, k ascending.
-template <class Coop>
-GIN_HD void weightedSumRows(const Layer& l, size_t t, const int32_t* idx, const float* weight, uint16_t* out,
-                            Coop coop) {
-  const Shape& sh = l.shape;
-  const size_t H = size_t(sh.hidden);
-  const uint16_t* comb = static_cast<const uint16_t*>(gin::localPointer(l.combine, llRowOffset(sh, t, 0)));
-  for (size_t i = size_t(coop.rank()); i < H; i += size_t(coop.size())) {
-    float acc = 0;
-    for (int k = 0; k < sh.topk; ++k)
-      if (idx[k] >= 0) acc += weight[k] * bf16ToFloat(comb[size_t(k) * H + i]);
     out[i] = floatToBf16(acc);
   }
 }

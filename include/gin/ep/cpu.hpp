@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -150,8 +151,15 @@ inline Layer openLayer(gin::Comm& comm, const Shape& sh, bool ll, uint32_t sigBa
   return l;
 }
 
-inline void closeLayer(gin::Comm& comm, const Layer& l) {
-  for (gin::Window w : {l.x, l.meta, l.ring, l.counts, l.combine, l.partial}) comm.deregisterWindow(w);
+// Deregisters the layer's windows (collective). For destructors, so it never
+// throws: deregistering fails where a rank left after an error, and a
+// throwing destructor ends the process; the error is printed, not lost.
+inline void closeLayer(gin::Comm& comm, const Layer& l) noexcept {
+  try {
+    for (gin::Window w : {l.x, l.meta, l.ring, l.counts, l.combine, l.partial}) comm.deregisterWindow(w);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moe: closing the layer of rank %d: %s\n", comm.rank(), e.what());
+  }
 }
 
 // What a rank prepares before a layer: the tokens laid out in slots, the
