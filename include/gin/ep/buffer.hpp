@@ -63,10 +63,9 @@ struct Handle {
   std::vector<int> rows;               // [T] rows each of this rank's tokens gets back
   uint64_t arrivals = 0;               // rows this rank's combine waits for
   // For a cached dispatch: what this rank sent (the plan, without tokens),
-  // what each (source, channel) sent here, and row i's receive position.
+  // and what each (source, channel) sent here.
   Plan sent;
   std::vector<uint64_t> fromLane;  // [R][C]
-  std::vector<size_t> recvPos;     // [N]
 };
 
 // Low-latency mode (DeepEP's low_latency_dispatch): per local expert, the
@@ -133,15 +132,11 @@ class CpuBuffer {
     const size_t n = size_t(dispatchNormalCpu(comm_, l_, p, size_t(l_.shape.ranks) * size_t(maxTokens_), recvX_.data(),
                                               recvMeta_.data(), srcOf, fromLane));
     settleLayer(comm_, l_);
-    // Positions arrive by (source, channel); rows go out by (source, token).
+    // Positions arrive by (source, channel), and channel c holds tokens
+    // [c, c + 1) x laneCap: that is (source, token) order already.
     std::vector<TokenMeta> meta(n);
     for (size_t pos = 0; pos < n; ++pos)
       std::memcpy(&meta[pos], recvMeta_.data() + pos * l_.shape.metaBytes(), l_.shape.metaBytes());
-    std::vector<size_t> order(n);
-    for (size_t i = 0; i < n; ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return srcOf[a] != srcOf[b] ? srcOf[a] < srcOf[b] : meta[a].srcToken < meta[b].srcToken;
-    });
     Dispatched d;
     Handle& h = d.handle;
     h.tokens = int(T);
@@ -151,19 +146,16 @@ class CpuBuffer {
     h.sent = p;
     h.sent.x.clear();
     h.fromLane = std::move(fromLane);
-    h.recvPos = order;
-    d.x.resize(n * H);
+    d.x.assign(recvX_.begin(), recvX_.begin() + std::ptrdiff_t(n * H));
     d.topkIdx.assign(n * size_t(K), -1);
     d.topkWeights.assign(n * size_t(K), 0.f);
     d.tokensPerExpert.assign(size_t(L), 0);
     for (size_t i = 0; i < n; ++i) {
-      const size_t pos = order[i];
-      const TokenMeta& m = meta[pos];
-      std::copy_n(recvX_.data() + pos * H, H, d.x.data() + i * H);
-      h.srcRank.push_back(srcOf[pos]);
+      const TokenMeta& m = meta[i];
+      h.srcRank.push_back(srcOf[i]);
       h.srcToken.push_back(int(m.srcToken));
       h.slot.push_back(m.combineSlot);
-      h.tokensFromRank[size_t(srcOf[pos])] += 1;
+      h.tokensFromRank[size_t(srcOf[i])] += 1;
       uint32_t choices = m.choices;
       for (uint32_t j = 0; j < m.nLocal; ++j, choices &= choices - 1) {
         const int k = __builtin_ctz(choices);  // the j-th choice on this rank
@@ -182,10 +174,10 @@ class CpuBuffer {
   // dispatch. Returns the rows in that dispatch's order and its handle;
   // topkIdx, topkWeights and tokensPerExpert stay empty (DeepEP: None).
   Dispatched dispatch(const std::vector<uint16_t>& x, const Handle& h) {
-    const size_t H = size_t(l_.shape.hidden), T = size_t(h.tokens), n = h.recvPos.size();
+    const size_t H = size_t(l_.shape.hidden), T = size_t(h.tokens), n = h.srcRank.size();
     if (ll_)
       throw std::invalid_argument("ep: dispatch on a low-latency buffer; build the buffer with lowLatency = false");
-    if (T > size_t(maxTokens_) || x.size() != T * H || h.sent.rows.size() != T || h.srcRank.size() != n)
+    if (T > size_t(maxTokens_) || x.size() != T * H || h.sent.rows.size() != T)
       throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer and x of its " +
                                   std::to_string(h.tokens) + " tokens x hidden values");
     l_.shape.tokens = int(T);
@@ -202,8 +194,7 @@ class CpuBuffer {
                            ": every rank must pass a handle of the same dispatch");
     Dispatched d;
     d.handle = h;
-    d.x.resize(n * H);
-    for (size_t i = 0; i < n; ++i) std::copy_n(recvX_.data() + h.recvPos[i] * H, H, d.x.data() + i * H);
+    d.x.assign(recvX_.begin(), recvX_.begin() + std::ptrdiff_t(n * H));
     return d;
   }
 

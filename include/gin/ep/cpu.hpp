@@ -218,7 +218,7 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
     for (int d = 0; d < R; ++d) {
       const int j = destSlot(l, int(t), d);
       if (j < 0) continue;
-      const size_t lane = (t % size_t(C)) * size_t(R) + size_t(d);
+      const size_t lane = (t / sh.laneCap()) * size_t(R) + size_t(d);  // channel c: tokens [c, c + 1) x laneCap
       p.sendList[lane * sh.laneCap() + p.sendCount[lane]++] = uint32_t(t) | uint32_t(j) << 24;
       p.rows[t] += 1;
       p.combineArrivals += 1;

@@ -143,9 +143,11 @@ struct Split {
   }
 };
 
-// The sender of one (channel, destination) lane: channel c's tokens are
-// t = c, c + C, ... in order; the lane puts those that go to rank d (its
-// list in sendList) into d's ring for (this rank, c). State lives in the
+// The sender of one (channel, destination) lane: channel c's tokens are the
+// range [c x laneCap, (c + 1) x laneCap) in order (as DeepEP's channels, so
+// a receiver's list by (source, channel) is in (source, token) order); the
+// lane puts those that go to rank d (its list in sendList) into d's ring for
+// (this rank, c). State lives in the
 // caller (a CPU rank interleaves every lane; a GPU runs a span of warps or
 // one warp per lane); every thread of the coop holds an equal copy.
 struct SendState {
