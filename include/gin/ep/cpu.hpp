@@ -52,17 +52,22 @@ inline Inputs makeInputs(const Shape& sh, int rank, uint64_t seed, double noExpe
   return in;
 }
 
-// Every expert index is -1 or in [0, experts): std::invalid_argument naming
-// the first one that is not.
+// Every expert index of idx [tokens][K] is -1 or in [0, experts):
+// std::invalid_argument naming the first one that is not.
+inline void checkIndices(const Shape& sh, const int32_t* idx) {
+  for (size_t i = 0; i < size_t(sh.tokens) * size_t(sh.topk); ++i)
+    if (idx[i] < -1 || idx[i] >= sh.experts)
+      throw std::invalid_argument("moe: token " + std::to_string(i / size_t(sh.topk)) + " choice " +
+                                  std::to_string(i % size_t(sh.topk)) + " names expert " + std::to_string(idx[i]) +
+                                  "; expert indices are -1 (no expert) or in [0, " + std::to_string(sh.experts) + ")");
+}
+
+// The sizes of `in` and its indices (checkIndices).
 inline void checkRouting(const Shape& sh, const Inputs& in) {
   if (in.idx.size() != size_t(sh.tokens) * size_t(sh.topk) || in.weight.size() != in.idx.size() ||
       in.x.size() != size_t(sh.tokens) * size_t(sh.hidden))
     throw std::invalid_argument("moe: inputs must hold tokens x hidden values and tokens x topk indices and weights");
-  for (size_t i = 0; i < in.idx.size(); ++i)
-    if (in.idx[i] < -1 || in.idx[i] >= sh.experts)
-      throw std::invalid_argument("moe: token " + std::to_string(i / size_t(sh.topk)) + " choice " +
-                                  std::to_string(i % size_t(sh.topk)) + " names expert " + std::to_string(in.idx[i]) +
-                                  "; expert indices are -1 (no expert) or in [0, " + std::to_string(sh.experts) + ")");
+  checkIndices(sh, in.idx.data());
 }
 
 // out[t] = sum_k weight[t][k] * expert_{idx[t][k]}(x[t]), in double.
@@ -183,15 +188,16 @@ inline std::vector<char> packTokens(const Shape& sh, const uint16_t* x) {
   return out;
 }
 
-inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
-  checkRouting(lIn.shape, in);
+// The plan without the tokens (Plan::x empty) from the routing alone: idx
+// and weight [T][K] on the host (T = l.shape.tokens).
+inline Plan planRouting(const Layer& lIn, bool ll, const int32_t* idx, const float* weight) {
+  checkIndices(lIn.shape, idx);
   Layer l = lIn;
-  l.topkIdx = in.idx.data();
+  l.topkIdx = idx;
   const Shape& sh = l.shape;
   const size_t T = size_t(sh.tokens), K = size_t(sh.topk), D = size_t(sh.maxDests());
   const int R = sh.ranks, C = sh.channels;
   Plan p;
-  p.x = packTokens(sh, in.x.data());
   if (ll) {
     p.meta.assign(T * K * 16, 0);
     for (size_t t = 0; t < T; ++t)
@@ -203,8 +209,8 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
     p.sendCount.assign(size_t(sh.experts), 0);
     for (size_t t = 0; t < T; ++t)
       for (size_t k = 0; k < K; ++k) {
-        if (in.idx[t * K + k] < 0) continue;  // no expert: nothing sent, nothing comes back
-        const size_t e = size_t(in.idx[t * K + k]);
+        if (idx[t * K + k] < 0) continue;  // no expert: nothing sent, nothing comes back
+        const size_t e = size_t(idx[t * K + k]);
         p.sendList[e * T + p.sendCount[e]++] = uint32_t(t) | uint32_t(k) << 24;
         p.combineArrivals += 1;
       }
@@ -226,15 +232,23 @@ inline Plan plan(const Layer& lIn, bool ll, const Inputs& in) {
       m.srcToken = uint32_t(t);
       m.combineSlot = uint32_t(j);
       for (int k = 0; k < sh.topk; ++k) {
-        const int e = in.idx[t * K + size_t(k)];
+        const int e = idx[t * K + size_t(k)];
         if (e < 0 || e / sh.localExperts() != d) continue;
         m.pick[m.nLocal].localExpert = e % sh.localExperts();
-        m.pick[m.nLocal].weight = in.weight[t * K + size_t(k)];
+        m.pick[m.nLocal].weight = weight[t * K + size_t(k)];
         m.nLocal += 1;
         m.choices |= 1u << k;
       }
       std::memcpy(p.meta.data() + (t * D + size_t(j)) * sh.metaBytes(), &m, sh.metaBytes());
     }
+  return p;
+}
+
+// The plan of `in` (its sizes checked), tokens included.
+inline Plan plan(const Layer& l, bool ll, const Inputs& in) {
+  checkRouting(l.shape, in);
+  Plan p = planRouting(l, ll, in.idx.data(), in.weight.data());
+  p.x = packTokens(l.shape, in.x.data());
   return p;
 }
 

@@ -72,9 +72,11 @@ __global__ void countKernel(Layer l) {
 }
 
 // Wait for every source's counts, then lay out the receive list:
-// rs[src][c] = {0, expect, base}; srcOf[pos] = src; *total = positions.
-// Thread 0 waits and sums; every thread then fills its share of srcOf.
-__global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long long* total, int* failed) {
+// rs[src][c] = {0, expect, base}; srcOf[pos] = src; *total = positions
+// (at most maxRecv, the receive list's room). Thread 0 waits and sums;
+// every thread then fills its share of srcOf.
+__global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long long* total, int* failed,
+                             uint64_t maxRecv) {
   __shared__ uint64_t srcBase[65];  // first position of each source; [R] = the total
   __shared__ int ok;
   const int R = l.shape.ranks, C = l.shape.channels;
@@ -93,9 +95,9 @@ __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long l
         base += s.expect;
       }
     }
-    // More than R x T positions (more than the ranks can send) would
-    // overrun the receive list: fail the layer and receive nothing.
-    if (ok && base > uint64_t(R) * uint64_t(l.shape.tokens)) {
+    // More positions than the ranks can send would overrun the receive
+    // list: fail the layer and receive nothing.
+    if (ok && base > maxRecv) {
       ok = 0;
       *failed = 1;
       for (int i = 0; i < R * C; ++i) rs[i].expect = 0;
@@ -248,12 +250,69 @@ __global__ void resetKernel(Layer l, uint32_t from, uint32_t to) {
 
 __global__ void flushKernel(Layer l) { gin::Net<>(l.dc, int(blockIdx.x)).flush(gin::CoopThread{}); }
 
+// Load every kernel now: with CUDA's lazy loading a kernel's first launch
+// may wait for the device to go idle, which must not happen while a kernel
+// of this or another rank spins on this one (nor inside a timed region of a
+// caller).
+inline void loadKernels() {
+  cudaFuncAttributes a{};
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, countKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, layoutKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, dispatchKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, expertCombineKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, combineWaitKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, reduceKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, llDispatchKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, llWaitKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, llExpertKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, resetKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, flushKernel));
+}
+
+// Grid sizes for a rank (collective: ranks compare GPUs). The dispatch
+// kernel's senders and receivers wait on each other (and on other ranks'
+// CTAs): all C + R x C CTAs must be resident at once, or the layer stalls
+// until the timeout; a shape that cannot be is refused. The combine grids
+// are sized so that all ranks on this GPU (tests share one GPU among ranks)
+// together leave half of it free.
+struct Sizing {
+  int sharing = 1;      // ranks on this GPU
+  int combineGrid = 1;  // CTAs of a warp-per-row combine kernel
+  int llSplit = 1;      // CTAs per (local expert, source) in low-latency mode
+};
+inline Sizing sizing(gin::Comm& comm, const Shape& sh, bool lowLatency, int threads) {
+  const size_t R = size_t(sh.ranks), C = size_t(sh.channels);
+  Sizing z;
+  int dev = 0, sms = 0, perSm = 0;
+  GIN_CUDA_CHECK(cudaGetDevice(&dev));
+  GIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, dispatchKernel, threads, 0));
+  char bus[32] = {};
+  GIN_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
+  std::vector<char> buses(sizeof bus * R);
+  std::memcpy(buses.data() + sizeof bus * size_t(comm.rank()), bus, sizeof bus);
+  comm.bootstrap().allGather(buses.data(), sizeof bus);
+  z.sharing = 0;
+  for (size_t r = 0; r < R; ++r) z.sharing += std::memcmp(buses.data() + sizeof bus * r, bus, sizeof bus) == 0;
+  if (!lowLatency && int(C + R * C) * z.sharing > perSm * sms)
+    throw std::invalid_argument("moe: the dispatch kernel needs " + std::to_string(C + R * C) +
+                                " resident CTAs (channels + ranks x channels) on each of " + std::to_string(z.sharing) +
+                                " rank(s) of this GPU, which holds " + std::to_string(perSm * sms) +
+                                "; use fewer channels");
+  GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, expertCombineKernel, threads, 0));
+  z.combineGrid = std::max(1, perSm * sms / (2 * z.sharing));
+  GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, llExpertKernel, threads, 0));
+  z.llSplit = std::max(1, perSm * sms / (2 * z.sharing) / std::max(1, sh.localExperts() * sh.ranks));
+  return z;
+}
+
 }  // namespace gpu
 
 // Runs layers on one GPU rank, on `stream`. Collective like CpuLayer.
 class GpuLayer {
  public:
   static constexpr int kThreads = 256;
+  static_assert(kThreads / 32 * gpu::kLanesPerWarp >= 64, "a sender CTA drives up to 64 destinations");
 
   GpuLayer(gin::Comm& comm, const Shape& sh, bool lowLatency, cudaStream_t stream)
       : comm_(comm), sh_(sh), ll_(lowLatency), st_(stream), l_(openLayer(comm, sh, lowLatency, 0)) {
@@ -274,47 +333,10 @@ class GpuLayer {
     l_.topkW = w_;
     l_.sendList = sendList_;
     l_.sendCount = sendCount_;
-    // Load every kernel now: with CUDA's lazy loading a kernel's first launch
-    // may wait for the device to go idle, which must not happen while a
-    // kernel of this or another rank spins on this one (nor inside a timed
-    // region of a caller).
-    cudaFuncAttributes a{};
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::countKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::layoutKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::dispatchKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::expertCombineKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::combineWaitKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::reduceKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llDispatchKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llWaitKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llExpertKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::resetKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::flushKernel));
-    // The dispatch kernel's senders and receivers wait on each other (and on
-    // other ranks' CTAs): all C + R x C CTAs must be resident at once, or the
-    // layer stalls until the timeout. Refuse a shape that cannot be.
-    int dev = 0, perSm = 0;
-    GIN_CUDA_CHECK(cudaGetDevice(&dev));
-    GIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
-    GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::dispatchKernel, kThreads, 0));
-    static_assert(kThreads / 32 * gpu::kLanesPerWarp >= 64, "a sender CTA drives up to 64 destinations");
-    // Ranks on this GPU (tests share one GPU among ranks): the kernels'
-    // grids are sized so that all of them together leave half the GPU free.
-    char bus[32] = {};
-    GIN_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
-    std::vector<char> buses(sizeof bus * R);
-    std::memcpy(buses.data() + sizeof bus * size_t(comm.rank()), bus, sizeof bus);
-    comm.bootstrap().allGather(buses.data(), sizeof bus);
-    for (size_t r = 0; r < R; ++r) sharing_ += std::memcmp(buses.data() + sizeof bus * r, bus, sizeof bus) == 0;
-    if (!lowLatency && int(C + R * C) * sharing_ > perSm * sms_)
-      throw std::invalid_argument("moe: the dispatch kernel needs " + std::to_string(C + R * C) +
-                                  " resident CTAs (channels + ranks x channels) on each of " +
-                                  std::to_string(sharing_) + " rank(s) of this GPU, which holds " +
-                                  std::to_string(perSm * sms_) + "; use fewer channels");
-    GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::expertCombineKernel, kThreads, 0));
-    combineGrid_ = std::max(1, perSm * sms_ / (2 * sharing_));
-    GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, gpu::llExpertKernel, kThreads, 0));
-    llSplit_ = std::max(1, perSm * sms_ / (2 * sharing_) / std::max(1, sh.localExperts() * sh.ranks));
+    gpu::loadKernels();
+    const gpu::Sizing z = gpu::sizing(comm, sh, lowLatency, kThreads);
+    combineGrid_ = z.combineGrid;
+    llSplit_ = z.llSplit;
   }
   GpuLayer(const GpuLayer&) = delete;
   GpuLayer& operator=(const GpuLayer&) = delete;
@@ -368,7 +390,7 @@ class GpuLayer {
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     if (!ll_) {
       gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
-      gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed());
+      gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), uint64_t(R) * uint64_t(sh.tokens));
       gpu::dispatchKernel<<<C + R * C, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_, failed());
       if (dispatched) GIN_CUDA_CHECK(cudaEventRecord(dispatched, st_));
       gpu::expertCombineKernel<<<combineGrid_, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
@@ -418,7 +440,7 @@ class GpuLayer {
   bool ll_;
   cudaStream_t st_;
   Layer l_;
-  int sms_ = 0, sharing_ = 0, combineGrid_ = 1, llSplit_ = 1;
+  int combineGrid_ = 1, llSplit_ = 1;
   Plan plan_;
   std::vector<void*> allocs_;
   void* scratch_ = nullptr;

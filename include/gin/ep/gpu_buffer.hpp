@@ -1,0 +1,580 @@
+// gin/ep/gpu_buffer.hpp — DeepEP's Buffer on a GPU rank: the calls of
+// CpuBuffer (gin/ep/buffer.hpp) with device arrays in and out, run as
+// kernels on the buffer's stream over the same device bodies (normal and
+// low-latency modes; docs/ep.md).
+//
+//   gin::ep::GpuBuffer buf(comm, shape, /*lowLatency=*/false, stream);
+//   gin::ep::GpuDispatched d = buf.dispatch(x, topkIdx, topkWeights, T);   // device pointers
+//   // y[i] = experts(d.x[i]): one bf16 row per received row, on the GPU
+//   gin::ep::DeviceArray<uint16_t> out = buf.combine(y, d.handle, bias0, bias1);
+//
+// Each call returns once its kernels are done (it synchronizes the stream,
+// as DeepEP's normal dispatch does to learn its receive count). The routing
+// plan is made on the host from a copy of the top-k indices, in both modes
+// (DeepEP's low-latency mode plans on the GPU; here that is still to come).
+// Phases start with a barrier of every rank after their signals are reset
+// and end with one after their puts are flushed, so the stream work between
+// calls (the caller's experts) never runs while a kernel of the buffer spins.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gin/ep/buffer.hpp"
+#include "gin/ep/gpu.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <memory>
+
+namespace gin::ep {
+
+// Where a GpuBuffer takes device memory for what it returns: `bytes` at
+// *ptr, owned by the returned pointer (the memory lives until its last
+// copy goes). Empty: the buffer's own pool (below). The PyTorch extension
+// passes one that makes tensors with PyTorch's allocator.
+using DeviceAllocator = std::function<std::shared_ptr<void>(size_t bytes, void** ptr)>;
+
+// n values of T in device memory (a DeviceAllocator's, or from the buffer's
+// pool, freed stream-ordered by cudaFreeAsync on the buffer's stream, which
+// must then outlive the array: no free waits for a running kernel, as
+// cudaFree would). Copies share it.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(size_t n, const DeviceAllocator& alloc, cudaMemPool_t pool, cudaStream_t st) : n_(n), st_(st) {
+    const size_t bytes = std::max<size_t>(n * sizeof(T), 16);
+    void* p = nullptr;
+    if (alloc) {
+      keep_ = alloc(bytes, &p);
+    } else {
+      GIN_CUDA_CHECK(cudaMallocFromPoolAsync(&p, bytes, pool, st));
+      keep_ = std::shared_ptr<void>(p, [st](void* q) { (void)cudaFreeAsync(q, st); });
+    }
+    p_ = static_cast<T*>(p);
+  }
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  const std::shared_ptr<void>& owner() const { return keep_; }
+  // The values on the host (waits for the stream).
+  std::vector<T> toHost() const {
+    std::vector<T> v(n_);
+    if (n_) GIN_CUDA_CHECK(cudaMemcpyAsync(v.data(), data(), n_ * sizeof(T), cudaMemcpyDeviceToHost, st_));
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    return v;
+  }
+
+ private:
+  std::shared_ptr<void> keep_;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+  cudaStream_t st_ = nullptr;
+};
+
+// A normal-mode dispatch's handle (DeepEP's handle): where each received row
+// came from and goes back to, and what a cached dispatch repeats.
+struct GpuHandle {
+  int tokens = 0;                   // T of the dispatch, on this rank
+  std::vector<int> tokensFromRank;  // [R] rows received from each source (host)
+  DeviceArray<int> srcRank;         // [N]
+  DeviceArray<int> srcToken;        // [N]
+  DeviceArray<uint32_t> slot;       // [N] the row's combine slot at its source
+  DeviceArray<int> rows;            // [T] rows each of this rank's tokens gets back
+  uint64_t arrivals = 0;            // rows this rank's combine waits for
+  Plan sent;                        // what this rank sent (no tokens)
+  std::vector<uint64_t> fromLane;   // [R][C] what each (source, channel) sent here
+  size_t received() const { return srcRank.size(); }
+};
+struct GpuDispatched {
+  DeviceArray<uint16_t> x;           // [N][H] bf16: by source rank, then source token
+  DeviceArray<int32_t> topkIdx;      // [N][K] local expert, -1 elsewhere (empty: cached dispatch)
+  DeviceArray<float> topkWeights;    // [N][K] 0 where topkIdx is -1 (empty: cached dispatch)
+  std::vector<int> tokensPerExpert;  // [L] on the host, rounded up to the alignment (empty: cached)
+  GpuHandle handle;
+};
+// Low-latency mode: CpuBuffer's LlHandle with device arrays.
+struct GpuLlHandle {
+  int tokens = 0;
+  DeviceArray<int> count;      // [L]
+  DeviceArray<int64_t> range;  // [L][R] begin << 32 | count
+  DeviceArray<int> srcToken;   // [L][R * Tmax]
+  DeviceArray<int> srcK;       // [L][R * Tmax]
+  uint64_t arrivals = 0;
+};
+struct GpuLlDispatched {
+  DeviceArray<uint16_t> x;  // [L][R * Tmax][H] bf16; rows past count[e] are not written
+  GpuLlHandle handle;
+};
+
+namespace gpu {
+
+// x [T][H] bf16 into the x window's slots, tokenBytes apart.
+__global__ void packKernel(Layer l, const uint16_t* x, int tokens) {
+  const size_t H = size_t(l.shape.hidden);
+  for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x)
+    gin::lsa::coopCopy(gin::CoopBlock{}, gin::localPointer(l.x, t * l.shape.tokenBytes()), x + t * H, H * 2);
+}
+
+// A thread per received position: its source, token, combine slot, top-k
+// (local ids where the choice is here, -1 and weight 0 elsewhere), and
+// perExpert[el] += 1 for each local choice.
+__global__ void unpackKernel(Layer l, int n, const int* srcOf, const char* recvMeta, int* srcRank, int* srcToken,
+                             uint32_t* slot, int32_t* topkIdx, float* topkW, int* perExpert) {
+  const int K = l.shape.topk;
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) {
+    const TokenMeta* m = reinterpret_cast<const TokenMeta*>(recvMeta + size_t(i) * l.shape.metaBytes());
+    srcRank[i] = srcOf[i];
+    srcToken[i] = int(m->srcToken);
+    slot[i] = m->combineSlot;
+    for (int k = 0; k < K; ++k) {
+      topkIdx[size_t(i) * K + k] = -1;
+      topkW[size_t(i) * K + k] = 0.f;
+    }
+    uint32_t choices = m->choices;
+    for (uint32_t j = 0; j < m->nLocal; ++j, choices &= choices - 1) {
+      const int k = __ffs(int(choices)) - 1;  // the j-th choice on this rank
+      topkIdx[size_t(i) * K + k] = m->pick[j].localExpert;
+      topkW[size_t(i) * K + k] = m->pick[j].weight;
+      ::atomicAdd(perExpert + m->pick[j].localExpert, 1);
+    }
+  }
+}
+
+// A warp per row: row i of y back to its source (returnRow).
+__global__ void returnKernel(Layer l, int n, const int* srcRank, const int* srcToken, const uint32_t* slot,
+                             const uint16_t* y) {
+  const size_t H = size_t(l.shape.hidden), warps = size_t(gridDim.x) * (blockDim.x / 32);
+  for (size_t i = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < size_t(n); i += warps)
+    returnRow(l, srcRank[i], combineRowOffset(l.shape, size_t(srcToken[i]), slot[i]), i, y + i * H, gin::CoopWarp{});
+}
+
+// A block per token t < tokens: out[t] = sumRows of its rows in this rank's
+// combine window (`stride` rows per token; rows[t] of them, or all where
+// rows is null), with the optional top-k skip and weights and biases.
+__global__ void sumKernel(Layer l, int tokens, int stride, const int* rows, const int32_t* idx, const float* weight,
+                          const uint16_t* bias0, const uint16_t* bias1, uint16_t* out) {
+  const size_t H = size_t(l.shape.hidden), S = size_t(stride);
+  const auto* comb = static_cast<const uint16_t*>(gin::localPointer(l.combine, 0));
+  for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x)
+    sumRows(comb + t * S * H, H, rows ? rows[t] : stride, idx ? idx + t * S : nullptr,
+            weight ? weight + t * S : nullptr, bias0 ? bias0 + t * H : nullptr, bias1 ? bias1 + t * H : nullptr,
+            out + t * H, gin::CoopBlock{});
+}
+
+// Low-latency mode, after llWaitKernel: a block per (local expert el,
+// source src) packs that source's rows into x [el][R * Tmax] after the
+// rows of sources before it, with their token and choice, and the layout
+// range; the block of the last source writes the expert's count.
+__global__ void llUnpackKernel(Layer l, uint16_t* x, int* count, int64_t* range, int* srcToken, int* srcK) {
+  const Shape& sh = l.shape;
+  const int R = sh.ranks, el = int(blockIdx.x) / R, src = int(blockIdx.x) % R;
+  const size_t H = size_t(sh.hidden), Tmax = size_t(sh.tokens);
+  const auto* counts = static_cast<const uint64_t*>(gin::localPointer(l.counts, 0)) + size_t(el) * size_t(R);
+  uint64_t begin = 0;
+  for (int s = 0; s < src; ++s) begin += gin::volatileLoad(counts + s);
+  const uint64_t n = gin::volatileLoad(counts + src);
+  if (threadIdx.x == 0) {
+    range[size_t(el) * R + size_t(src)] = int64_t(begin << 32 | n);
+    if (src == R - 1) count[el] = int(begin + n);
+  }
+  const size_t warps = blockDim.x / 32;
+  for (size_t q = threadIdx.x / 32; q < n; q += warps) {
+    const char* s = static_cast<const char*>(gin::localPointer(l.ring, llSlot(sh, el, src, q)));
+    const size_t row = size_t(el) * size_t(R) * Tmax + size_t(begin) + q;
+    if (threadIdx.x % 32 == 0) {
+      srcToken[row] = int(gin::volatileLoad(reinterpret_cast<const uint32_t*>(s)));
+      srcK[row] = int(gin::volatileLoad(reinterpret_cast<const uint32_t*>(s) + 1));
+    }
+    gin::lsa::coopCopy(gin::CoopWarp{}, x + row * H, s + 16, H * 2);
+  }
+}
+
+// `split` blocks per (local expert, source), a warp per packed row: row q of
+// that pair's range back to its source at (token, choice).
+__global__ void llReturnKernel(Layer l, int split, const int64_t* range, const int* srcToken, const int* srcK,
+                               const uint16_t* y) {
+  const Shape& sh = l.shape;
+  const int R = sh.ranks, pair = int(blockIdx.x) / split, el = pair / R, src = pair % R;
+  const size_t H = size_t(sh.hidden), Tmax = size_t(sh.tokens);
+  const uint64_t r = uint64_t(range[pair]), begin = r >> 32, n = r & 0xffffffffu;
+  const size_t parts = size_t(split) * (blockDim.x / 32);
+  for (size_t q = size_t(blockIdx.x % split) * (blockDim.x / 32) + threadIdx.x / 32; q < n; q += parts) {
+    const size_t row = size_t(el) * size_t(R) * Tmax + size_t(begin) + q;
+    returnRow(l, src, llRowOffset(sh, size_t(srcToken[row]), size_t(srcK[row])), row, y + row * H, gin::CoopWarp{});
+  }
+}
+
+}  // namespace gpu
+
+class GpuBuffer {
+ public:
+  static constexpr int kThreads = 256;
+
+  // As CpuBuffer's: shape.tokens is the most tokens a call may bring (the
+  // same on every rank); lowLatency picks the mode. The buffer's kernels,
+  // copies and allocations run on `stream`, which must outlive the buffer
+  // and every array it returned. Collective.
+  GpuBuffer(gin::Comm& comm, const Shape& sh, bool lowLatency, cudaStream_t stream, uint32_t sigBase = 0)
+      : comm_(comm), maxTokens_(sh.tokens), ll_(lowLatency), st_(stream), l_(openLayer(comm, sh, lowLatency, sigBase)) {
+    const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), E = size_t(sh.experts);
+    const size_t H = size_t(sh.hidden);
+    int dev = 0;
+    GIN_CUDA_CHECK(cudaGetDevice(&dev));
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    GIN_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    uint64_t keep = ~0ull;  // keep freed memory in the pool: no trim at a synchronization
+    GIN_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    GIN_CUDA_CHECK(cudaHostAlloc(&host_, 4096, cudaHostAllocDefault));
+    scratch_ = alloc(4096);
+    perExpert_ = static_cast<int*>(alloc(std::max<size_t>(size_t(sh.localExperts()) * 4, 4)));
+    sendList_ = static_cast<uint32_t*>(alloc(std::max<size_t>(std::max(C * R * sh.laneCap(), E * T) * 4, 4)));
+    sendCount_ = static_cast<uint64_t*>(alloc(std::max(C * R, E) * 8));
+    rs_ = static_cast<RecvState*>(alloc(R * C * sizeof(RecvState)));
+    srcOf_ = static_cast<int*>(alloc(std::max<size_t>(R * T * 4, 4)));
+    if (!ll_) {
+      recvX_ = static_cast<uint16_t*>(alloc(std::max<size_t>(R * T * H * 2, 4)));
+      recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
+    }
+    l_.sendList = sendList_;
+    l_.sendCount = sendCount_;
+    gpu::loadKernels();
+    cudaFuncAttributes a{};
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::packKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::unpackKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::returnKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::sumKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llUnpackKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llReturnKernel));
+    z_ = gpu::sizing(comm, sh, lowLatency, kThreads);
+  }
+  GpuBuffer(const GpuBuffer&) = delete;
+  GpuBuffer& operator=(const GpuBuffer&) = delete;
+  ~GpuBuffer() {
+    (void)cudaStreamSynchronize(st_);
+    for (void* p : allocs_) (void)cudaFree(p);
+    (void)cudaFreeHost(host_);
+    (void)cudaMemPoolDestroy(pool_);  // deferred until the arrays it gave out are freed
+    closeLayer(comm_, l_);            // prints, never throws
+  }
+
+  Shape shape() const {
+    Shape s = l_.shape;
+    s.tokens = maxTokens_;
+    return s;
+  }
+
+  // An array of n T's (the allocator's, else from the buffer's pool) on its stream.
+  template <class T>
+  DeviceArray<T> deviceArray(size_t n) const {
+    return DeviceArray<T>(n, alloc_, pool_, st_);
+  }
+
+  // Where arrays the buffer returns come from from now on (empty: its pool).
+  void setAllocator(DeviceAllocator a) { alloc_ = std::move(a); }
+
+  // CpuBuffer::dispatch with device arrays: x [T][H] bf16, topkIdx and
+  // topkWeights [T][K] (T at most shape().tokens; ranks may differ).
+  GpuDispatched dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens,
+                         int expertAlignment = 1) {
+    const Shape& sh = l_.shape;
+    const size_t K = size_t(sh.topk), L = size_t(sh.localExperts());
+    checkCall(false, tokens, "dispatch");
+    if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
+    // The routing on the host: the plan is made there.
+    std::vector<int32_t> idx(size_t(tokens) * K);
+    std::vector<float> w(idx.size());
+    download(idx.data(), topkIdx, idx.size() * 4);
+    download(w.data(), topkWeights, w.size() * 4);
+    l_.shape.tokens = tokens;
+    GpuDispatched d;
+    GpuHandle& h = d.handle;
+    h.tokens = tokens;
+    h.sent = planRouting(l_, false, idx.data(), w.data());
+    h.arrivals = h.sent.combineArrivals;
+    h.rows = deviceArray<int>(size_t(tokens));
+    upload(h.rows.data(), h.sent.rows.data(), size_t(tokens) * 4);
+    start(h.sent, x, tokens);
+    gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
+    gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), maxRecv());
+    const size_t n = finishDispatch("dispatch", true);
+    const std::vector<uint64_t> lanes = readLanes();
+    h.fromLane = lanes;
+    h.tokensFromRank.assign(size_t(sh.ranks), 0);
+    for (size_t i = 0; i < lanes.size(); ++i) h.tokensFromRank[i / size_t(sh.channels)] += int(lanes[i]);
+    d.x = receivedRows(n);
+    h.srcRank = deviceArray<int>(n);
+    h.srcToken = deviceArray<int>(n);
+    h.slot = deviceArray<uint32_t>(n);
+    d.topkIdx = deviceArray<int32_t>(n * K);
+    d.topkWeights = deviceArray<float>(n * K);
+    GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, L * 4, st_));
+    if (n)
+      gpu::unpackKernel<<<int(std::min<size_t>((n + kThreads - 1) / kThreads, 1024)), kThreads, 0, st_>>>(
+          l_, int(n), srcOf_, recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), d.topkIdx.data(),
+          d.topkWeights.data(), perExpert_);
+    GIN_CUDA_CHECK(cudaGetLastError());
+    d.tokensPerExpert.assign(L, 0);
+    download(d.tokensPerExpert.data(), perExpert_, L * 4);
+    for (int& c : d.tokensPerExpert) c = (c + expertAlignment - 1) / expertAlignment * expertAlignment;
+    comm_.bootstrap().barrier();
+    return d;
+  }
+
+  // CpuBuffer's cached dispatch: new tokens x [T][H] along the layout of the
+  // dispatch that made `h` (every rank passes a handle of the same
+  // dispatch). Returns the rows in that dispatch's order and its handle;
+  // topkIdx, topkWeights and tokensPerExpert stay empty.
+  GpuDispatched dispatch(const uint16_t* x, const GpuHandle& h) {
+    const Shape& sh = l_.shape;
+    const int R = sh.ranks, C = sh.channels;
+    checkCall(false, h.tokens, "dispatch");
+    if (h.sent.rows.size() != size_t(h.tokens) || h.fromLane.size() != size_t(R) * size_t(C))
+      throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer");
+    l_.shape.tokens = h.tokens;
+    // The receive list as the handle's dispatch laid it out.
+    std::vector<RecvState> rs(size_t(R) * size_t(C));
+    std::vector<int> srcOf;
+    uint64_t base = 0;
+    for (size_t i = 0; i < rs.size(); ++i) {
+      rs[i].expect = h.fromLane[i];
+      rs[i].base = base;
+      base += rs[i].expect;
+      srcOf.insert(srcOf.end(), size_t(rs[i].expect), int(i / size_t(C)));
+    }
+    if (base != h.received() || base > maxRecv())
+      throw std::invalid_argument("ep: a cached dispatch was given a handle that no dispatch of this buffer made");
+    upload(rs_, rs.data(), rs.size() * sizeof(RecvState));
+    upload(srcOf_, srcOf.data(), srcOf.size() * 4);
+    start(h.sent, x, h.tokens);
+    const size_t n = finishDispatch("cached dispatch", false);
+    if (n != h.received())
+      throw std::runtime_error("ep: rank " + std::to_string(comm_.rank()) + ": a cached dispatch received " +
+                               std::to_string(n) + " rows, its handle " + std::to_string(h.received()));
+    GpuDispatched d;
+    d.handle = h;
+    d.x = receivedRows(n);
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    comm_.bootstrap().barrier();
+    return d;
+  }
+
+  // CpuBuffer::combine with device arrays: y [N][H] bf16 in the dispatch's
+  // row order, bias0/bias1 [T][H] bf16 or null. Returns [T][H] bf16.
+  DeviceArray<uint16_t> combine(const uint16_t* y, const GpuHandle& h, const uint16_t* bias0 = nullptr,
+                                const uint16_t* bias1 = nullptr) {
+    const Shape& sh = l_.shape;
+    checkCall(false, h.tokens, "combine");
+    if (h.rows.size() != size_t(h.tokens) || h.srcToken.size() != h.received() || h.slot.size() != h.received())
+      throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
+    startCombine();
+    if (h.received())
+      gpu::returnKernel<<<z_.combineGrid, kThreads, 0, st_>>>(l_, int(h.received()), h.srcRank.data(),
+                                                              h.srcToken.data(), h.slot.data(), y);
+    DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
+    finishCombine(h.arrivals, h.tokens, sh.maxDests(), h.rows.data(), nullptr, nullptr, bias0, bias1, out.data(),
+                  "combine");
+    return out;
+  }
+
+  // CpuBuffer::lowLatencyDispatch with device arrays (x [T][H], topkIdx and
+  // topkWeights [T][K]).
+  GpuLlDispatched lowLatencyDispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens) {
+    const Shape& sh = l_.shape;
+    const size_t K = size_t(sh.topk), L = size_t(sh.localExperts()), R = size_t(sh.ranks);
+    const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_);
+    checkCall(true, tokens, "lowLatencyDispatch");
+    // Tokens past T choose no expert: the layout is the same on every rank.
+    std::vector<int32_t> idx(Tmax * K, -1);
+    std::vector<float> w(idx.size(), 0.f);
+    download(idx.data(), topkIdx, size_t(tokens) * K * 4);
+    download(w.data(), topkWeights, size_t(tokens) * K * 4);
+    const Plan p = planRouting(l_, true, idx.data(), w.data());
+    start(p, x, tokens);
+    gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
+    gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
+    GpuLlDispatched d;
+    GpuLlHandle& h = d.handle;
+    h.tokens = tokens;
+    h.arrivals = p.combineArrivals;
+    d.x = deviceArray<uint16_t>(L * R * Tmax * H);
+    h.count = deviceArray<int>(L);
+    h.range = deviceArray<int64_t>(L * R);
+    h.srcToken = deviceArray<int>(L * R * Tmax);
+    h.srcK = deviceArray<int>(L * R * Tmax);
+    gpu::llUnpackKernel<<<int(L * R), kThreads, 0, st_>>>(l_, d.x.data(), h.count.data(), h.range.data(),
+                                                          h.srcToken.data(), h.srcK.data());
+    settle("low-latency dispatch");
+    return d;
+  }
+
+  // CpuBuffer::lowLatencyCombine with device arrays: y [L][R * Tmax][H],
+  // topkIdx and topkWeights [T][K] of the dispatch that made `h`.
+  DeviceArray<uint16_t> lowLatencyCombine(const uint16_t* y, const int32_t* topkIdx, const float* topkWeights,
+                                          const GpuLlHandle& h) {
+    const Shape& sh = l_.shape;
+    checkCall(true, h.tokens, "lowLatencyCombine");
+    const size_t L = size_t(sh.localExperts()), R = size_t(sh.ranks);
+    if (h.count.size() != L || h.range.size() != L * R || h.srcToken.size() != L * R * size_t(maxTokens_))
+      throw std::invalid_argument("ep: lowLatencyCombine was given a handle that no dispatch of this buffer made");
+    startCombine();
+    gpu::llReturnKernel<<<int(L * R) * z_.llSplit, kThreads, 0, st_>>>(l_, z_.llSplit, h.range.data(),
+                                                                       h.srcToken.data(), h.srcK.data(), y);
+    DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
+    finishCombine(h.arrivals, h.tokens, sh.topk, nullptr, topkIdx, topkWeights, nullptr, nullptr, out.data(),
+                  "low-latency combine");
+    return out;
+  }
+
+ private:
+  gin::Comm& comm_;
+  int maxTokens_;
+  bool ll_;
+  cudaStream_t st_;
+  Layer l_;
+  gpu::Sizing z_;
+  cudaMemPool_t pool_ = nullptr;
+  DeviceAllocator alloc_;
+  void* host_ = nullptr;  // pinned: what the host reads back (failed, total, counts)
+  std::vector<void*> allocs_;
+  void* scratch_ = nullptr;
+  int* perExpert_ = nullptr;
+  uint32_t* sendList_ = nullptr;
+  uint64_t* sendCount_ = nullptr;
+  RecvState* rs_ = nullptr;
+  int* srcOf_ = nullptr;
+  uint16_t* recvX_ = nullptr;
+  char* recvMeta_ = nullptr;
+
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    GIN_CUDA_CHECK(cudaMalloc(&p, bytes));
+    GIN_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    allocs_.push_back(p);
+    return p;
+  }
+  int* failed() const { return static_cast<int*>(scratch_); }
+  unsigned long long* total() const { return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 8); }
+  uint64_t maxRecv() const { return uint64_t(l_.shape.ranks) * uint64_t(maxTokens_); }
+
+  void upload(void* to, const void* from, size_t bytes) {
+    if (bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, st_));
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));  // `from` may be gone after the call
+  }
+  void download(void* to, const void* from, size_t bytes) {
+    if (bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, st_));
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+  }
+
+  void checkCall(bool lowLatency, int tokens, const char* call) const {
+    if (lowLatency != ll_)
+      throw std::invalid_argument(std::string("ep: ") + call + " on a " + (ll_ ? "low-latency" : "normal-mode") +
+                                  " buffer; build the buffer with lowLatency = " + (lowLatency ? "true" : "false"));
+    if (tokens < 0 || tokens > maxTokens_)
+      throw std::invalid_argument(std::string("ep: ") + call + " of " + std::to_string(tokens) +
+                                  " tokens; the buffer takes at most " + std::to_string(maxTokens_) +
+                                  " (Shape::tokens)");
+  }
+
+  // A dispatch's start: the plan's metadata and send lists and the tokens
+  // into place, every signal of the layer reset, then a barrier of every
+  // rank (nobody signals before every rank has reset; no kernel of the
+  // buffer runs yet on any rank).
+  void start(const Plan& p, const uint16_t* x, int tokens) {
+    upload(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
+    upload(sendList_, p.sendList.data(), p.sendList.size() * 4);
+    upload(sendCount_, p.sendCount.data(), p.sendCount.size() * 8);
+    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+    if (tokens > 0) gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
+    gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
+    GIN_CUDA_CHECK(cudaGetLastError());
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    comm_.bootstrap().barrier();
+  }
+
+  // Normal mode after start (and, unless cached, the count and layout
+  // kernels): the dispatch kernel, a flush of every context, then the
+  // outcome. Returns the rows received.
+  size_t finishDispatch(const char* what, bool counted) {
+    const Shape& sh = l_.shape;
+    gpu::dispatchKernel<<<sh.channels + sh.ranks * sh.channels, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_,
+                                                                                    failed());
+    gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
+    GIN_CUDA_CHECK(cudaGetLastError());
+    int* hostFailed = static_cast<int*>(host_);
+    auto* hostTotal = reinterpret_cast<unsigned long long*>(static_cast<char*>(host_) + 8);
+    *hostTotal = 0;
+    GIN_CUDA_CHECK(cudaMemcpyAsync(hostFailed, failed(), 4, cudaMemcpyDeviceToHost, st_));
+    if (counted) GIN_CUDA_CHECK(cudaMemcpyAsync(hostTotal, total(), 8, cudaMemcpyDeviceToHost, st_));
+    checkDone(what);
+    return counted ? size_t(*hostTotal) : 0;
+  }
+
+  // What each (source, channel) sent here, from this rank's counts window.
+  std::vector<uint64_t> readLanes() {
+    std::vector<uint64_t> v(size_t(l_.shape.ranks) * size_t(l_.shape.channels));
+    download(v.data(), comm_.localPointer(l_.counts), v.size() * 8);
+    return v;
+  }
+
+  // The first n received rows, copied out of the receive list.
+  DeviceArray<uint16_t> receivedRows(size_t n) {
+    DeviceArray<uint16_t> x = deviceArray<uint16_t>(n * size_t(l_.shape.hidden));
+    if (n)
+      GIN_CUDA_CHECK(cudaMemcpyAsync(x.data(), recvX_, n * size_t(l_.shape.hidden) * 2, cudaMemcpyDeviceToDevice, st_));
+    return x;
+  }
+
+  // Waits for the stream; a device error of this rank, or a wait that gave
+  // up, is thrown.
+  void checkDone(const char* what) {
+    const cudaError_t e = cudaStreamSynchronize(st_);
+    comm_.check();
+    GIN_CUDA_CHECK(e);
+    if (*static_cast<int*>(host_))
+      throw std::runtime_error(std::string("ep: ") + what + ": a wait gave up on rank " + std::to_string(comm_.rank()));
+  }
+
+  // A phase's end: every context flushed, the outcome checked, then a
+  // barrier (nobody resets signals for the next phase while a peer still
+  // signals).
+  void settle(const char* what) {
+    gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
+    GIN_CUDA_CHECK(cudaGetLastError());
+    GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
+    checkDone(what);
+    comm_.bootstrap().barrier();
+  }
+
+  void startCombine() {
+    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+    gpu::resetKernel<<<1, 32, 0, st_>>>(l_, l_.sig.combine(), l_.sig.combine() + 1);
+    GIN_CUDA_CHECK(cudaGetLastError());
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
+  }
+
+  // After the return kernel: wait for `arrivals` rows, sum them into out,
+  // settle.
+  void finishCombine(uint64_t arrivals, int tokens, int stride, const int* rows, const int32_t* idx,
+                     const float* weight, const uint16_t* bias0, const uint16_t* bias1, uint16_t* out,
+                     const char* what) {
+    gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, arrivals, failed());
+    if (tokens > 0)
+      gpu::sumKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, tokens, stride, rows, idx, weight, bias0, bias1,
+                                                                   out);
+    settle(what);
+  }
+};
+
+}  // namespace gin::ep
+#endif  // defined(__CUDACC__)

@@ -1,0 +1,162 @@
+// python/csrc/bindings.cpp — gin_ep._C: the runtime (runtime.hpp) with
+// tensors in and out. Returned device memory is made by PyTorch's allocator
+// on the current device (Array::keep owns the tensor), so the tensors the
+// module returns are ordinary PyTorch tensors. Calls release the GIL while
+// they wait for other ranks.
+#include <torch/extension.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "runtime.hpp"
+
+namespace {
+
+using gin_ep_rt::Array;
+
+// The bytes tensor behind an Array, viewed as `count` values of `type`.
+torch::Tensor tensorOf(const Array& a, torch::ScalarType type, std::vector<int64_t> shape) {
+  const torch::Tensor& bytes = *static_cast<const torch::Tensor*>(a.keep.get());
+  return bytes.view(type).narrow(0, 0, int64_t(a.count)).view(shape);
+}
+
+void need(const torch::Tensor& t, torch::ScalarType type, int64_t dims, const char* what) {
+  if (!t.is_cuda() || t.scalar_type() != type || t.dim() != dims || !t.is_contiguous())
+    throw std::invalid_argument(std::string("gin_ep: ") + what + " must be a contiguous " + std::to_string(dims) +
+                                "-d CUDA tensor of " + std::string(c10::toString(type)));
+}
+
+class Runtime {
+ public:
+  Runtime(const py::bytes& id, int rank, int nRanks, int device, bool lowLatency, int channels)
+      : device_(device), rt_(std::string(id), rank, nRanks, device, lowLatency, channels) {
+    rt_.setAllocator([device](size_t bytes) {
+      auto t = std::make_shared<torch::Tensor>(
+          torch::empty({int64_t(bytes)}, torch::dtype(torch::kUInt8).device(torch::kCUDA, device)));
+      return Array{t->data_ptr(), bytes, t};
+    });
+  }
+
+  std::string transports() const { return rt_.transports(); }
+
+  // Returns (x, topk_idx, topk_weights, tokens_per_expert, rank_prefix, src_rank, src_token, handle).
+  py::tuple dispatch(uint64_t stream, const torch::Tensor& x, const torch::Tensor& idx, const torch::Tensor& w,
+                     int experts, int alignment) {
+    need(x, torch::kBFloat16, 2, "x");
+    need(idx, torch::kInt32, 2, "topk_idx (as int32)");
+    need(w, torch::kFloat32, 2, "topk_weights");
+    const int T = int(x.size(0)), H = int(x.size(1)), K = int(idx.size(1));
+    if (idx.size(0) != T || w.sizes() != idx.sizes())
+      throw std::invalid_argument("gin_ep: x, topk_idx and topk_weights must have the same number of tokens");
+    gin_ep_rt::Dispatched d;
+    {
+      py::gil_scoped_release nogil;
+      d = rt_.dispatch(stream, x.data_ptr(), idx.data_ptr<int32_t>(), w.data_ptr<float>(), T, H, experts, K,
+                       alignment);
+    }
+    return out(d, H, K);
+  }
+
+  py::tuple cachedDispatch(uint64_t stream, const torch::Tensor& x, const py::capsule& handle) {
+    need(x, torch::kBFloat16, 2, "x");
+    gin_ep_rt::Dispatched d;
+    {
+      py::gil_scoped_release nogil;
+      d = rt_.cachedDispatch(stream, x.data_ptr(), handleOf(handle));
+    }
+    return out(d, int(x.size(1)), 0);
+  }
+
+  torch::Tensor combine(uint64_t stream, const torch::Tensor& y, const py::capsule& handle,
+                        const std::optional<torch::Tensor>& b0, const std::optional<torch::Tensor>& b1) {
+    need(y, torch::kBFloat16, 2, "x");
+    for (const auto* b : {&b0, &b1})
+      if (b->has_value()) need(**b, torch::kBFloat16, 2, "bias");
+    Array a;
+    {
+      py::gil_scoped_release nogil;
+      a = rt_.combine(stream, y.data_ptr(), handleOf(handle), b0 ? b0->data_ptr() : nullptr,
+                      b1 ? b1->data_ptr() : nullptr);
+    }
+    return tensorOf(a, torch::kBFloat16, {int64_t(a.count) / y.size(1), y.size(1)});
+  }
+
+  // Returns (x, count, range, src_token, handle).
+  py::tuple lowLatencyDispatch(uint64_t stream, const torch::Tensor& x, const torch::Tensor& idx,
+                               const torch::Tensor& w, int maxTokens, int experts, int ranks) {
+    need(x, torch::kBFloat16, 2, "x");
+    need(idx, torch::kInt32, 2, "topk_idx (as int32)");
+    need(w, torch::kFloat32, 2, "topk_weights");
+    const int T = int(x.size(0)), H = int(x.size(1)), K = int(idx.size(1));
+    gin_ep_rt::LlDispatched d;
+    {
+      py::gil_scoped_release nogil;
+      d = rt_.lowLatencyDispatch(stream, x.data_ptr(), idx.data_ptr<int32_t>(), w.data_ptr<float>(), T, maxTokens,
+                                 H, experts, K);
+    }
+    const int64_t L = experts / ranks, rows = int64_t(ranks) * maxTokens;
+    return py::make_tuple(tensorOf(d.x, torch::kBFloat16, {L, rows, H}), tensorOf(d.count, torch::kInt32, {L}),
+                          tensorOf(d.range, torch::kInt64, {L, ranks}), tensorOf(d.srcToken, torch::kInt32, {L, rows}),
+                          capsuleOf(d.handle));
+  }
+
+  torch::Tensor lowLatencyCombine(uint64_t stream, const torch::Tensor& y, const torch::Tensor& idx,
+                                  const torch::Tensor& w, const py::capsule& handle) {
+    need(y, torch::kBFloat16, 3, "x");
+    need(idx, torch::kInt32, 2, "topk_idx (as int32)");
+    need(w, torch::kFloat32, 2, "topk_weights");
+    Array a;
+    {
+      py::gil_scoped_release nogil;
+      a = rt_.lowLatencyCombine(stream, y.data_ptr(), idx.data_ptr<int32_t>(), w.data_ptr<float>(),
+                                handleOf(handle));
+    }
+    return tensorOf(a, torch::kBFloat16, {int64_t(a.count) / y.size(2), y.size(2)});
+  }
+
+ private:
+  int device_;
+  gin_ep_rt::Runtime rt_;
+
+  // A gin handle travels in Python as a capsule that owns a reference.
+  static py::capsule capsuleOf(const std::shared_ptr<void>& h) {
+    return py::capsule(new std::shared_ptr<void>(h), "gin_ep.handle",
+                       [](PyObject* o) { delete static_cast<std::shared_ptr<void>*>(PyCapsule_GetPointer(o, "gin_ep.handle")); });
+  }
+  static std::shared_ptr<void> handleOf(const py::capsule& c) {
+    if (std::string(c.name()) != "gin_ep.handle")
+      throw std::invalid_argument("gin_ep: the handle's last element is not a gin_ep handle");
+    return *static_cast<std::shared_ptr<void>*>(c.get_pointer());
+  }
+
+  py::tuple out(const gin_ep_rt::Dispatched& d, int H, int K) {
+    const int64_t N = int64_t(d.srcRank.count), R = int64_t(std::sqrt(double(d.rankPrefix.size())) + 0.5);
+    torch::Tensor prefix = torch::tensor(d.rankPrefix, torch::dtype(torch::kInt32)).view({R, R}).to(
+        torch::Device(torch::kCUDA, device_));
+    py::object idx = py::none(), w = py::none(), perExpert = py::none();
+    if (K > 0) {
+      idx = py::cast(tensorOf(d.topkIdx, torch::kInt32, {N, K}));
+      w = py::cast(tensorOf(d.topkWeights, torch::kFloat32, {N, K}));
+      perExpert = py::cast(d.tokensPerExpert);
+    }
+    return py::make_tuple(tensorOf(d.x, torch::kBFloat16, {N, H}), idx, w, perExpert, prefix,
+                          tensorOf(d.srcRank, torch::kInt32, {N}), tensorOf(d.srcToken, torch::kInt32, {N}),
+                          capsuleOf(d.handle));
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "gin_ep: gin's expert-parallel dispatch and combine (the runtime under gin_ep.Buffer)";
+  m.def("unique_id", [] { return py::bytes(gin_ep_rt::Runtime::uniqueId()); });
+  py::class_<Runtime>(m, "Runtime")
+      .def(py::init<const py::bytes&, int, int, int, bool, int>())
+      .def("transports", &Runtime::transports)
+      .def("dispatch", &Runtime::dispatch)
+      .def("cached_dispatch", &Runtime::cachedDispatch)
+      .def("combine", &Runtime::combine)
+      .def("low_latency_dispatch", &Runtime::lowLatencyDispatch)
+      .def("low_latency_combine", &Runtime::lowLatencyCombine);
+}

@@ -1,0 +1,201 @@
+// python/csrc/runtime.cu — the gin_ep extension's side that holds gin: a
+// TcpBootstrap from a unique id, the Comm, and a gin::ep::GpuBuffer made for
+// the shape of the calls (made again, collectively, when the hidden size,
+// experts or top-k change or more tokens come than it holds). The buffer
+// runs on a stream of its own that waits for the caller's stream at every
+// call; each call returns when its work is done (GpuBuffer's calls wait).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "gin/ep/gpu_buffer.hpp"
+#include "gin/gin.hpp"
+#include "runtime.hpp"
+
+namespace gin_ep_rt {
+
+namespace {
+// A normal-mode dispatch's handle as the extension keeps it.
+struct NormalHandle {
+  gin::ep::GpuHandle h;
+  std::vector<int> rankPrefix;
+};
+
+template <class T>
+Array arrayOf(const gin::ep::DeviceArray<T>& a) {
+  return Array{a.data(), a.size(), a.owner()};
+}
+}  // namespace
+
+struct Runtime::State {
+  gin::TcpBootstrap bs;
+  gin::Comm comm;
+  bool ll;
+  int channels;
+  cudaStream_t st = nullptr;
+  cudaEvent_t ev = nullptr;
+  gin::ep::Shape shape{};  // of buf
+  std::unique_ptr<gin::ep::GpuBuffer> buf;
+  std::function<Array(size_t)> alloc;
+
+  State(const gin::UniqueId& id, int rank, int nRanks, const gin::CommConfig& cfg, bool lowLatency, int ch)
+      : bs(id, rank, nRanks), comm(bs, cfg), ll(lowLatency), channels(ch) {
+    GIN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    GIN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  }
+  ~State() {
+    buf.reset();
+    (void)cudaEventDestroy(ev);
+    (void)cudaStreamDestroy(st);
+  }
+
+  // The buffer's stream waits for the caller's work queued so far.
+  void follow(uintptr_t caller) {
+    GIN_CUDA_CHECK(cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(caller)));
+    GIN_CUDA_CHECK(cudaStreamWaitEvent(st, ev, 0));
+  }
+
+  // A buffer for (hidden, experts, topk) holding `tokens` per rank
+  // (collective: every rank passes the same values).
+  gin::ep::GpuBuffer& bufferFor(int tokens, int hidden, int experts, int topk) {
+    if (buf && shape.hidden == hidden && shape.experts == experts && shape.topk == topk && tokens <= shape.tokens)
+      return *buf;
+    buf.reset();
+    gin::ep::Shape sh;
+    sh.ranks = comm.nRanks();
+    sh.experts = experts;
+    sh.tokens = std::max(tokens, 1);
+    sh.hidden = hidden;
+    sh.topk = topk;
+    sh.channels = channels;
+    sh.slots = 8;
+    buf = std::make_unique<gin::ep::GpuBuffer>(comm, sh, ll, st);
+    if (alloc)
+      buf->setAllocator([f = alloc](size_t bytes, void** p) {
+        Array a = f(bytes);
+        *p = a.ptr;
+        return a.keep;
+      });
+    shape = sh;
+    return *buf;
+  }
+};
+
+std::string Runtime::uniqueId() {
+  const gin::UniqueId id = gin::makeUniqueId();
+  return std::string(id.bytes, sizeof id.bytes);
+}
+
+Runtime::Runtime(const std::string& uniqueId, int rank, int nRanks, int device, bool lowLatency, int channels) {
+  if (uniqueId.size() != sizeof(gin::UniqueId))
+    throw std::invalid_argument("gin_ep: the unique id must be the 128 bytes Runtime.unique_id() made");
+  gin::UniqueId id;
+  std::memcpy(id.bytes, uniqueId.data(), sizeof id.bytes);
+  GIN_CUDA_CHECK(cudaSetDevice(device));
+  gin::CommConfig cfg;
+  cfg.device = gin::DeviceKind::Gpu;
+  cfg.cudaDevice = device;
+  cfg.nSignals = 8192;
+  s_ = std::make_unique<State>(id, rank, nRanks, cfg, lowLatency, channels);
+}
+
+Runtime::~Runtime() = default;
+
+int Runtime::rank() const { return s_->comm.rank(); }
+int Runtime::nRanks() const { return s_->comm.nRanks(); }
+std::string Runtime::transports() const {
+  std::string t;
+  for (int r = 0; r < nRanks(); ++r)
+    t += std::string(r ? " " : "") + gin::detail::transportName(s_->comm.transportTo(r));
+  return t;
+}
+
+void Runtime::setAllocator(std::function<Array(size_t)> alloc) { s_->alloc = std::move(alloc); }
+
+Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const int32_t* idx, const float* weights, int tokens,
+                             int hidden, int experts, int topk, int expertAlignment) {
+  State& s = *s_;
+  const int R = s.comm.nRanks();
+  // The most tokens any rank brings (the buffer must hold them).
+  std::vector<int> all(size_t(R), 0);
+  all[size_t(s.comm.rank())] = tokens;
+  s.comm.bootstrap().allGather(all.data(), sizeof(int));
+  gin::ep::GpuBuffer& buf = s.bufferFor(*std::max_element(all.begin(), all.end()), hidden, experts, topk);
+  s.follow(stream);
+  gin::ep::GpuDispatched d = buf.dispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, expertAlignment);
+  auto h = std::make_shared<NormalHandle>();
+  // DeepEP's rank_prefix_matrix: [i][j] = rows rank j received from ranks 0..i.
+  std::vector<int> got(size_t(R) * size_t(R), 0);
+  std::copy(d.handle.tokensFromRank.begin(), d.handle.tokensFromRank.end(), got.begin() + size_t(s.comm.rank()) * R);
+  s.comm.bootstrap().allGather(got.data(), size_t(R) * sizeof(int));
+  h->rankPrefix.assign(got.size(), 0);
+  for (int j = 0; j < R; ++j)
+    for (int i = 0, sum = 0; i < R; ++i) h->rankPrefix[size_t(i) * R + j] = sum += got[size_t(j) * R + i];
+  h->h = d.handle;
+  Dispatched out;
+  out.x = arrayOf(d.x);
+  out.topkIdx = arrayOf(d.topkIdx);
+  out.topkWeights = arrayOf(d.topkWeights);
+  out.tokensPerExpert = d.tokensPerExpert;
+  out.rankPrefix = h->rankPrefix;
+  out.srcRank = arrayOf(h->h.srcRank);
+  out.srcToken = arrayOf(h->h.srcToken);
+  out.handle = h;
+  return out;
+}
+
+Dispatched Runtime::cachedDispatch(uintptr_t stream, const void* x, const std::shared_ptr<void>& handle) {
+  State& s = *s_;
+  const auto* h = static_cast<const NormalHandle*>(handle.get());
+  if (!h || !s.buf || s.ll) throw std::invalid_argument("gin_ep: a cached dispatch needs a handle of this buffer's dispatch");
+  s.follow(stream);
+  gin::ep::GpuDispatched d = s.buf->dispatch(static_cast<const uint16_t*>(x), h->h);
+  Dispatched out;
+  out.x = arrayOf(d.x);
+  out.rankPrefix = h->rankPrefix;
+  out.srcRank = arrayOf(h->h.srcRank);
+  out.srcToken = arrayOf(h->h.srcToken);
+  out.handle = handle;
+  return out;
+}
+
+Array Runtime::combine(uintptr_t stream, const void* y, const std::shared_ptr<void>& handle, const void* bias0,
+                       const void* bias1) {
+  State& s = *s_;
+  const auto* h = static_cast<const NormalHandle*>(handle.get());
+  if (!h || !s.buf || s.ll) throw std::invalid_argument("gin_ep: combine needs a handle of this buffer's dispatch");
+  s.follow(stream);
+  return arrayOf(s.buf->combine(static_cast<const uint16_t*>(y), h->h, static_cast<const uint16_t*>(bias0),
+                                static_cast<const uint16_t*>(bias1)));
+}
+
+LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const int32_t* idx, const float* weights,
+                                         int tokens, int maxTokens, int hidden, int experts, int topk) {
+  State& s = *s_;
+  if (s.buf && s.shape.tokens != maxTokens) s.buf.reset();  // the packed layout is per maxTokens
+  gin::ep::GpuBuffer& buf = s.bufferFor(maxTokens, hidden, experts, topk);
+  s.follow(stream);
+  auto h = std::make_shared<gin::ep::GpuLlDispatched>(
+      buf.lowLatencyDispatch(static_cast<const uint16_t*>(x), idx, weights, tokens));
+  LlDispatched out;
+  out.x = arrayOf(h->x);
+  out.count = arrayOf(h->handle.count);
+  out.range = arrayOf(h->handle.range);
+  out.srcToken = arrayOf(h->handle.srcToken);
+  out.handle = std::shared_ptr<void>(h, &h->handle);
+  return out;
+}
+
+Array Runtime::lowLatencyCombine(uintptr_t stream, const void* y, const int32_t* idx, const float* weights,
+                                 const std::shared_ptr<void>& handle) {
+  State& s = *s_;
+  const auto* h = static_cast<const gin::ep::GpuLlHandle*>(handle.get());
+  if (!h || !s.buf || !s.ll)
+    throw std::invalid_argument("gin_ep: low_latency_combine needs a handle of this buffer's low_latency_dispatch");
+  s.follow(stream);
+  return arrayOf(s.buf->lowLatencyCombine(static_cast<const uint16_t*>(y), idx, weights, *h));
+}
+
+}  // namespace gin_ep_rt

@@ -1,0 +1,83 @@
+// python/csrc/runtime.hpp — what the gin_ep extension's bindings (bindings.cpp,
+// compiled with PyTorch's headers) call in runtime.cu (compiled with nvcc and
+// gin's headers). Plain C++17: no torch, CUDA or gin types cross it, so each
+// side compiles without the other's headers. Device memory crosses as Array
+// (a pointer, its size and an owner that frees it stream-ordered when the
+// last reference goes); streams as integers (cudaStream_t).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace gin_ep_rt {
+
+struct Array {
+  void* ptr = nullptr;
+  size_t count = 0;          // elements
+  std::shared_ptr<void> keep;  // frees the memory when the last reference goes
+};
+
+// What a normal-mode dispatch returns.
+struct Dispatched {
+  Array x;                           // [N][H] bf16
+  Array topkIdx;                     // [N][K] int32 (empty for a cached dispatch)
+  Array topkWeights;                 // [N][K] float (empty for a cached dispatch)
+  std::vector<int> tokensPerExpert;  // [L]
+  std::vector<int> rankPrefix;       // [R][R]: rows rank i received from ranks 0..j (DeepEP's rank_prefix_matrix)
+  Array srcRank, srcToken;           // [N] int32 each
+  std::shared_ptr<void> handle;      // gin's handle (combine and cached dispatch take it back)
+};
+
+// What a low-latency dispatch returns.
+struct LlDispatched {
+  Array x;         // [L][R * Tmax][H] bf16
+  Array count;     // [L] int32
+  Array range;     // [L][R] int64: begin << 32 | count
+  Array srcToken;  // [L][R * Tmax] int32
+  std::shared_ptr<void> handle;
+};
+
+class Runtime {
+ public:
+  // 128 bytes for the rendezvous, made on one rank and shipped to the others.
+  static std::string uniqueId();
+
+  // Collective over the nRanks processes: the communicator (gin's transport
+  // choice per peer; GIN_TRANSPORT forces one), on CUDA device `device`.
+  Runtime(const std::string& uniqueId, int rank, int nRanks, int device, bool lowLatency, int channels);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  int rank() const;
+  int nRanks() const;
+  std::string transports() const;  // per peer: lsa, proxy or ibgda
+
+  // Where returned device memory comes from (the bindings pass PyTorch's
+  // allocator: Array::keep then owns a tensor). Unset: the buffer's pool.
+  void setAllocator(std::function<Array(size_t bytes)> alloc);
+
+  // Normal mode (device pointers on `stream`): x [T][H] bf16, idx [T][K]
+  // int32 (-1: none), weights [T][K] float.
+  Dispatched dispatch(uintptr_t stream, const void* x, const int32_t* idx, const float* weights, int tokens,
+                      int hidden, int experts, int topk, int expertAlignment);
+  Dispatched cachedDispatch(uintptr_t stream, const void* x, const std::shared_ptr<void>& handle);
+  Array combine(uintptr_t stream, const void* y, const std::shared_ptr<void>& handle, const void* bias0,
+                const void* bias1);
+
+  // Low-latency mode: tokens at most maxTokens (the same on every rank).
+  LlDispatched lowLatencyDispatch(uintptr_t stream, const void* x, const int32_t* idx, const float* weights,
+                                  int tokens, int maxTokens, int hidden, int experts, int topk);
+  Array lowLatencyCombine(uintptr_t stream, const void* y, const int32_t* idx, const float* weights,
+                          const std::shared_ptr<void>& handle);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace gin_ep_rt

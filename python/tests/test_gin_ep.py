@@ -1,0 +1,200 @@
+"""gin_ep against a pure-PyTorch reference, one process per rank (ranks share
+the visible GPUs round-robin). Every rank regenerates every rank's inputs
+(seeded by rank), so it checks what it received row by row:
+
+- get_dispatch_layout's counts and is_token_in_rank;
+- dispatch: each received row equals its source row bit for bit, in (source
+  rank, source token) order; received top-k (local ids, -1 elsewhere) and
+  weights; tokens per local expert (aligned); the rank prefix matrix;
+- combine (experts = identity, 0/1/2 biases) against the float reference,
+  calc_diff below 1e-5 (DeepEP's measure);
+- a cached dispatch of new tokens along the handle;
+- low-latency dispatch (rows per local expert in source order, counts,
+  layout ranges, source tokens) and its weighted combine, calc_diff < 1e-5.
+
+Skipped where torch, CUDA or the built module is missing. Runs under pytest
+or as `python python/tests/test_gin_ep.py [ranks...]`.
+"""
+
+import os
+import socket
+import sys
+import traceback
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+gin_ep = pytest.importorskip("gin_ep")
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+
+def calc_diff(x, y):
+    x, y = x.double() + 1, y.double() + 1
+    denom = (x * x + y * y).sum()
+    return (1 - 2 * (x * y).sum() / denom).item()
+
+
+def make_inputs(rank, T, H, E, K, seed):
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    x = (torch.rand(T, H, generator=g) * 4 - 2).bfloat16()
+    scores = torch.rand(T, E, generator=g)
+    idx = scores.topk(K, dim=1).indices
+    idx[torch.rand(T, K, generator=g) < 0.25] = -1  # no expert
+    w = torch.rand(T, K, generator=g) + 0.1
+    return x, idx, w
+
+
+def tokens_of(rank, rnd, tmax):
+    return max(0, tmax - (rank * 5 + rnd * 3) % 9)
+
+
+def check_normal(buf, rank, R, H, E, K, tmax, dev):
+    L = E // R
+    for rnd in range(2):
+        inputs = [make_inputs(r, tokens_of(r, rnd, tmax), H, E, K, 7 + rnd) for r in range(R)]
+        x, idx, w = (t.to(dev) for t in inputs[rank])
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+        ref_in_rank = torch.zeros(x.size(0), R, dtype=torch.bool)
+        for t in range(x.size(0)):
+            for e in inputs[rank][1][t].tolist():
+                if e >= 0:
+                    ref_in_rank[t, e // L] = True
+        assert torch.equal(in_rank.cpu(), ref_in_rank), "is_token_in_rank"
+        assert per_rank.cpu().tolist() == ref_in_rank.sum(0).tolist(), "num_tokens_per_rank"
+        valid = inputs[rank][1][inputs[rank][1] >= 0]
+        assert per_expert.cpu().tolist() == torch.bincount(valid, minlength=E).tolist(), "num_tokens_per_expert"
+
+        align = 4
+        recv_x, recv_idx, recv_w, counts, handle, _ = buf.dispatch(
+            x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+            topk_idx=idx, topk_weights=w, expert_alignment=align)
+        rows, want_idx, want_w, from_rank = [], [], [], []
+        for r in range(R):
+            sx, sidx, sw = inputs[r]
+            n = 0
+            for t in range(sx.size(0)):
+                mine = [k for k in range(K) if sidx[t, k] >= 0 and sidx[t, k] // L == rank]
+                if not mine:
+                    continue
+                n += 1
+                rows.append(sx[t])
+                want_idx.append([int(sidx[t, k]) % L if k in mine else -1 for k in range(K)])
+                want_w.append([float(sw[t, k]) if k in mine else 0.0 for k in range(K)])
+            from_rank.append(n)
+        N = len(rows)
+        assert recv_x.shape == (N, H), f"recv_x shape {tuple(recv_x.shape)}, want {(N, H)}"
+        if N:
+            assert torch.equal(recv_x.cpu(), torch.stack(rows)), "received rows differ from their sources"
+            assert recv_idx.cpu().tolist() == want_idx, "recv_topk_idx"
+            assert torch.equal(recv_w.cpu(), torch.tensor(want_w)), "recv_topk_weights"
+        per_local = [0] * L
+        for row in want_idx:
+            for e in row:
+                if e >= 0:
+                    per_local[e] += 1
+        assert counts == [(c + align - 1) // align * align for c in per_local], "num_recv_tokens_per_expert_list"
+        prefix = handle[0].cpu()
+        assert prefix[:, rank].tolist() == [sum(from_rank[: i + 1]) for i in range(R)], "rank_prefix_matrix"
+
+        # Combine: the experts are the identity; 0, 1 or 2 biases.
+        for nb in range(3):
+            biases = [torch.full_like(x, 0.25 * (b + 1)) for b in range(nb)]
+            bias = None if nb == 0 else (biases[0] if nb == 1 else tuple(biases))
+            combined, _, _ = buf.combine(recv_x, handle, bias=bias)
+            ref = x.float() * in_rank.sum(1, keepdim=True).float()
+            for b in biases:
+                ref = ref + b.float()
+            assert combined.shape == x.shape
+            if x.numel():
+                assert calc_diff(combined.float(), ref) < 1e-5, f"combine with {nb} biases"
+
+        # A cached dispatch of new tokens along the same layout.
+        x2s = [make_inputs(r, tokens_of(r, rnd, tmax), H, E, K, 99 + rnd)[0] for r in range(R)]
+        recv2, _, _, _, _, _ = buf.dispatch(x2s[rank].to(dev), handle=handle)
+        src_rank = torch.repeat_interleave(torch.arange(R), torch.tensor(from_rank))
+        src_tok = handle[3].cpu()
+        want = [x2s[int(src_rank[i])][int(src_tok[i])] for i in range(N)]
+        if N:
+            assert torch.equal(recv2.cpu(), torch.stack(want)), "cached dispatch rows"
+
+
+def check_low_latency(buf, rank, R, H, E, K, tmax, dev):
+    L = E // R
+    for rnd in range(2):
+        inputs = [make_inputs(r, tokens_of(r, rnd, tmax), H, E, K, 31 + rnd) for r in range(R)]
+        x, idx, w = (t.to(dev) for t in inputs[rank])
+        recv_x, count, handle, _, hook = buf.low_latency_dispatch(x, idx, tmax, E, use_fp8=False,
+                                                                  return_recv_hook=True)
+        hook()
+        src_info, layout = handle[0].cpu(), handle[1].cpu()
+        for el in range(L):
+            begin = 0
+            for r in range(R):
+                sx, sidx, _ = inputs[r]
+                toks = [t for t in range(sx.size(0)) if (sidx[t] == rank * L + el).any()]
+                assert int(layout[el, r]) == (begin << 32 | len(toks)), "layout range"
+                for q, t in enumerate(toks):
+                    assert int(src_info[el, begin + q]) == t, "source token"
+                    assert torch.equal(recv_x[el, begin + q].cpu(), sx[t]), "received row"
+                begin += len(toks)
+            assert int(count[el]) == begin, "recv_count"
+        combined, _, _ = buf.low_latency_combine(recv_x, idx, w, handle)
+        ref = ((idx >= 0).float() * w).sum(1, keepdim=True) * x.float()
+        if x.numel():
+            assert calc_diff(combined.float(), ref) < 1e-5, "low-latency combine"
+
+
+def rank_main(rank, R, port, H, errors):
+    try:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=R)
+        dev = torch.device("cuda", torch.cuda.current_device())
+        E, K = 4 * R, min(4, 4 * R)
+        buf = gin_ep.Buffer(dist.group.WORLD, 0, 0)
+        check_normal(buf, rank, R, H, E, K, 23, dev)
+        buf.destroy()
+        ll = gin_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True)
+        check_low_latency(ll, rank, R, H, E, K, 17, dev)
+        ll.destroy()
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:
+        errors.put(f"rank {rank}: {traceback.format_exc()}")
+        raise
+
+
+def run(R, H):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    procs = [ctx.Process(target=rank_main, args=(r, R, port, H, errors)) for r in range(R)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    msgs = []
+    while not errors.empty():
+        msgs.append(errors.get())
+    assert not msgs and all(p.exitcode == 0 for p in procs), "\n".join(msgs) or "a rank did not finish"
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+@pytest.mark.parametrize("hidden", [256, 7168])
+def test_gin_ep(ranks, hidden):
+    run(ranks, hidden)
+
+
+if __name__ == "__main__":
+    for R in [int(a) for a in sys.argv[1:]] or [1, 2, 4]:
+        for H in (256, 7168):
+            run(R, H)
+            print(f"ok: {R} ranks, hidden {H}", flush=True)

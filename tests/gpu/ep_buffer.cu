@@ -1,0 +1,177 @@
+// GPU suite: gin::ep::GpuBuffer (gin/ep/gpu_buffer.hpp), DeepEP's Buffer on
+// GPU ranks, checked by the checks of CpuBuffer's CPU-rank tests
+// (tests/common/ep_buffer_checks.hpp) through HostFace, which gives the GPU
+// buffer CpuBuffer's host-vector calls: inputs uploaded, outputs and handles
+// read back, each call run on the GPU. 1, 2, 3 and 4 ranks (sharing GPUs
+// round-robin), both modes, lsa and the proxy, hidden sizes 256 and 7168,
+// choices of -1, token counts that differ per rank (0 included), expert
+// alignment. Skips (exit 77) without a GPU.
+#include <catch2/catch_session.hpp>
+#include <catch2/catch_test_macros.hpp>
+
+#include <string>
+#include <vector>
+
+#include "../common/ep_buffer_checks.hpp"
+#include "gin/ep/gpu_buffer.hpp"
+#include "gpu_common.cuh"
+
+using namespace gin;
+
+namespace {
+
+// GpuBuffer behind CpuBuffer's calls (host vectors in and out).
+class HostFace {
+ public:
+  HostFace(Comm& comm, const gin::ep::Shape& sh, bool ll, cudaStream_t st) : sh_(sh), st_(st), buf_(comm, sh, ll, st) {}
+
+  gin::ep::Shape shape() const { return buf_.shape(); }
+
+  struct Handle {
+    int tokens = 0;
+    std::vector<int> srcRank, srcToken, rows;
+    gin::ep::GpuHandle gpu;
+  };
+  struct Dispatched {
+    std::vector<uint16_t> x;
+    std::vector<int32_t> topkIdx;
+    std::vector<float> topkWeights;
+    std::vector<int> tokensPerExpert;
+    Handle handle;
+  };
+  struct LlHandle {
+    int tokens = 0;
+    std::vector<int> count, srcToken, srcK;
+    std::vector<uint64_t> range;
+    gin::ep::GpuLlHandle gpu;
+  };
+  struct LlDispatched {
+    std::vector<uint16_t> x;
+    LlHandle handle;
+  };
+
+  Dispatched dispatch(const gin::ep::Inputs& in, int align) {
+    const int T = int(in.idx.size() / size_t(sh_.topk));
+    auto x = up(in.x);
+    auto idx = up(in.idx);
+    auto w = up(in.weight);
+    gin::ep::GpuDispatched g = buf_.dispatch(x.data(), idx.data(), w.data(), T, align);
+    Dispatched d;
+    d.x = g.x.toHost();
+    d.topkIdx = g.topkIdx.toHost();
+    d.topkWeights = g.topkWeights.toHost();
+    d.tokensPerExpert = g.tokensPerExpert;
+    d.handle = face(g.handle);
+    return d;
+  }
+  Dispatched dispatch(const std::vector<uint16_t>& xs, const Handle& h) {
+    auto x = up(xs);
+    gin::ep::GpuDispatched g = buf_.dispatch(x.data(), h.gpu);
+    gintest::expect(g.topkIdx.empty() && g.topkWeights.empty() && g.tokensPerExpert.empty(),
+           "a cached dispatch returns no top-k");
+    Dispatched d;
+    d.x = g.x.toHost();
+    d.handle = face(g.handle);
+    return d;
+  }
+  std::vector<uint16_t> combine(const uint16_t* y, const Handle& h, const uint16_t* b0 = nullptr,
+                                const uint16_t* b1 = nullptr) {
+    const size_t H = size_t(sh_.hidden), T = size_t(h.tokens);
+    auto yd = up(std::vector<uint16_t>(y, y + h.srcRank.size() * H));
+    gin::ep::DeviceArray<uint16_t> b0d, b1d;
+    if (b0) b0d = up(std::vector<uint16_t>(b0, b0 + T * H));
+    if (b1) b1d = up(std::vector<uint16_t>(b1, b1 + T * H));
+    return buf_.combine(yd.data(), h.gpu, b0 ? b0d.data() : nullptr, b1 ? b1d.data() : nullptr).toHost();
+  }
+
+  LlDispatched lowLatencyDispatch(const gin::ep::Inputs& in) {
+    const int T = int(in.idx.size() / size_t(sh_.topk));
+    auto x = up(in.x);
+    auto idx = up(in.idx);
+    auto w = up(in.weight);
+    gin::ep::GpuLlDispatched g = buf_.lowLatencyDispatch(x.data(), idx.data(), w.data(), T);
+    LlDispatched d;
+    d.x = g.x.toHost();
+    LlHandle& h = d.handle;
+    h.tokens = g.handle.tokens;
+    h.count = g.handle.count.toHost();
+    for (int64_t r : g.handle.range.toHost()) h.range.push_back(uint64_t(r));
+    h.srcToken = g.handle.srcToken.toHost();
+    h.srcK = g.handle.srcK.toHost();
+    h.gpu = g.handle;
+    return d;
+  }
+  std::vector<uint16_t> lowLatencyCombine(const uint16_t* y, const int32_t* idx, const float* w, const LlHandle& h) {
+    const size_t K = size_t(sh_.topk), T = size_t(h.tokens);
+    auto yd = up(std::vector<uint16_t>(y, y + h.srcToken.size() * size_t(sh_.hidden)));
+    auto idxd = up(std::vector<int32_t>(idx, idx + T * K));
+    auto wd = up(std::vector<float>(w, w + T * K));
+    return buf_.lowLatencyCombine(yd.data(), idxd.data(), wd.data(), h.gpu).toHost();
+  }
+
+ private:
+  gin::ep::Shape sh_;
+  cudaStream_t st_;
+  gin::ep::GpuBuffer buf_;
+
+  template <class T>
+  gin::ep::DeviceArray<T> up(const std::vector<T>& v) {
+    gin::ep::DeviceArray<T> a = buf_.deviceArray<T>(v.size());
+    if (!v.empty()) GPU_CHECK(cudaMemcpyAsync(a.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, st_));
+    GPU_CHECK(cudaStreamSynchronize(st_));
+    return a;
+  }
+  static Handle face(const gin::ep::GpuHandle& g) {
+    Handle h;
+    h.tokens = g.tokens;
+    h.srcRank = g.srcRank.toHost();
+    h.srcToken = g.srcToken.toHost();
+    h.rows = g.rows.toHost();
+    h.gpu = g;
+    return h;
+  }
+};
+
+void run(const gintest::ep::Case& c, bool ll) {
+  CommConfig cfg = gputest::gpuConfig();
+  cfg.transport = c.tr;
+  cfg.nSignals = int(gin::ep::signalsNeeded(gintest::ep::shapeOf(c))) + 4;
+  gputest::runRanksOnStreams(
+      c.ranks,
+      [&](Comm& comm, cudaStream_t st) {
+        HostFace buf(comm, gintest::ep::shapeOf(c), ll, st);
+        if (ll)
+          gintest::ep::checkLlRounds(buf, comm, c);
+        else
+          gintest::ep::checkRounds(buf, comm, c);
+      },
+      cfg);
+}
+}  // namespace
+
+TEST_CASE("GPU ep buffer: DeepEP's dispatch and combine, both modes, checked row by row", "[gpu][ep]") {
+  for (int ranks : {1, 2, 3, 4})
+    for (TransportChoice tr : {TransportChoice::Lsa, TransportChoice::Proxy}) {
+      if (ranks > gputest::maxRanks()) continue;
+      if (!gputest::queuesFor(ranks)) {
+        WARN(ranks << " ranks in one process need " << ranks + 1
+                   << " hardware queues; CUDA_DEVICE_MAX_CONNECTIONS=" << gputest::hardwareQueues());
+        continue;
+      }
+      for (int hidden : {256, 7168}) {
+        const int experts = 4 * ranks, topk = std::min(4, experts);
+        // Normal mode: 23 tokens at most, alignment 4; low latency: 17.
+        const gintest::ep::Case normal{ranks, experts, hidden, topk, 23, 0.25, 4, tr};
+        const gintest::ep::Case lowLatency{ranks, experts, hidden, topk, 17, 0.25, 1, tr};
+        CAPTURE(ranks, hidden, int(tr));
+        CHECK_NOTHROW(run(normal, false));
+        CHECK_NOTHROW(run(lowLatency, true));
+      }
+    }
+}
+
+int main(int argc, char** argv) {
+  gputest::widenQueues();  // before CUDA starts
+  if (gputest::gpuCount() == 0) return gputest::skipNoGpu("GPU ep buffer suite");
+  return Catch::Session().run(argc, argv);
+}
