@@ -1,0 +1,135 @@
+"""gin_ep's DeepEP figures next to an NCCL all-to-all moving the same bytes.
+
+    torchrun --nproc_per_node=N python/bench_gin_ep.py [--tokens 4096] [--hidden 7168] [--topk 8]
+        [--experts 64] [--ll-tokens 128] [--iters 20]
+
+One process per GPU (NCCL needs distinct GPUs). Per rank and mode it prints
+DeepEP's figures: normal dispatch/combine in µs and GB/s (the bytes this
+rank sends: one bf16 row per (token, destination rank), as DeepEP counts),
+low-latency dispatch/combine in µs, each next to torch.distributed's
+all_to_all_single (NCCL) moving the same bytes per peer in the same run.
+gin_ep's calls return when their work is done (they synchronize their
+stream and the ranks), so their time is host wall time per call; NCCL's is
+CUDA-event time per call. Medians over --iters calls after 3 warm-up calls.
+"""
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+import gin_ep
+
+
+def wall(fn, iters):
+    times = []
+    for i in range(iters + 3):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def nccl_us(send_counts, hidden, iters, dev):
+    """all_to_all_single of send_counts[r] bf16 rows of `hidden` to rank r (µs per call)."""
+    R = len(send_counts)
+    recv_counts = torch.tensor(send_counts, device=dev)
+    gathered = [torch.zeros_like(recv_counts) for _ in range(R)]
+    dist.all_gather(gathered, recv_counts)
+    me = dist.get_rank()
+    recv = [int(g[me]) for g in gathered]
+    inp = torch.randn(sum(send_counts), hidden, device=dev).bfloat16()
+    out = torch.empty(sum(recv), hidden, device=dev, dtype=torch.bfloat16)
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    times = []
+    for i in range(iters + 3):
+        dist.barrier()
+        ev[0].record()
+        dist.all_to_all_single(out, inp, recv, send_counts)
+        ev[1].record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(ev[0].elapsed_time(ev[1]) * 1e3)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--topk", type=int, default=8)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--ll-tokens", type=int, default=128)
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args()
+    rank, R = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group("nccl")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    E, K, H = a.experts, a.topk, a.hidden
+    g = torch.Generator(device=dev).manual_seed(rank)
+
+    def routing(T):
+        scores = torch.rand(T, E, device=dev, generator=g)
+        idx = scores.topk(K, dim=1).indices
+        w = torch.rand(T, K, device=dev, generator=g)
+        return torch.randn(T, H, device=dev, generator=g).bfloat16(), idx, w
+
+    rows = []
+    # Normal mode.
+    buf = gin_ep.Buffer(dist.group.WORLD, 0, 0)
+    transports = " ".join(buf.transports())
+    x, idx, w = routing(a.tokens)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+    state = {}
+
+    def dispatch():
+        state["d"] = buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                  num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+
+    d_us = wall(dispatch, a.iters)
+    recv_x, handle = state["d"][0], state["d"][4]
+    c_us = wall(lambda: buf.combine(recv_x, handle), a.iters)
+    send = per_rank.tolist()
+    sent_bytes = sum(send) * H * 2
+    n_us = nccl_us(send, H, a.iters, dev)
+    rows.append(("normal dispatch", d_us, sent_bytes, n_us))
+    rows.append(("normal combine", c_us, sent_bytes, n_us))
+    buf.destroy()
+    # Low-latency mode.
+    ll = gin_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True)
+    x, idx, w = routing(a.ll_tokens)
+
+    def ll_dispatch():
+        state["l"] = ll.low_latency_dispatch(x, idx, a.ll_tokens, E, use_fp8=False)
+
+    ld_us = wall(ll_dispatch, a.iters)
+    recv_x, handle = state["l"][0], state["l"][2]
+    lc_us = wall(lambda: ll.low_latency_combine(recv_x, idx, w, handle), a.iters)
+    L = E // R
+    send = torch.bincount((idx // L).flatten(), minlength=R).tolist()  # one row per (token, expert)
+    ll_bytes = sum(send) * H * 2
+    nl_us = nccl_us(send, H, a.iters, dev)
+    rows.append(("low-latency dispatch", ld_us, ll_bytes, nl_us))
+    rows.append(("low-latency combine", lc_us, ll_bytes, nl_us))
+    ll.destroy()
+    if rank == 0:
+        print(f"gin_ep vs NCCL all_to_all_single, {R} ranks, {torch.cuda.get_device_name()}, hidden {H}, "
+              f"top-{K} of {E} experts; normal {a.tokens} tokens/rank, low-latency {a.ll_tokens}; "
+              f"transports to ranks 0..{R - 1}: {transports}")
+        print(f"{'call':24s} {'gin_ep us':>10s} {'GB/s':>8s} {'NCCL us':>9s} {'GB/s':>8s} {'gin/NCCL':>9s}")
+    for name, us, b, nus in rows:
+        if rank == 0:
+            print(f"{name:24s} {us:10.1f} {b / us / 1e3:8.1f} {nus:9.1f} {b / nus / 1e3:8.1f} {us / nus:9.2f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
