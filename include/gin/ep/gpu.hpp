@@ -306,6 +306,32 @@ inline Sizing sizing(gin::Comm& comm, const Shape& sh, bool lowLatency, int thre
   return z;
 }
 
+// Device memory of a driver (GpuLayer, GpuBuffer): zeroed allocations
+// freed together when it goes, and the scratch words its kernels report
+// through (a failed wait, the receive count).
+class DeviceAllocs {
+ public:
+  DeviceAllocs() { scratch_ = alloc(4096); }
+  DeviceAllocs(const DeviceAllocs&) = delete;
+  DeviceAllocs& operator=(const DeviceAllocs&) = delete;
+  ~DeviceAllocs() {
+    for (void* p : ps_) (void)cudaFree(p);
+  }
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    GIN_CUDA_CHECK(cudaMalloc(&p, bytes));
+    ps_.push_back(p);
+    GIN_CUDA_CHECK(cudaMemset(p, 0, bytes));
+    return p;
+  }
+  int* failed() const { return static_cast<int*>(scratch_); }
+  unsigned long long* total() const { return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 8); }
+
+ private:
+  std::vector<void*> ps_;
+  void* scratch_ = nullptr;
+};
+
 }  // namespace gpu
 
 // Runs layers on one GPU rank, on `stream`. Collective like CpuLayer.
@@ -318,7 +344,6 @@ class GpuLayer {
       : comm_(comm), sh_(sh), ll_(lowLatency), st_(stream), l_(openLayer(comm, sh, lowLatency, 0)) {
     const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), E = size_t(sh.experts);
     const size_t H = size_t(sh.hidden), K = size_t(sh.topk);
-    scratch_ = alloc(1 << 12);
     idx_ = static_cast<int32_t*>(alloc(std::max<size_t>(T * K * 4, 4)));
     w_ = static_cast<float*>(alloc(std::max<size_t>(T * K * 4, 4)));
     out_ = static_cast<float*>(alloc(std::max<size_t>(T * H * 4, 4)));
@@ -342,8 +367,7 @@ class GpuLayer {
   GpuLayer& operator=(const GpuLayer&) = delete;
   ~GpuLayer() {
     (void)cudaStreamSynchronize(st_);
-    for (void* p : allocs_) (void)cudaFree(p);
-    closeLayer(comm_, l_);  // prints, never throws
+    closeLayer(comm_, l_);  // prints, never throws; mem_ frees the device memory after it
   }
 
   // Upload the inputs (not timed by callers that time run()).
@@ -442,8 +466,7 @@ class GpuLayer {
   Layer l_;
   int combineGrid_ = 1, llSplit_ = 1;
   Plan plan_;
-  std::vector<void*> allocs_;
-  void* scratch_ = nullptr;
+  gpu::DeviceAllocs mem_;
   int32_t* idx_ = nullptr;
   float *w_ = nullptr, *out_ = nullptr;
   int* rows_ = nullptr;
@@ -454,15 +477,9 @@ class GpuLayer {
   uint16_t* recvX_ = nullptr;
   char* recvMeta_ = nullptr;
 
-  void* alloc(size_t bytes) {
-    void* p = nullptr;
-    GIN_CUDA_CHECK(cudaMalloc(&p, bytes));
-    GIN_CUDA_CHECK(cudaMemset(p, 0, bytes));
-    allocs_.push_back(p);
-    return p;
-  }
-  int* failed() const { return static_cast<int*>(scratch_); }
-  unsigned long long* total() const { return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 8); }
+  void* alloc(size_t bytes) { return mem_.alloc(bytes); }
+  int* failed() const { return mem_.failed(); }
+  unsigned long long* total() const { return mem_.total(); }
 };
 
 }  // namespace gin::ep

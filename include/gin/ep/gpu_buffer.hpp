@@ -18,7 +18,9 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -213,6 +215,43 @@ __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const i
 
 }  // namespace gpu
 
+// GIN_EP_TIMING=N: rank 0 prints the phases of every Nth call of a buffer,
+// host wall time between marks in microseconds (a mark after a stream
+// synchronization times the GPU work before it).
+class PhaseClock {
+ public:
+  explicit PhaseClock(int rank) : every_(rank == 0 ? gin::env::integer("GIN_EP_TIMING").value_or(0) : 0) {}
+  void start(const char* call) {
+    on_ = every_ > 0 && ++calls_ % every_ == 0;
+    if (!on_) return;
+    call_ = call;
+    text_.clear();
+    first_ = last_ = Clock::now();
+  }
+  void mark(const char* phase) {
+    if (!on_) return;
+    const auto t = Clock::now();
+    text_ += std::string(" ") + phase + " " + std::to_string(us(last_, t));
+    last_ = t;
+  }
+  void end() {
+    if (!on_) return;
+    std::fprintf(stderr, "gin_ep rank 0 %s (call %lld): %lld us:%s\n", call_, calls_, us(first_, last_), text_.c_str());
+    on_ = false;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  long long every_, calls_ = 0;
+  bool on_ = false;
+  const char* call_ = "";
+  std::string text_;
+  Clock::time_point first_, last_;
+  static long long us(Clock::time_point a, Clock::time_point b) {
+    return std::chrono::duration_cast<std::chrono::microseconds>(b - a).count();
+  }
+};
+
 class GpuBuffer {
  public:
   static constexpr int kThreads = 256;
@@ -235,7 +274,6 @@ class GpuBuffer {
     uint64_t keep = ~0ull;  // keep freed memory in the pool: no trim at a synchronization
     GIN_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
     GIN_CUDA_CHECK(cudaHostAlloc(&host_, 4096, cudaHostAllocDefault));
-    scratch_ = alloc(4096);
     perExpert_ = static_cast<int*>(alloc(std::max<size_t>(size_t(sh.localExperts()) * 4, 4)));
     sendList_ = static_cast<uint32_t*>(alloc(std::max<size_t>(std::max(C * R * sh.laneCap(), E * T) * 4, 4)));
     sendCount_ = static_cast<uint64_t*>(alloc(std::max(C * R, E) * 8));
@@ -261,7 +299,6 @@ class GpuBuffer {
   GpuBuffer& operator=(const GpuBuffer&) = delete;
   ~GpuBuffer() {
     (void)cudaStreamSynchronize(st_);
-    for (void* p : allocs_) (void)cudaFree(p);
     (void)cudaFreeHost(host_);
     (void)cudaMemPoolDestroy(pool_);  // deferred until the arrays it gave out are freed
     closeLayer(comm_, l_);            // prints, never throws
@@ -290,16 +327,19 @@ class GpuBuffer {
     const size_t K = size_t(sh.topk), L = size_t(sh.localExperts());
     checkCall(false, tokens, "dispatch");
     if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
+    clock_.start("dispatch");
     // The routing on the host: the plan is made there.
     std::vector<int32_t> idx(size_t(tokens) * K);
     std::vector<float> w(idx.size());
-    download(idx.data(), topkIdx, idx.size() * 4);
+    download(idx.data(), topkIdx, idx.size() * 4, false);
     download(w.data(), topkWeights, w.size() * 4);
+    clock_.mark("routing");
     l_.shape.tokens = tokens;
     GpuDispatched d;
     GpuHandle& h = d.handle;
     h.tokens = tokens;
     h.sent = planRouting(l_, false, idx.data(), w.data());
+    clock_.mark("plan");
     h.arrivals = h.sent.combineArrivals;
     h.rows = deviceArray<int>(size_t(tokens));
     upload(h.rows.data(), h.sent.rows.data(), size_t(tokens) * 4);
@@ -307,10 +347,10 @@ class GpuBuffer {
     gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
     gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), maxRecv());
     const size_t n = finishDispatch("dispatch", true);
-    const std::vector<uint64_t> lanes = readLanes();
-    h.fromLane = lanes;
-    h.tokensFromRank.assign(size_t(sh.ranks), 0);
-    for (size_t i = 0; i < lanes.size(); ++i) h.tokensFromRank[i / size_t(sh.channels)] += int(lanes[i]);
+    clock_.mark("kernels");
+    // What each (source, channel) sent here, read with the per-expert counts.
+    h.fromLane.assign(size_t(sh.ranks) * size_t(sh.channels), 0);
+    download(h.fromLane.data(), comm_.localPointer(l_.counts), h.fromLane.size() * 8, false);
     d.x = receivedRows(n);
     h.srcRank = deviceArray<int>(n);
     h.srcToken = deviceArray<int>(n);
@@ -326,7 +366,12 @@ class GpuBuffer {
     d.tokensPerExpert.assign(L, 0);
     download(d.tokensPerExpert.data(), perExpert_, L * 4);
     for (int& c : d.tokensPerExpert) c = (c + expertAlignment - 1) / expertAlignment * expertAlignment;
+    h.tokensFromRank.assign(size_t(sh.ranks), 0);
+    for (size_t i = 0; i < h.fromLane.size(); ++i) h.tokensFromRank[i / size_t(sh.channels)] += int(h.fromLane[i]);
+    clock_.mark("unpack");
     comm_.bootstrap().barrier();
+    clock_.mark("barrier");
+    clock_.end();
     return d;
   }
 
@@ -340,6 +385,7 @@ class GpuBuffer {
     checkCall(false, h.tokens, "dispatch");
     if (h.sent.rows.size() != size_t(h.tokens) || h.fromLane.size() != size_t(R) * size_t(C))
       throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer");
+    clock_.start("cached dispatch");
     l_.shape.tokens = h.tokens;
     // The receive list as the handle's dispatch laid it out.
     std::vector<RecvState> rs(size_t(R) * size_t(C));
@@ -361,11 +407,15 @@ class GpuBuffer {
     // the wait gives up at the timeout with an error).
     finishDispatch("cached dispatch", false);
     const size_t n = h.received();
+    clock_.mark("kernels");
     GpuDispatched d;
     d.handle = h;
     d.x = receivedRows(n);
     GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    clock_.mark("copy");
     comm_.bootstrap().barrier();
+    clock_.mark("barrier");
+    clock_.end();
     return d;
   }
 
@@ -377,7 +427,7 @@ class GpuBuffer {
     checkCall(false, h.tokens, "combine");
     if (h.rows.size() != size_t(h.tokens) || h.srcToken.size() != h.received() || h.slot.size() != h.received())
       throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
-    startCombine();
+    startCombine("combine");
     if (h.received())
       gpu::returnKernel<<<z_.combineGrid, kThreads, 0, st_>>>(l_, int(h.received()), h.srcRank.data(),
                                                               h.srcToken.data(), h.slot.data(), y);
@@ -394,12 +444,15 @@ class GpuBuffer {
     const size_t K = size_t(sh.topk), L = size_t(sh.localExperts()), R = size_t(sh.ranks);
     const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_);
     checkCall(true, tokens, "lowLatencyDispatch");
+    clock_.start("low-latency dispatch");
     // Tokens past T choose no expert: the layout is the same on every rank.
     std::vector<int32_t> idx(Tmax * K, -1);
     std::vector<float> w(idx.size(), 0.f);
-    download(idx.data(), topkIdx, size_t(tokens) * K * 4);
+    download(idx.data(), topkIdx, size_t(tokens) * K * 4, false);
     download(w.data(), topkWeights, size_t(tokens) * K * 4);
+    clock_.mark("routing");
     const Plan p = planRouting(l_, true, idx.data(), w.data());
+    clock_.mark("plan");
     start(p, x, tokens);
     gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
     gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
@@ -427,7 +480,7 @@ class GpuBuffer {
     const size_t L = size_t(sh.localExperts()), R = size_t(sh.ranks);
     if (h.count.size() != L || h.range.size() != L * R || h.srcToken.size() != L * R * size_t(maxTokens_))
       throw std::invalid_argument("ep: lowLatencyCombine was given a handle that no dispatch of this buffer made");
-    startCombine();
+    startCombine("low-latency combine");
     gpu::llReturnKernel<<<int(L * R) * z_.llSplit, kThreads, 0, st_>>>(l_, z_.llSplit, h.range.data(),
                                                                        h.srcToken.data(), h.srcK.data(), y);
     DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
@@ -443,11 +496,11 @@ class GpuBuffer {
   cudaStream_t st_;
   Layer l_;
   gpu::Sizing z_;
+  PhaseClock clock_{comm_.rank()};
   cudaMemPool_t pool_ = nullptr;
   DeviceAllocator alloc_;
   void* host_ = nullptr;  // pinned: what the host reads back (failed, total, counts)
-  std::vector<void*> allocs_;
-  void* scratch_ = nullptr;
+  gpu::DeviceAllocs mem_;
   int* perExpert_ = nullptr;
   uint32_t* sendList_ = nullptr;
   uint64_t* sendCount_ = nullptr;
@@ -456,24 +509,20 @@ class GpuBuffer {
   uint16_t* recvX_ = nullptr;
   char* recvMeta_ = nullptr;
 
-  void* alloc(size_t bytes) {
-    void* p = nullptr;
-    GIN_CUDA_CHECK(cudaMalloc(&p, bytes));
-    GIN_CUDA_CHECK(cudaMemset(p, 0, bytes));
-    allocs_.push_back(p);
-    return p;
-  }
-  int* failed() const { return static_cast<int*>(scratch_); }
-  unsigned long long* total() const { return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 8); }
+  void* alloc(size_t bytes) { return mem_.alloc(bytes); }
+  int* failed() const { return mem_.failed(); }
+  unsigned long long* total() const { return mem_.total(); }
   uint64_t maxRecv() const { return uint64_t(l_.shape.ranks) * uint64_t(maxTokens_); }
 
+  // Host to device on the stream (the phase's synchronization before its
+  // barrier waits for it; pageable sources are staged by the call).
   void upload(void* to, const void* from, size_t bytes) {
     if (bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, st_));
-    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));  // `from` may be gone after the call
   }
-  void download(void* to, const void* from, size_t bytes) {
+  // Device to host on the stream; `wait` synchronizes (the last of a batch).
+  void download(void* to, const void* from, size_t bytes, bool wait = true) {
     if (bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, st_));
-    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    if (wait) GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
   }
 
   void checkCall(bool lowLatency, int tokens, const char* call) const {
@@ -494,12 +543,15 @@ class GpuBuffer {
     upload(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
     upload(sendList_, p.sendList.data(), p.sendList.size() * 4);
     upload(sendCount_, p.sendCount.data(), p.sendCount.size() * 8);
+    clock_.mark("upload");
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     if (tokens > 0) gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
     gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
     GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    clock_.mark("pack+reset");
     comm_.bootstrap().barrier();
+    clock_.mark("barrier");
   }
 
   // Normal mode after start (and, unless cached, the count and layout
@@ -518,13 +570,6 @@ class GpuBuffer {
     if (counted) GIN_CUDA_CHECK(cudaMemcpyAsync(hostTotal, total(), 8, cudaMemcpyDeviceToHost, st_));
     checkDone(what);
     return counted ? size_t(*hostTotal) : 0;
-  }
-
-  // What each (source, channel) sent here, from this rank's counts window.
-  std::vector<uint64_t> readLanes() {
-    std::vector<uint64_t> v(size_t(l_.shape.ranks) * size_t(l_.shape.channels));
-    download(v.data(), comm_.localPointer(l_.counts), v.size() * 8);
-    return v;
   }
 
   // The first n received rows, copied out of the receive list.
@@ -553,15 +598,21 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
     checkDone(what);
+    clock_.mark("kernels");
     comm_.bootstrap().barrier();
+    clock_.mark("barrier");
+    clock_.end();
   }
 
-  void startCombine() {
+  void startCombine(const char* call) {
+    clock_.start(call);
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     gpu::resetKernel<<<1, 32, 0, st_>>>(l_, l_.sig.combine(), l_.sig.combine() + 1);
     GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    clock_.mark("reset");
     comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
+    clock_.mark("barrier");
   }
 
   // After the return kernel: wait for `arrivals` rows, sum them into out,

@@ -139,6 +139,9 @@ inline constexpr Var kVars[] = {
     row::size("GIN_ALLREDUCE_DIRECT_MAX_SIZE", 0, 1ll << 40, "32M",
               "messages above the LL limit and up to this size take the two-shot direct path; 0: never"),
     row::integer("GIN_ALLREDUCE_DIRECT_BLOCKS", 1, 32, "one per 16K of the message", "blocks of a direct call"),
+    // --- expert parallelism
+    row::integer("GIN_EP_TIMING", 0, 1 << 30, "0",
+                 "N > 0: rank 0 of each gin::ep::GpuBuffer prints the phases of every Nth call, in microseconds"),
 };
 inline constexpr size_t kNumVars = sizeof kVars / sizeof kVars[0];
 
