@@ -69,8 +69,8 @@ struct Runtime::State {
     sh.tokens = std::max(tokens, 1);
     sh.hidden = hidden;
     sh.topk = topk;
-    sh.channels = channels;
-    sh.slots = 8;
+    sh.channels = channels;  // 0: chosen for the GPU (gin::ep::gpu::autoShape)
+    sh.slots = 0;
     buf = std::make_unique<gin::ep::GpuBuffer>(comm, sh, ll, st);
     if (alloc)
       buf->setAllocator([f = alloc](size_t bytes, void** p) {

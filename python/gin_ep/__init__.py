@@ -47,7 +47,8 @@ class EventOverlap:
 
 
 class Config:
-    """DeepEP's Config. gin uses num_sms (channels = num_sms // 2, as DeepEP)."""
+    """DeepEP's Config (accepted; gin's channels: num_sms // 2 after Buffer.set_num_sms, else chosen
+    for the GPU)."""
 
     def __init__(self, num_sms=20, num_max_nvl_chunked_send_tokens=6, num_max_nvl_chunked_recv_tokens=256,
                  num_max_rdma_chunked_send_tokens=6, num_max_rdma_chunked_recv_tokens=256):
@@ -90,6 +91,7 @@ class Buffer:
     `group` makes it and calls its methods in the same order."""
 
     num_sms = 20
+    _num_sms_set = False  # until set_num_sms, gin picks its channels for the GPU
 
     def __init__(self, group, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False, num_qps_per_rank=24,
                  allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False, use_fabric=False,
@@ -104,7 +106,7 @@ class Buffer:
         # Rank 0 of the group makes the rendezvous id; the group carries it.
         ids = [_C.unique_id() if self.rank == 0 else None]
         dist.broadcast_object_list(ids, src=dist.get_global_rank(group, 0), group=group)
-        channels = max(1, Buffer.num_sms // 2)
+        channels = max(1, Buffer.num_sms // 2) if Buffer._num_sms_set else 0
         self.runtime = _C.Runtime(ids[0], self.rank, self.group_size, torch.cuda.current_device(),
                                   low_latency_mode, channels)
 
@@ -119,6 +121,7 @@ class Buffer:
     def set_num_sms(new_num_sms):
         assert new_num_sms % 2 == 0, "the number of SMs must be even"
         Buffer.num_sms = new_num_sms
+        Buffer._num_sms_set = True
 
     @staticmethod
     def get_dispatch_config(num_ranks):

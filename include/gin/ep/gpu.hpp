@@ -280,6 +280,41 @@ struct Sizing {
   int combineGrid = 1;  // CTAs of a warp-per-row combine kernel
   int llSplit = 1;      // CTAs per (local expert, source) in low-latency mode
 };
+// How many ranks of the communicator run on this rank's GPU (collective).
+inline int ranksOnThisGpu(gin::Comm& comm) {
+  int dev = 0;
+  GIN_CUDA_CHECK(cudaGetDevice(&dev));
+  char bus[32] = {};
+  GIN_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
+  const size_t R = size_t(comm.nRanks());
+  std::vector<char> buses(sizeof bus * R);
+  std::memcpy(buses.data() + sizeof bus * size_t(comm.rank()), bus, sizeof bus);
+  comm.bootstrap().allGather(buses.data(), sizeof bus);
+  int n = 0;
+  for (size_t r = 0; r < R; ++r) n += std::memcmp(buses.data() + sizeof bus * r, bus, sizeof bus) == 0;
+  return n;
+}
+
+// Shape::channels 0 and Shape::slots 0 chosen for this GPU (collective):
+// the dispatch kernel's C x (1 + R) spinning CTAs of every rank on this GPU
+// within one per SM (half of them where a peer goes through the proxy or
+// ibgda, whose host or NIC side needs room), at most 64 channels; rings of
+// 32 slots (gin-bench moe, one H100: dispatch time falls with channels, and
+// with slots up to 16).
+inline Shape autoShape(gin::Comm& comm, Shape sh) {
+  if (sh.channels == 0) {
+    int dev = 0, sms = 0;
+    GIN_CUDA_CHECK(cudaGetDevice(&dev));
+    GIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    bool allLsa = true;
+    for (int r = 0; r < comm.nRanks(); ++r) allLsa = allLsa && comm.transportTo(r) == gin::Transport::Lsa;
+    const int budget = allLsa ? sms : sms / 2;
+    sh.channels = std::min(64, std::max(1, budget / ((1 + sh.ranks) * ranksOnThisGpu(comm))));
+  }
+  if (sh.slots == 0) sh.slots = 32;
+  return sh;
+}
+
 inline Sizing sizing(gin::Comm& comm, const Shape& sh, bool lowLatency, int threads) {
   const size_t R = size_t(sh.ranks), C = size_t(sh.channels);
   Sizing z;
@@ -287,13 +322,7 @@ inline Sizing sizing(gin::Comm& comm, const Shape& sh, bool lowLatency, int thre
   GIN_CUDA_CHECK(cudaGetDevice(&dev));
   GIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, dispatchKernel, threads, 0));
-  char bus[32] = {};
-  GIN_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, dev));
-  std::vector<char> buses(sizeof bus * R);
-  std::memcpy(buses.data() + sizeof bus * size_t(comm.rank()), bus, sizeof bus);
-  comm.bootstrap().allGather(buses.data(), sizeof bus);
-  z.sharing = 0;
-  for (size_t r = 0; r < R; ++r) z.sharing += std::memcmp(buses.data() + sizeof bus * r, bus, sizeof bus) == 0;
+  z.sharing = ranksOnThisGpu(comm);
   if (!lowLatency && int(C + R * C) * z.sharing > perSm * sms)
     throw std::invalid_argument("moe: the dispatch kernel needs " + std::to_string(C + R * C) +
                                 " resident CTAs (channels + ranks x channels) on each of " + std::to_string(z.sharing) +
@@ -325,7 +354,8 @@ class DeviceAllocs {
     return p;
   }
   int* failed() const { return static_cast<int*>(scratch_); }
-  unsigned long long* total() const { return reinterpret_cast<unsigned long long*>(static_cast<char*>(scratch_) + 8); }
+  unsigned long long* total() const { return word(1); }
+  unsigned long long* word(int i) const { return reinterpret_cast<unsigned long long*>(scratch_) + i; }
 
  private:
   std::vector<void*> ps_;

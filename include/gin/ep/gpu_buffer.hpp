@@ -90,7 +90,8 @@ struct GpuHandle {
   DeviceArray<uint32_t> slot;       // [N] the row's combine slot at its source
   DeviceArray<int> rows;            // [T] rows each of this rank's tokens gets back
   uint64_t arrivals = 0;            // rows this rank's combine waits for
-  Plan sent;                        // what this rank sent (no tokens)
+  DeviceArray<int32_t> topkIdx;     // [T][K] the dispatch's routing (a cached dispatch plans it again)
+  DeviceArray<float> topkWeights;   // [T][K]
   std::vector<uint64_t> fromLane;   // [R][C] what each (source, channel) sent here
   size_t received() const { return srcRank.size(); }
 };
@@ -122,6 +123,81 @@ __global__ void packKernel(Layer l, const uint16_t* x, int tokens) {
   const size_t H = size_t(l.shape.hidden);
   for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x)
     gin::lsa::coopCopy(gin::CoopBlock{}, gin::localPointer(l.x, t * l.shape.tokenBytes()), x + t * H, H * 2);
+}
+
+// Normal mode's plan on the GPU: planRouting's result for idx and weight
+// [T][K] (T = l.shape.tokens), without the host. A block per channel c over
+// its tokens [c x cap, (c + 1) x cap), a thread per token: its destination
+// ranks m (bit d: a choice on rank d), rows[t] = |m|, the metadata of its
+// j-th destination at meta[t][j], and t | j << 24 appended to lane (c, d)'s
+// list in token order (a block-wide count per destination); sendCount per
+// lane; *arrivals += rows. An index outside -1..E-1 sets *bad to 1 + its
+// position (token x K + choice), the first one any thread saw.
+__global__ void planKernel(Layer l, const int32_t* idx, const float* weight, char* meta, uint32_t* sendList,
+                           uint64_t* sendCount, int* rows, unsigned long long* arrivals, unsigned long long* bad) {
+  const Shape& sh = l.shape;
+  const int R = sh.ranks, K = sh.topk, L = sh.localExperts(), E = sh.experts, c = int(blockIdx.x);
+  const size_t cap = sh.laneCap(), D = size_t(sh.maxDests());
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
+  __shared__ int warpCount[32];
+  __shared__ uint32_t base[64];
+  for (int d = int(threadIdx.x); d < R; d += int(blockDim.x)) base[d] = 0;
+  __syncthreads();
+  const int first = int(size_t(c) * cap), end = int(std::min(size_t(sh.tokens), size_t(c + 1) * cap));
+  for (int t0 = first; t0 < end; t0 += int(blockDim.x)) {
+    const int t = t0 + int(threadIdx.x);
+    uint64_t m = 0;
+    if (t < end) {
+      for (int k = 0; k < K; ++k) {
+        const int e = idx[size_t(t) * K + k];
+        if (e < -1 || e >= E)
+          ::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k);
+        else if (e >= 0)
+          m |= 1ull << (e / L);
+      }
+      rows[t] = __popcll(m);
+      ::atomicAdd(arrivals, static_cast<unsigned long long>(__popcll(m)));
+      uint32_t j = 0;
+      for (uint64_t left = m; left != 0; left &= left - 1, ++j) {
+        const int d = __ffsll(static_cast<long long>(left)) - 1;
+        TokenMeta* out = reinterpret_cast<TokenMeta*>(meta + (size_t(t) * D + j) * sh.metaBytes());
+        uint32_t n = 0, choices = 0;
+        for (int k = 0; k < K; ++k) {
+          const int e = idx[size_t(t) * K + k];
+          if (e < 0 || e >= E || e / L != d) continue;
+          out->pick[n].localExpert = e % L;
+          out->pick[n].weight = weight[size_t(t) * K + k];
+          ++n;
+          choices |= 1u << k;
+        }
+        out->srcToken = uint32_t(t);
+        out->combineSlot = j;
+        out->nLocal = n;
+        out->choices = choices;
+      }
+    }
+    for (int d = 0; d < R; ++d) {
+      const bool hit = t < end && ((m >> d) & 1);
+      const unsigned ballot = __ballot_sync(~0u, hit);
+      if (lane == 0) warpCount[warp] = __popc(ballot);
+      __syncthreads();
+      int before = 0, total = 0;
+      for (int i = 0; i < warps; ++i) {
+        before += i < warp ? warpCount[i] : 0;
+        total += warpCount[i];
+      }
+      if (hit) {
+        const uint32_t j = uint32_t(__popcll(m & ((1ull << d) - 1)));
+        const size_t at =
+            (size_t(c) * R + size_t(d)) * cap + base[d] + size_t(before) + __popc(ballot & ((1u << lane) - 1));
+        sendList[at] = uint32_t(t) | j << 24;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) base[d] += uint32_t(total);
+    }
+  }
+  __syncthreads();
+  for (int d = int(threadIdx.x); d < R; d += int(blockDim.x)) sendCount[size_t(c) * R + size_t(d)] = base[d];
 }
 
 // A thread per received position: its source, token, combine slot, top-k
@@ -257,11 +333,17 @@ class GpuBuffer {
   static constexpr int kThreads = 256;
 
   // As CpuBuffer's: shape.tokens is the most tokens a call may bring (the
-  // same on every rank); lowLatency picks the mode. The buffer's kernels,
+  // same on every rank); lowLatency picks the mode. shape.channels or
+  // shape.slots 0: chosen for this GPU (gpu::autoShape). The buffer's kernels,
   // copies and allocations run on `stream`, which must outlive the buffer
   // and every array it returned. Collective.
-  GpuBuffer(gin::Comm& comm, const Shape& sh, bool lowLatency, cudaStream_t stream, uint32_t sigBase = 0)
-      : comm_(comm), maxTokens_(sh.tokens), ll_(lowLatency), st_(stream), l_(openLayer(comm, sh, lowLatency, sigBase)) {
+  GpuBuffer(gin::Comm& comm, const Shape& shape, bool lowLatency, cudaStream_t stream, uint32_t sigBase = 0)
+      : comm_(comm),
+        maxTokens_(shape.tokens),
+        ll_(lowLatency),
+        st_(stream),
+        l_(openLayer(comm, gpu::autoShape(comm, shape), lowLatency, sigBase)) {
+    const Shape& sh = l_.shape;
     const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), E = size_t(sh.experts);
     const size_t H = size_t(sh.hidden);
     int dev = 0;
@@ -288,6 +370,7 @@ class GpuBuffer {
     gpu::loadKernels();
     cudaFuncAttributes a{};
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::packKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::planKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::unpackKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::returnKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::sumKernel));
@@ -328,25 +411,21 @@ class GpuBuffer {
     checkCall(false, tokens, "dispatch");
     if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
     clock_.start("dispatch");
-    // The routing on the host: the plan is made there.
-    std::vector<int32_t> idx(size_t(tokens) * K);
-    std::vector<float> w(idx.size());
-    download(idx.data(), topkIdx, idx.size() * 4, false);
-    download(w.data(), topkWeights, w.size() * 4);
-    clock_.mark("routing");
     l_.shape.tokens = tokens;
     GpuDispatched d;
     GpuHandle& h = d.handle;
     h.tokens = tokens;
-    h.sent = planRouting(l_, false, idx.data(), w.data());
-    clock_.mark("plan");
-    h.arrivals = h.sent.combineArrivals;
     h.rows = deviceArray<int>(size_t(tokens));
-    upload(h.rows.data(), h.sent.rows.data(), size_t(tokens) * 4);
-    start(h.sent, x, tokens);
+    // The routing, kept for a cached dispatch; the plan is made from it on the GPU.
+    h.topkIdx = deviceArray<int32_t>(size_t(tokens) * K);
+    h.topkWeights = deviceArray<float>(size_t(tokens) * K);
+    copyOn(h.topkIdx.data(), topkIdx, h.topkIdx.size() * 4);
+    copyOn(h.topkWeights.data(), topkWeights, h.topkWeights.size() * 4);
+    startPlanned(x, h);
     gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
     gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), maxRecv());
     const size_t n = finishDispatch("dispatch", true);
+    h.arrivals = *reinterpret_cast<unsigned long long*>(static_cast<char*>(host_) + 16);
     clock_.mark("kernels");
     // What each (source, channel) sent here, read with the per-expert counts.
     h.fromLane.assign(size_t(sh.ranks) * size_t(sh.channels), 0);
@@ -383,7 +462,8 @@ class GpuBuffer {
     const Shape& sh = l_.shape;
     const int R = sh.ranks, C = sh.channels;
     checkCall(false, h.tokens, "dispatch");
-    if (h.sent.rows.size() != size_t(h.tokens) || h.fromLane.size() != size_t(R) * size_t(C))
+    if (h.topkIdx.size() != size_t(h.tokens) * size_t(sh.topk) || h.rows.size() != size_t(h.tokens) ||
+        h.fromLane.size() != size_t(R) * size_t(C))
       throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer");
     clock_.start("cached dispatch");
     l_.shape.tokens = h.tokens;
@@ -401,7 +481,7 @@ class GpuBuffer {
       throw std::invalid_argument("ep: a cached dispatch was given a handle that no dispatch of this buffer made");
     upload(rs_, rs.data(), rs.size() * sizeof(RecvState));
     upload(srcOf_, srcOf.data(), srcOf.size() * 4);
-    start(h.sent, x, h.tokens);
+    startPlanned(x, h);
     // Every position the handle lists is filled once the receivers are done
     // (a rank that passed another dispatch's handle makes them wait, and
     // the wait gives up at the timeout with an error).
@@ -535,23 +615,49 @@ class GpuBuffer {
                                   " (Shape::tokens)");
   }
 
-  // A dispatch's start: the plan's metadata and send lists and the tokens
-  // into place, every signal of the layer reset, then a barrier of every
-  // rank (nobody signals before every rank has reset; no kernel of the
-  // buffer runs yet on any rank).
+  // A dispatch's start from a host plan (low-latency mode): its metadata
+  // and send lists up, then begin().
   void start(const Plan& p, const uint16_t* x, int tokens) {
     upload(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
     upload(sendList_, p.sendList.data(), p.sendList.size() * 4);
     upload(sendCount_, p.sendCount.data(), p.sendCount.size() * 8);
     clock_.mark("upload");
+    begin(x, tokens);
+  }
+
+  // Normal mode's start: the plan made on the GPU from the handle's routing
+  // (its rows per token into h.rows), then begin(); an expert index outside
+  // -1..E-1 is refused with the token and choice.
+  void startPlanned(const uint16_t* x, const GpuHandle& h) {
+    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
+    gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, h.topkIdx.data(), h.topkWeights.data(),
+                                                             static_cast<char*>(comm_.localPointer(l_.meta)), sendList_,
+                                                             sendCount_, h.rows.data(), mem_.word(2), mem_.word(3));
+    begin(x, h.tokens);
+  }
+
+  // The tokens into the x window, every signal of the layer reset, a
+  // synchronization, then a barrier of every rank (nobody signals before
+  // every rank has reset; no kernel of the buffer runs yet on any rank).
+  void begin(const uint16_t* x, int tokens) {
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     if (tokens > 0) gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
     gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
     GIN_CUDA_CHECK(cudaGetLastError());
-    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
-    clock_.mark("pack+reset");
+    auto* words = static_cast<unsigned long long*>(host_);  // [2]: arrivals, [3]: bad index
+    download(words + 2, mem_.word(2), 16);
+    clock_.mark("plan+pack+reset");
+    if (const unsigned long long bad = words[3])
+      throw std::invalid_argument("ep: token " + std::to_string((bad - 1) / uint64_t(l_.shape.topk)) + " choice " +
+                                  std::to_string((bad - 1) % uint64_t(l_.shape.topk)) +
+                                  " names an expert outside -1 (no expert) .. " + std::to_string(l_.shape.experts - 1));
     comm_.bootstrap().barrier();
     clock_.mark("barrier");
+  }
+
+  // Device to device on the stream.
+  void copyOn(void* to, const void* from, size_t bytes) {
+    if (bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, st_));
   }
 
   // Normal mode after start (and, unless cached, the count and layout

@@ -1,6 +1,6 @@
 """gin_ep's DeepEP figures next to an NCCL all-to-all moving the same bytes.
 
-    torchrun --nproc_per_node=N python/bench_gin_ep.py [--tokens 4096] [--hidden 7168] [--topk 8]
+    torchrun --nproc_per_node=N bench/gin_ep_bench.py [--tokens 4096] [--hidden 7168] [--topk 8]
         [--experts 64] [--ll-tokens 128] [--iters 20]
 
 One process per GPU (NCCL needs distinct GPUs). Per rank and mode it prints
