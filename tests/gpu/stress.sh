@@ -30,6 +30,8 @@ cases=(
   "proxy-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TIMEOUT_MS=20000|$g/test_gpu_proxy"
   "moe|GIN_TIMEOUT_MS=20000|$g/test_gpu_moe"
   "moe-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TIMEOUT_MS=20000|$g/test_gpu_moe"
+  "ep-buffer|GIN_TIMEOUT_MS=20000|$g/test_gpu_ep_buffer"
+  "ep-buffer-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TIMEOUT_MS=20000|$g/test_gpu_ep_buffer"
   "processes-proxy-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TRANSPORT=proxy|$g/test_gpu_processes"
   "processes-proxy-tcp-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TRANSPORT=proxy GIN_PROXY_WIRE=tcp|$g/test_gpu_processes"
   "lsa|GIN_TIMEOUT_MS=20000|$g/test_gpu_lsa"

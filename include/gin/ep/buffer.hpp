@@ -13,8 +13,8 @@
 // choice is on another rank or none (weight 0 there); tokens per local
 // expert rounded up to an alignment; combine an unweighted float sum plus up
 // to two biases, to bf16. Collective: every rank calls dispatch and combine
-// in the same order. The GPU version is still to come (GpuLayer runs
-// stand-in experts inside its combine).
+// in the same order. gin/ep/gpu_buffer.hpp has the same calls on a GPU rank
+// (GpuBuffer).
 #pragma once
 
 #include <algorithm>
