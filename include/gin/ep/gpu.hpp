@@ -269,17 +269,13 @@ inline void loadKernels() {
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, flushKernel));
 }
 
-// Grid sizes for a rank (collective: ranks compare GPUs). The dispatch
-// kernel's senders and receivers wait on each other (and on other ranks'
-// CTAs): all C + R x C CTAs must be resident at once, or the layer stalls
-// until the timeout; a shape that cannot be is refused. The combine grids
-// are sized so that all ranks on this GPU (tests share one GPU among ranks)
-// together leave half of it free.
+// Grid sizes of a rank's kernels (sizing() below).
 struct Sizing {
   int sharing = 1;      // ranks on this GPU
   int combineGrid = 1;  // CTAs of a warp-per-row combine kernel
   int llSplit = 1;      // CTAs per (local expert, source) in low-latency mode
 };
+
 // How many ranks of the communicator run on this rank's GPU (collective).
 inline int ranksOnThisGpu(gin::Comm& comm) {
   int dev = 0;
@@ -315,6 +311,12 @@ inline Shape autoShape(gin::Comm& comm, Shape sh) {
   return sh;
 }
 
+// Grid sizes for a rank (collective: ranks compare GPUs). The dispatch
+// kernel's senders and receivers wait on each other (and on other ranks'
+// CTAs): all C + R x C CTAs must be resident at once, or the layer stalls
+// until the timeout; a shape that cannot be is refused. The combine grids
+// are sized so that all ranks on this GPU (tests share one GPU among ranks)
+// together leave half of it free.
 inline Sizing sizing(gin::Comm& comm, const Shape& sh, bool lowLatency, int threads) {
   const size_t R = size_t(sh.ranks), C = size_t(sh.channels);
   Sizing z;

@@ -9,9 +9,10 @@
 //   gin::ep::DeviceArray<uint16_t> out = buf.combine(y, d.handle, bias0, bias1);
 //
 // Each call returns once its kernels are done (it synchronizes the stream,
-// as DeepEP's normal dispatch does to learn its receive count). The routing
-// plan is made on the host from a copy of the top-k indices, in both modes
-// (DeepEP's low-latency mode plans on the GPU; here that is still to come).
+// as DeepEP's normal dispatch does to learn its receive count). Normal mode
+// plans the routing on the GPU (planKernel); low-latency mode still plans
+// it on the host from a copy of the top-k indices (DeepEP's plans on the
+// GPU, without a synchronization).
 // Phases start with a barrier of every rank after their signals are reset
 // and end with one after their puts are flushed, so the stream work between
 // calls (the caller's experts) never runs while a kernel of the buffer spins.
@@ -65,6 +66,8 @@ class DeviceArray {
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }
   const std::shared_ptr<void>& owner() const { return keep_; }
+  // The first n values only (the memory stays as it was made).
+  void shrink(size_t n) { n_ = std::min(n, n_); }
   // The values on the host (waits for the stream).
   std::vector<T> toHost() const {
     std::vector<T> v(n_);
@@ -345,7 +348,6 @@ class GpuBuffer {
         l_(openLayer(comm, gpu::autoShape(comm, shape), lowLatency, sigBase)) {
     const Shape& sh = l_.shape;
     const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), E = size_t(sh.experts);
-    const size_t H = size_t(sh.hidden);
     int dev = 0;
     GIN_CUDA_CHECK(cudaGetDevice(&dev));
     cudaMemPoolProps props{};
@@ -362,7 +364,6 @@ class GpuBuffer {
     rs_ = static_cast<RecvState*>(alloc(R * C * sizeof(RecvState)));
     srcOf_ = static_cast<int*>(alloc(std::max<size_t>(R * T * 4, 4)));
     if (!ll_) {
-      recvX_ = static_cast<uint16_t*>(alloc(std::max<size_t>(R * T * H * 2, 4)));
       recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
     }
     l_.sendList = sendList_;
@@ -424,13 +425,16 @@ class GpuBuffer {
     startPlanned(x, h);
     gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
     gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), maxRecv());
-    const size_t n = finishDispatch("dispatch", true);
+    // Rows are received straight into the returned array, made for the most
+    // any dispatch can bring (R x the buffer's tokens) and shrunk to what came.
+    d.x = deviceArray<uint16_t>(maxRecv() * size_t(sh.hidden));
+    const size_t n = finishDispatch("dispatch", true, d.x.data());
+    d.x.shrink(n * size_t(sh.hidden));
     h.arrivals = *reinterpret_cast<unsigned long long*>(static_cast<char*>(host_) + 16);
     clock_.mark("kernels");
     // What each (source, channel) sent here, read with the per-expert counts.
     h.fromLane.assign(size_t(sh.ranks) * size_t(sh.channels), 0);
     download(h.fromLane.data(), comm_.localPointer(l_.counts), h.fromLane.size() * 8, false);
-    d.x = receivedRows(n);
     h.srcRank = deviceArray<int>(n);
     h.srcToken = deviceArray<int>(n);
     h.slot = deviceArray<uint32_t>(n);
@@ -469,30 +473,24 @@ class GpuBuffer {
     l_.shape.tokens = h.tokens;
     // The receive list as the handle's dispatch laid it out.
     std::vector<RecvState> rs(size_t(R) * size_t(C));
-    std::vector<int> srcOf;
     uint64_t base = 0;
     for (size_t i = 0; i < rs.size(); ++i) {
       rs[i].expect = h.fromLane[i];
       rs[i].base = base;
       base += rs[i].expect;
-      srcOf.insert(srcOf.end(), size_t(rs[i].expect), int(i / size_t(C)));
     }
     if (base != h.received() || base > maxRecv())
       throw std::invalid_argument("ep: a cached dispatch was given a handle that no dispatch of this buffer made");
     upload(rs_, rs.data(), rs.size() * sizeof(RecvState));
-    upload(srcOf_, srcOf.data(), srcOf.size() * 4);
+    GpuDispatched d;
+    d.handle = h;
+    d.x = deviceArray<uint16_t>(h.received() * size_t(sh.hidden));
     startPlanned(x, h);
     // Every position the handle lists is filled once the receivers are done
     // (a rank that passed another dispatch's handle makes them wait, and
     // the wait gives up at the timeout with an error).
-    finishDispatch("cached dispatch", false);
-    const size_t n = h.received();
+    finishDispatch("cached dispatch", false, d.x.data());
     clock_.mark("kernels");
-    GpuDispatched d;
-    d.handle = h;
-    d.x = receivedRows(n);
-    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
-    clock_.mark("copy");
     comm_.bootstrap().barrier();
     clock_.mark("barrier");
     clock_.end();
@@ -586,7 +584,6 @@ class GpuBuffer {
   uint64_t* sendCount_ = nullptr;
   RecvState* rs_ = nullptr;
   int* srcOf_ = nullptr;
-  uint16_t* recvX_ = nullptr;
   char* recvMeta_ = nullptr;
 
   void* alloc(size_t bytes) { return mem_.alloc(bytes); }
@@ -661,11 +658,12 @@ class GpuBuffer {
   }
 
   // Normal mode after start (and, unless cached, the count and layout
-  // kernels): the dispatch kernel, a flush of every context, then the
-  // outcome. Returns the rows received (counted: else 0).
-  size_t finishDispatch(const char* what, bool counted) {
+  // kernels): the dispatch kernel (rows into recvX [maxRecv][H], metadata
+  // into the buffer's list), a flush of every context, then the outcome.
+  // Returns the rows received (counted: else 0).
+  size_t finishDispatch(const char* what, bool counted, uint16_t* recvX) {
     const Shape& sh = l_.shape;
-    gpu::dispatchKernel<<<sh.channels + sh.ranks * sh.channels, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_,
+    gpu::dispatchKernel<<<sh.channels + sh.ranks * sh.channels, kThreads, 0, st_>>>(l_, rs_, recvX, recvMeta_,
                                                                                     failed());
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     GIN_CUDA_CHECK(cudaGetLastError());
@@ -676,14 +674,6 @@ class GpuBuffer {
     if (counted) GIN_CUDA_CHECK(cudaMemcpyAsync(hostTotal, total(), 8, cudaMemcpyDeviceToHost, st_));
     checkDone(what);
     return counted ? size_t(*hostTotal) : 0;
-  }
-
-  // The first n received rows, copied out of the receive list.
-  DeviceArray<uint16_t> receivedRows(size_t n) {
-    DeviceArray<uint16_t> x = deviceArray<uint16_t>(n * size_t(l_.shape.hidden));
-    if (n)
-      GIN_CUDA_CHECK(cudaMemcpyAsync(x.data(), recvX_, n * size_t(l_.shape.hidden) * 2, cudaMemcpyDeviceToDevice, st_));
-    return x;
   }
 
   // Waits for the stream; a device error of this rank, or a wait that gave
