@@ -146,7 +146,8 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
   __shared__ uint32_t base[64];
   for (int d = int(threadIdx.x); d < R; d += int(blockDim.x)) base[d] = 0;
   __syncthreads();
-  const int first = int(size_t(c) * cap), end = int(std::min(size_t(sh.tokens), size_t(c + 1) * cap));
+  const size_t stop = size_t(c + 1) * cap < size_t(sh.tokens) ? size_t(c + 1) * cap : size_t(sh.tokens);
+  const int first = int(size_t(c) * cap), end = int(stop);
   for (int t0 = first; t0 < end; t0 += int(blockDim.x)) {
     const int t = t0 + int(threadIdx.x);
     uint64_t m = 0;
