@@ -34,12 +34,20 @@ struct Case {
 };
 
 // Rank r's token count in round `round` (0 for some, maxTokens for some).
-int tokensOf(const Case& c, int r, int round) { return std::max(0, c.maxTokens - (r * 5 + round * 3) % 9); }
+inline int tokensOf(const Case& c, int r, int round) { return std::max(0, c.maxTokens - (r * 5 + round * 3) % 9); }
 
-gin::ep::Inputs inputsOf(const Case& c, const gin::ep::Shape& sh, int r, int round) {
+inline gin::ep::Inputs inputsOf(const Case& c, const gin::ep::Shape& sh, int r, int round) {
   gin::ep::Shape s = sh;
   s.tokens = tokensOf(c, r, round);
   return gin::ep::makeInputs(s, r, 500 + uint64_t(round), c.noExpert);
+}
+
+// Every rank's inputs of a round (each rank makes all of them to check what
+// it receives).
+inline std::vector<gin::ep::Inputs> roundInputs(const Case& c, const gin::ep::Shape& sh, int round) {
+  std::vector<gin::ep::Inputs> all;
+  for (int r = 0; r < c.ranks; ++r) all.push_back(inputsOf(c, sh, r, round));
+  return all;
 }
 
 // The test's experts: expert e's output on x is expertScale(e) * x; a
@@ -62,7 +70,7 @@ std::vector<uint16_t> runExperts(const Dispatched& d, int me, int L, int K, size
 
 // The case's shape (rings of 3 slots on 2 channels; 2 low-latency senders)
 // and a communicator config with its transport and enough signals.
-gin::ep::Shape shapeOf(const Case& c) {
+inline gin::ep::Shape shapeOf(const Case& c) {
   return {.ranks = c.ranks,
           .experts = c.experts,
           .tokens = c.maxTokens,
@@ -79,124 +87,119 @@ void checkRounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 3) {
   const gin::ep::Shape sh = shapeOf(c);
   const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
   const size_t H = size_t(c.hidden);
-  {
-    {
-      const int me = comm.rank();
-      for (int round = 0; round < rounds; ++round) {
-        const std::string where = "rank " + std::to_string(me) + " round " + std::to_string(round) + ": ";
-        std::vector<gin::ep::Inputs> all;
-        for (int r = 0; r < R; ++r) all.push_back(inputsOf(c, sh, r, round));
-        const gin::ep::Inputs& in = all[size_t(me)];
-        const size_t T = size_t(tokensOf(c, me, round));
+  const int me = comm.rank();
+  for (int round = 0; round < rounds; ++round) {
+    const std::string where = "rank " + std::to_string(me) + " round " + std::to_string(round) + ": ";
+    const std::vector<gin::ep::Inputs> all = roundInputs(c, sh, round);
+    const gin::ep::Inputs& in = all[size_t(me)];
+    const size_t T = size_t(tokensOf(c, me, round));
 
-        // get_dispatch_layout, against a count of its own.
-        const gin::ep::DispatchLayout lay = gin::ep::dispatchLayout(sh, in.idx.data(), int(T));
-        for (int r = 0; r < R; ++r) {
-          int n = 0;
-          for (size_t t = 0; t < T; ++t) {
-            bool hit = false;
-            for (int k = 0; k < K; ++k) hit = hit || (in.idx[t * K + k] >= 0 && in.idx[t * K + k] / L == r);
-            n += hit;
-            expect(lay.isTokenInRank[t * R + size_t(r)] == uint8_t(hit), where + "isTokenInRank");
-          }
-          expect(lay.tokensPerRank[size_t(r)] == n, where + "tokensPerRank");
-        }
-
-        const auto d = buf.dispatch(in, c.align);
-        expect(buf.shape().tokens == c.maxTokens, where + "shape() after a dispatch");
-        // The rows this rank must get: by source, then token, each once.
-        size_t i = 0;
-        std::vector<int> perExpert(size_t(L), 0);
-        for (int r = 0; r < R; ++r)
-          for (size_t t = 0; t < all[size_t(r)].idx.size() / size_t(K); ++t) {
-            const auto& src = all[size_t(r)];
-            bool mine = false;
-            for (int k = 0; k < K; ++k) mine = mine || (src.idx[t * K + k] >= 0 && src.idx[t * K + k] / L == me);
-            if (!mine) continue;
-            const std::string row = where + "row " + std::to_string(i) + " (rank " + std::to_string(r) + " token " +
-                                    std::to_string(t) + ")";
-            expect(i < d.handle.srcRank.size(), row + ": missing");
-            expect(d.handle.srcRank[i] == r && d.handle.srcToken[i] == int(t), row + ": out of order");
-            for (size_t h = 0; h < H; ++h)
-              expect(d.x[i * H + h] == src.x[t * H + h], row + ": value " + std::to_string(h) + " differs");
-            for (int k = 0; k < K; ++k) {
-              const int e = src.idx[t * K + k];
-              const bool local = e >= 0 && e / L == me;
-              expect(d.topkIdx[i * K + k] == (local ? e % L : -1), row + ": topkIdx");
-              expect(d.topkWeights[i * K + k] == (local ? src.weight[t * K + k] : 0.f), row + ": topkWeights");
-              if (local) perExpert[size_t(e % L)] += 1;
-            }
-            ++i;
-          }
-        expect(i == d.handle.srcRank.size(), where + "more rows than were sent");
-        for (int el = 0; el < L; ++el)
-          expect(d.tokensPerExpert[size_t(el)] == (perExpert[size_t(el)] + c.align - 1) / c.align * c.align,
-                 where + "tokensPerExpert");
-
-        // Experts, then combine with `round` biases.
-        const std::vector<uint16_t> y = runExperts(d, me, L, K, H);
-        std::vector<uint16_t> b0(T * H), b1(T * H);
-        for (size_t k = 0; k < T * H; ++k) {
-          b0[k] = floatToBf16(float(int(k % 7) - 3) / 8.f);
-          b1[k] = floatToBf16(float(int(k % 5)) / 16.f);
-        }
-        const std::vector<uint16_t> out =
-            buf.combine(y.data(), d.handle, round >= 1 ? b0.data() : nullptr, round >= 2 ? b1.data() : nullptr);
-        expect(out.size() == T * H, where + "combine's size");
-        // Reference: per destination rank, that rank's expert output
-        // rounded to bf16 (as its experts do), summed in float.
-        for (size_t t = 0; t < T; ++t)
-          for (size_t h = 0; h < H; ++h) {
-            double ref = 0, mag = 0;
-            for (int r = 0; r < R; ++r) {
-              float acc = 0;
-              bool hit = false;
-              for (int k = 0; k < K; ++k)
-                if (const int e = in.idx[t * K + k]; e >= 0 && e / L == r) {
-                  hit = true;
-                  acc += in.weight[t * K + k] * gin::ep::expertScale(e) * bf16ToFloat(in.x[t * H + h]);
-                }
-              if (!hit) continue;
-              const double v = bf16ToFloat(floatToBf16(acc));
-              ref += v;
-              mag += std::fabs(v);
-            }
-            if (round >= 1) ref += bf16ToFloat(b0[t * H + h]), mag += std::fabs(bf16ToFloat(b0[t * H + h]));
-            if (round >= 2) ref += bf16ToFloat(b1[t * H + h]), mag += std::fabs(bf16ToFloat(b1[t * H + h]));
-            const double got = bf16ToFloat(out[t * H + h]);
-            // One bf16 rounding of the sum, and one of a partial either way.
-            expect(std::fabs(got - ref) <= mag / 128 + 1e-30, where + "token " + std::to_string(t) + " value " +
-                                                                  std::to_string(h) + ": " + std::to_string(got) +
-                                                                  ", reference " + std::to_string(ref));
-          }
-
-        // A cached dispatch of new tokens along the same layout, then a
-        // combine of the rows as they came (the identity expert).
-        std::vector<std::vector<uint16_t>> x2;
-        for (int r = 0; r < R; ++r) {
-          gin::ep::Shape s = sh;
-          s.tokens = tokensOf(c, r, round);
-          x2.push_back(gin::ep::makeInputs(s, r, 900 + uint64_t(round)).x);
-        }
-        const auto d2 = buf.dispatch(x2[size_t(me)], d.handle);
-        expect(d2.topkIdx.empty() && d2.topkWeights.empty() && d2.tokensPerExpert.empty(),
-               where + "a cached dispatch returns no top-k");
-        expect(d2.x.size() == d.x.size(), where + "cached dispatch: row count");
-        for (size_t row = 0; row < d2.handle.srcRank.size(); ++row) {
-          const auto& src = x2[size_t(d2.handle.srcRank[row])];
-          for (size_t h = 0; h < H; ++h)
-            expect(d2.x[row * H + h] == src[size_t(d2.handle.srcToken[row]) * H + h],
-                   where + "cached dispatch: row " + std::to_string(row) + " value " + std::to_string(h));
-        }
-        const std::vector<uint16_t> out2 = buf.combine(d2.x.data(), d2.handle);
-        for (size_t t = 0; t < T; ++t)
-          for (size_t h = 0; h < H; ++h) {
-            const double v = bf16ToFloat(x2[size_t(me)][t * H + h]), ref = d.handle.rows[t] * v;
-            expect(std::fabs(bf16ToFloat(out2[t * H + h]) - ref) <= std::fabs(ref) / 128 + 1e-30,
-                   where + "cached combine: token " + std::to_string(t));
-          }
+    // get_dispatch_layout, against a count of its own.
+    const gin::ep::DispatchLayout lay = gin::ep::dispatchLayout(sh, in.idx.data(), int(T));
+    for (int r = 0; r < R; ++r) {
+      int n = 0;
+      for (size_t t = 0; t < T; ++t) {
+        bool hit = false;
+        for (int k = 0; k < K; ++k) hit = hit || (in.idx[t * K + k] >= 0 && in.idx[t * K + k] / L == r);
+        n += hit;
+        expect(lay.isTokenInRank[t * R + size_t(r)] == uint8_t(hit), where + "isTokenInRank");
       }
+      expect(lay.tokensPerRank[size_t(r)] == n, where + "tokensPerRank");
     }
+
+    const auto d = buf.dispatch(in, c.align);
+    expect(buf.shape().tokens == c.maxTokens, where + "shape() after a dispatch");
+    // The rows this rank must get: by source, then token, each once.
+    size_t i = 0;
+    std::vector<int> perExpert(size_t(L), 0);
+    for (int r = 0; r < R; ++r)
+      for (size_t t = 0; t < all[size_t(r)].idx.size() / size_t(K); ++t) {
+        const auto& src = all[size_t(r)];
+        bool mine = false;
+        for (int k = 0; k < K; ++k) mine = mine || (src.idx[t * K + k] >= 0 && src.idx[t * K + k] / L == me);
+        if (!mine) continue;
+        const std::string row =
+            where + "row " + std::to_string(i) + " (rank " + std::to_string(r) + " token " + std::to_string(t) + ")";
+        expect(i < d.handle.srcRank.size(), row + ": missing");
+        expect(d.handle.srcRank[i] == r && d.handle.srcToken[i] == int(t), row + ": out of order");
+        for (size_t h = 0; h < H; ++h)
+          expect(d.x[i * H + h] == src.x[t * H + h], row + ": value " + std::to_string(h) + " differs");
+        for (int k = 0; k < K; ++k) {
+          const int e = src.idx[t * K + k];
+          const bool local = e >= 0 && e / L == me;
+          expect(d.topkIdx[i * K + k] == (local ? e % L : -1), row + ": topkIdx");
+          expect(d.topkWeights[i * K + k] == (local ? src.weight[t * K + k] : 0.f), row + ": topkWeights");
+          if (local) perExpert[size_t(e % L)] += 1;
+        }
+        ++i;
+      }
+    expect(i == d.handle.srcRank.size(), where + "more rows than were sent");
+    for (int el = 0; el < L; ++el)
+      expect(d.tokensPerExpert[size_t(el)] == (perExpert[size_t(el)] + c.align - 1) / c.align * c.align,
+             where + "tokensPerExpert");
+
+    // Experts, then combine with `round` biases.
+    const std::vector<uint16_t> y = runExperts(d, me, L, K, H);
+    std::vector<uint16_t> b0(T * H), b1(T * H);
+    for (size_t k = 0; k < T * H; ++k) {
+      b0[k] = floatToBf16(float(int(k % 7) - 3) / 8.f);
+      b1[k] = floatToBf16(float(int(k % 5)) / 16.f);
+    }
+    const std::vector<uint16_t> out =
+        buf.combine(y.data(), d.handle, round >= 1 ? b0.data() : nullptr, round >= 2 ? b1.data() : nullptr);
+    expect(out.size() == T * H, where + "combine's size");
+    // Reference: per destination rank, that rank's expert output
+    // rounded to bf16 (as its experts do), summed in float.
+    for (size_t t = 0; t < T; ++t)
+      for (size_t h = 0; h < H; ++h) {
+        double ref = 0, mag = 0;
+        for (int r = 0; r < R; ++r) {
+          float acc = 0;
+          bool hit = false;
+          for (int k = 0; k < K; ++k)
+            if (const int e = in.idx[t * K + k]; e >= 0 && e / L == r) {
+              hit = true;
+              acc += in.weight[t * K + k] * gin::ep::expertScale(e) * bf16ToFloat(in.x[t * H + h]);
+            }
+          if (!hit) continue;
+          const double v = bf16ToFloat(floatToBf16(acc));
+          ref += v;
+          mag += std::fabs(v);
+        }
+        if (round >= 1) ref += bf16ToFloat(b0[t * H + h]), mag += std::fabs(bf16ToFloat(b0[t * H + h]));
+        if (round >= 2) ref += bf16ToFloat(b1[t * H + h]), mag += std::fabs(bf16ToFloat(b1[t * H + h]));
+        const double got = bf16ToFloat(out[t * H + h]);
+        // One bf16 rounding of the sum, and one of a partial either way.
+        expect(std::fabs(got - ref) <= mag / 128 + 1e-30, where + "token " + std::to_string(t) + " value " +
+                                                              std::to_string(h) + ": " + std::to_string(got) +
+                                                              ", reference " + std::to_string(ref));
+      }
+
+    // A cached dispatch of new tokens along the same layout, then a
+    // combine of the rows as they came (the identity expert).
+    std::vector<std::vector<uint16_t>> x2;
+    for (int r = 0; r < R; ++r) {
+      gin::ep::Shape s = sh;
+      s.tokens = tokensOf(c, r, round);
+      x2.push_back(gin::ep::makeInputs(s, r, 900 + uint64_t(round)).x);
+    }
+    const auto d2 = buf.dispatch(x2[size_t(me)], d.handle);
+    expect(d2.topkIdx.empty() && d2.topkWeights.empty() && d2.tokensPerExpert.empty(),
+           where + "a cached dispatch returns no top-k");
+    expect(d2.x.size() == d.x.size(), where + "cached dispatch: row count");
+    for (size_t row = 0; row < d2.handle.srcRank.size(); ++row) {
+      const auto& src = x2[size_t(d2.handle.srcRank[row])];
+      for (size_t h = 0; h < H; ++h)
+        expect(d2.x[row * H + h] == src[size_t(d2.handle.srcToken[row]) * H + h],
+               where + "cached dispatch: row " + std::to_string(row) + " value " + std::to_string(h));
+    }
+    const std::vector<uint16_t> out2 = buf.combine(d2.x.data(), d2.handle);
+    for (size_t t = 0; t < T; ++t)
+      for (size_t h = 0; h < H; ++h) {
+        const double v = bf16ToFloat(x2[size_t(me)][t * H + h]), ref = d.handle.rows[t] * v;
+        expect(std::fabs(bf16ToFloat(out2[t * H + h]) - ref) <= std::fabs(ref) / 128 + 1e-30,
+               where + "cached combine: token " + std::to_string(t));
+      }
   }
 }
 
@@ -207,65 +210,60 @@ void checkLlRounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 2) 
   const gin::ep::Shape sh = shapeOf(c);
   const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
   const size_t H = size_t(c.hidden), Tmax = size_t(c.maxTokens);
-  {
-    {
-      const int me = comm.rank();
-      for (int round = 0; round < rounds; ++round) {
-        const std::string where = "rank " + std::to_string(me) + " round " + std::to_string(round) + ": ";
-        std::vector<gin::ep::Inputs> all;
-        for (int r = 0; r < R; ++r) all.push_back(inputsOf(c, sh, r, round));
-        const gin::ep::Inputs& in = all[size_t(me)];
-        const size_t T = size_t(tokensOf(c, me, round));
-        const auto d = buf.lowLatencyDispatch(in);
-        const auto& h = d.handle;
-        for (int el = 0; el < L; ++el) {
-          uint64_t begin = 0;
-          for (int r = 0; r < R; ++r) {
-            const auto& src = all[size_t(r)];
-            uint64_t n = 0;
-            for (size_t t = 0; t < src.idx.size() / size_t(K); ++t)
-              for (int k = 0; k < K; ++k) {
-                if (src.idx[t * K + k] != me * L + el) continue;
-                const size_t row = size_t(el) * R * Tmax + size_t(begin + n);
-                const std::string at = where + "expert " + std::to_string(el) + " row " + std::to_string(begin + n) +
-                                       " (rank " + std::to_string(r) + " token " + std::to_string(t) + ")";
-                expect(h.srcToken[row] == int(t) && h.srcK[row] == k, at + ": out of order");
-                for (size_t i = 0; i < H; ++i)
-                  expect(d.x[row * H + i] == src.x[t * H + i], at + ": value " + std::to_string(i) + " differs");
-                ++n;
-              }
-            expect(h.range[size_t(el) * R + size_t(r)] == (begin << 32 | n), where + "layout range");
-            begin += n;
-          }
-          expect(h.count[size_t(el)] == int(begin), where + "count of expert " + std::to_string(el));
-        }
-        // The experts: expert e's row is expertScale(e) * x, unweighted.
-        std::vector<uint16_t> y(d.x.size());
-        for (int el = 0; el < L; ++el)
-          for (size_t q = 0; q < size_t(h.count[size_t(el)]); ++q) {
-            const size_t row = size_t(el) * R * Tmax + q;
+  const int me = comm.rank();
+  for (int round = 0; round < rounds; ++round) {
+    const std::string where = "rank " + std::to_string(me) + " round " + std::to_string(round) + ": ";
+    const std::vector<gin::ep::Inputs> all = roundInputs(c, sh, round);
+    const gin::ep::Inputs& in = all[size_t(me)];
+    const size_t T = size_t(tokensOf(c, me, round));
+    const auto d = buf.lowLatencyDispatch(in);
+    const auto& h = d.handle;
+    for (int el = 0; el < L; ++el) {
+      uint64_t begin = 0;
+      for (int r = 0; r < R; ++r) {
+        const auto& src = all[size_t(r)];
+        uint64_t n = 0;
+        for (size_t t = 0; t < src.idx.size() / size_t(K); ++t)
+          for (int k = 0; k < K; ++k) {
+            if (src.idx[t * K + k] != me * L + el) continue;
+            const size_t row = size_t(el) * R * Tmax + size_t(begin + n);
+            const std::string at = where + "expert " + std::to_string(el) + " row " + std::to_string(begin + n) +
+                                   " (rank " + std::to_string(r) + " token " + std::to_string(t) + ")";
+            expect(h.srcToken[row] == int(t) && h.srcK[row] == k, at + ": out of order");
             for (size_t i = 0; i < H; ++i)
-              y[row * H + i] = floatToBf16(gin::ep::expertScale(me * L + el) * bf16ToFloat(d.x[row * H + i]));
+              expect(d.x[row * H + i] == src.x[t * H + i], at + ": value " + std::to_string(i) + " differs");
+            ++n;
           }
-        const std::vector<uint16_t> out = buf.lowLatencyCombine(y.data(), in.idx.data(), in.weight.data(), h);
-        expect(out.size() == T * H, where + "combine's size");
-        for (size_t t = 0; t < T; ++t)
-          for (size_t i = 0; i < H; ++i) {
-            double ref = 0, mag = 0;
-            for (int k = 0; k < K; ++k)
-              if (const int e = in.idx[t * K + k]; e >= 0) {
-                const double v = double(in.weight[t * K + k]) *
-                                 bf16ToFloat(floatToBf16(gin::ep::expertScale(e) * bf16ToFloat(in.x[t * H + i])));
-                ref += v;
-                mag += std::fabs(v);
-              }
-            const double got = bf16ToFloat(out[t * H + i]);
-            expect(std::fabs(got - ref) <= mag / 128 + 1e-30, where + "token " + std::to_string(t) + " value " +
-                                                                  std::to_string(i) + ": " + std::to_string(got) +
-                                                                  ", reference " + std::to_string(ref));
-          }
+        expect(h.range[size_t(el) * R + size_t(r)] == (begin << 32 | n), where + "layout range");
+        begin += n;
       }
+      expect(h.count[size_t(el)] == int(begin), where + "count of expert " + std::to_string(el));
     }
+    // The experts: expert e's row is expertScale(e) * x, unweighted.
+    std::vector<uint16_t> y(d.x.size());
+    for (int el = 0; el < L; ++el)
+      for (size_t q = 0; q < size_t(h.count[size_t(el)]); ++q) {
+        const size_t row = size_t(el) * R * Tmax + q;
+        for (size_t i = 0; i < H; ++i)
+          y[row * H + i] = floatToBf16(gin::ep::expertScale(me * L + el) * bf16ToFloat(d.x[row * H + i]));
+      }
+    const std::vector<uint16_t> out = buf.lowLatencyCombine(y.data(), in.idx.data(), in.weight.data(), h);
+    expect(out.size() == T * H, where + "combine's size");
+    for (size_t t = 0; t < T; ++t)
+      for (size_t i = 0; i < H; ++i) {
+        double ref = 0, mag = 0;
+        for (int k = 0; k < K; ++k)
+          if (const int e = in.idx[t * K + k]; e >= 0) {
+            const double v = double(in.weight[t * K + k]) *
+                             bf16ToFloat(floatToBf16(gin::ep::expertScale(e) * bf16ToFloat(in.x[t * H + i])));
+            ref += v;
+            mag += std::fabs(v);
+          }
+        const double got = bf16ToFloat(out[t * H + i]);
+        expect(std::fabs(got - ref) <= mag / 128 + 1e-30, where + "token " + std::to_string(t) + " value " +
+                                                              std::to_string(i) + ": " + std::to_string(got) +
+                                                              ", reference " + std::to_string(ref));
+      }
   }
 }
 
