@@ -431,7 +431,7 @@ class GpuBuffer {
     d.x = deviceArray<uint16_t>(maxRecv() * size_t(sh.hidden));
     const size_t n = finishDispatch("dispatch", true, d.x.data());
     d.x.shrink(n * size_t(sh.hidden));
-    h.arrivals = *reinterpret_cast<unsigned long long*>(static_cast<char*>(host_) + 16);
+    h.arrivals = *hostWord(2);  // read back by begin()
     clock_.mark("kernels");
     // What each (source, channel) sent here, read with the per-expert counts.
     h.fromLane.assign(size_t(sh.ranks) * size_t(sh.channels), 0);
@@ -578,7 +578,7 @@ class GpuBuffer {
   PhaseClock clock_{comm_.rank()};
   cudaMemPool_t pool_ = nullptr;
   DeviceAllocator alloc_;
-  void* host_ = nullptr;  // pinned: what the host reads back (failed, total, counts)
+  void* host_ = nullptr;  // pinned: the host's copies of mem_'s words (failed, total, arrivals, bad index)
   gpu::DeviceAllocs mem_;
   int* perExpert_ = nullptr;
   uint32_t* sendList_ = nullptr;
@@ -590,6 +590,7 @@ class GpuBuffer {
   void* alloc(size_t bytes) { return mem_.alloc(bytes); }
   int* failed() const { return mem_.failed(); }
   unsigned long long* total() const { return mem_.total(); }
+  unsigned long long* hostWord(int i) const { return static_cast<unsigned long long*>(host_) + i; }
   uint64_t maxRecv() const { return uint64_t(l_.shape.ranks) * uint64_t(maxTokens_); }
 
   // Host to device on the stream (the phase's synchronization before its
@@ -642,10 +643,9 @@ class GpuBuffer {
     if (tokens > 0) gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
     gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
     GIN_CUDA_CHECK(cudaGetLastError());
-    auto* words = static_cast<unsigned long long*>(host_);  // [2]: arrivals, [3]: bad index
-    download(words + 2, mem_.word(2), 16);
+    download(hostWord(2), mem_.word(2), 16);  // arrivals, bad index
     clock_.mark("plan+pack+reset");
-    if (const unsigned long long bad = words[3])
+    if (const unsigned long long bad = *hostWord(3))
       throw std::invalid_argument("ep: token " + std::to_string((bad - 1) / uint64_t(l_.shape.topk)) + " choice " +
                                   std::to_string((bad - 1) % uint64_t(l_.shape.topk)) +
                                   " names an expert outside -1 (no expert) .. " + std::to_string(l_.shape.experts - 1));
@@ -669,7 +669,7 @@ class GpuBuffer {
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     GIN_CUDA_CHECK(cudaGetLastError());
     int* hostFailed = static_cast<int*>(host_);
-    auto* hostTotal = reinterpret_cast<unsigned long long*>(static_cast<char*>(host_) + 8);
+    unsigned long long* hostTotal = hostWord(1);
     *hostTotal = 0;
     GIN_CUDA_CHECK(cudaMemcpyAsync(hostFailed, failed(), 4, cudaMemcpyDeviceToHost, st_));
     if (counted) GIN_CUDA_CHECK(cudaMemcpyAsync(hostTotal, total(), 8, cudaMemcpyDeviceToHost, st_));
