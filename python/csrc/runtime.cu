@@ -1,7 +1,8 @@
 // python/csrc/runtime.cu — the gin_ep extension's side that holds gin: a
 // TcpBootstrap from a unique id, the Comm, and a gin::ep::GpuBuffer made for
 // the shape of the calls (made again, collectively, when the hidden size,
-// experts or top-k change or more tokens come than it holds). The buffer
+// experts or top-k change or more tokens come than it holds: every rank
+// learns that in the same call, from the buffer's CapacityError). The buffer
 // runs on a stream of its own that waits for the caller's stream at every
 // call; each call returns when its work is done (GpuBuffer's calls wait).
 #include <cuda_runtime.h>
@@ -57,12 +58,18 @@ struct Runtime::State {
     GIN_CUDA_CHECK(cudaStreamWaitEvent(st, ev, 0));
   }
 
-  // A buffer for (hidden, experts, topk) holding `tokens` per rank
-  // (collective: every rank passes the same values).
+  // A buffer for (hidden, experts, topk) holding `tokens` per rank. Every
+  // rank makes one in the same call (the first, one with a new shape, or
+  // one whose buffer threw CapacityError on every rank), for the most
+  // tokens any rank passes.
   gin::ep::GpuBuffer& bufferFor(int tokens, int hidden, int experts, int topk) {
     if (buf && shape.hidden == hidden && shape.experts == experts && shape.topk == topk && tokens <= shape.tokens)
       return *buf;
     buf.reset();
+    std::vector<int> all(size_t(comm.nRanks()), 0);
+    all[size_t(comm.rank())] = tokens;
+    bs.allGather(all.data(), sizeof(int));
+    tokens = *std::max_element(all.begin(), all.end());
     gin::ep::Shape sh;
     sh.ranks = comm.nRanks();
     sh.experts = experts;
@@ -71,6 +78,7 @@ struct Runtime::State {
     sh.topk = topk;
     sh.channels = channels;  // 0: chosen for the GPU (gin::ep::gpu::autoShape)
     sh.slots = 0;
+    sh.batch = 0;  // chosen for the GPU (GIN_EP_BATCH)
     buf = std::make_unique<gin::ep::GpuBuffer>(comm, sh, ll, st);
     if (alloc)
       buf->setAllocator([f = alloc](size_t bytes, void** p) {
@@ -118,18 +126,23 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const int32_t* idx
                              int hidden, int experts, int topk, int expertAlignment) {
   State& s = *s_;
   const int R = s.comm.nRanks();
-  // The most tokens any rank brings (the buffer must hold them).
-  std::vector<int> all(size_t(R), 0);
-  all[size_t(s.comm.rank())] = tokens;
-  s.comm.bootstrap().allGather(all.data(), sizeof(int));
-  gin::ep::GpuBuffer& buf = s.bufferFor(*std::max_element(all.begin(), all.end()), hidden, experts, topk);
-  s.follow(stream);
-  gin::ep::GpuDispatched d = buf.dispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, expertAlignment);
+  // The buffer is made for the tokens of the first call and made again, by
+  // every rank at once, when a call brings more than it holds (the buffer
+  // finds that out in its opening barrier and throws on every rank).
+  gin::ep::GpuDispatched d;
+  for (int want = tokens;;) {
+    gin::ep::GpuBuffer& buf = s.bufferFor(want, hidden, experts, topk);
+    s.follow(stream);
+    try {
+      d = buf.dispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, expertAlignment);
+      break;
+    } catch (const gin::ep::CapacityError& e) {
+      want = e.tokens;
+    }
+  }
   auto h = std::make_shared<NormalHandle>();
   // DeepEP's rank_prefix_matrix: [i][j] = rows rank j received from ranks 0..i.
-  std::vector<int> got(size_t(R) * size_t(R), 0);
-  std::copy(d.handle.tokensFromRank.begin(), d.handle.tokensFromRank.end(), got.begin() + size_t(s.comm.rank()) * R);
-  s.comm.bootstrap().allGather(got.data(), size_t(R) * sizeof(int));
+  const std::vector<int>& got = d.handle.receivedBy;
   h->rankPrefix.assign(got.size(), 0);
   for (int j = 0; j < R; ++j)
     for (int i = 0, sum = 0; i < R; ++i) h->rankPrefix[size_t(i) * R + j] = sum += got[size_t(j) * R + i];

@@ -9,6 +9,8 @@
 #include <catch2/catch_session.hpp>
 #include <catch2/catch_test_macros.hpp>
 
+#include <algorithm>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,7 +25,8 @@ namespace {
 // GpuBuffer behind CpuBuffer's calls (host vectors in and out).
 class HostFace {
  public:
-  HostFace(Comm& comm, const gin::ep::Shape& sh, bool ll, cudaStream_t st) : sh_(sh), st_(st), buf_(comm, sh, ll, st) {}
+  HostFace(Comm& comm, const gin::ep::Shape& sh, bool ll, cudaStream_t st)
+      : sh_(sh), rank_(comm.rank()), st_(st), buf_(comm, sh, ll, st) {}
 
   gin::ep::Shape shape() const { return buf_.shape(); }
 
@@ -111,6 +114,7 @@ class HostFace {
 
  private:
   gin::ep::Shape sh_;
+  int rank_;
   cudaStream_t st_;
   gin::ep::GpuBuffer buf_;
 
@@ -121,7 +125,21 @@ class HostFace {
     GPU_CHECK(cudaStreamSynchronize(st_));
     return a;
   }
-  static Handle face(const gin::ep::GpuHandle& g) {
+  // The handle's rows-received matrix (every rank's receive counts, from
+  // the dispatch's closing barrier): this rank's row is its own count per
+  // source, and its column sums to the rows its tokens went out as.
+  Handle face(const gin::ep::GpuHandle& g) const {
+    const size_t R = size_t(sh_.ranks), me = size_t(rank_);
+    gintest::expect(g.receivedBy.size() == R * R, "receivedBy is ranks x ranks");
+    int sent = 0, mine = 0;
+    for (int n : g.rows.toHost()) sent += n;
+    for (size_t j = 0; j < R; ++j) mine += g.receivedBy[j * R + me];
+    gintest::expect(mine == sent, "the ranks received as many rows from this rank as it sent");
+    for (size_t i = 0; i < R; ++i)
+      gintest::expect(g.receivedBy[me * R + i] == g.tokensFromRank[i], "receivedBy's row is this rank's counts");
+    return faceOf(g);
+  }
+  static Handle faceOf(const gin::ep::GpuHandle& g) {
     Handle h;
     h.tokens = g.tokens;
     h.srcRank = g.srcRank.toHost();
@@ -168,6 +186,69 @@ TEST_CASE("GPU ep buffer: DeepEP's dispatch and combine, both modes, checked row
         CHECK_NOTHROW(run(lowLatency, true));
       }
     }
+}
+
+TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails every rank alike, and the next call works",
+          "[gpu][ep]") {
+  const int R = std::min(2, gputest::maxRanks());
+  const int E = 4 * R, K = 2, H = 256, T = 8;
+  CommConfig cfg = gputest::gpuConfig();
+  gin::ep::Shape sh;
+  sh.ranks = R;
+  sh.experts = E;
+  sh.tokens = T;
+  sh.hidden = H;
+  sh.topk = K;
+  sh.channels = 2;
+  sh.slots = 4;
+  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
+  gputest::runRanksOnStreams(
+      R,
+      [&](Comm& comm, cudaStream_t st) {
+        const int me = comm.rank();
+        gin::ep::GpuBuffer buf(comm, sh, false, st);
+        auto up = [&](auto v) {
+          auto a = buf.deviceArray<typename decltype(v)::value_type>(v.size());
+          GPU_CHECK(cudaMemcpyAsync(a.data(), v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice, st));
+          GPU_CHECK(cudaStreamSynchronize(st));
+          return a;
+        };
+        // Rank R - 1 brings 3 tokens more than the buffer holds.
+        const int mine = me == R - 1 ? T + 3 : T;
+        auto x = up(std::vector<uint16_t>(size_t(mine) * H, 0x3f80));
+        std::vector<int32_t> idxHost(size_t(mine) * K);
+        for (size_t i = 0; i < idxHost.size(); ++i) idxHost[i] = int32_t((i * 3 + size_t(me)) % size_t(E));
+        auto idx = up(idxHost);
+        auto w = up(std::vector<float>(idxHost.size(), 0.5f));
+        int grow = 0;
+        try {
+          buf.dispatch(x.data(), idx.data(), w.data(), mine);
+        } catch (const gin::ep::CapacityError& e) {
+          grow = e.tokens;
+          gintest::expect(std::string(e.what()).find("rank " + std::to_string(R - 1)) != std::string::npos,
+                          "the error names the rank with too many tokens");
+        }
+        gintest::expect(grow == T + 3, "every rank learns the most tokens a rank brought");
+        // A choice of expert E on rank 0: every rank throws, naming rank 0.
+        std::vector<int32_t> bad(idxHost.begin(), idxHost.begin() + T * K);
+        if (me == 0) bad[5] = E;
+        auto badIdx = up(bad);
+        std::string what;
+        try {
+          buf.dispatch(x.data(), badIdx.data(), w.data(), T);
+        } catch (const std::invalid_argument& e) {
+          what = e.what();
+        }
+        gintest::expect(what.find("rank 0's token 2 choice 1") != std::string::npos,
+                        "every rank reports rank 0's bad expert: " + what);
+        // The buffer still works: every rank sends T tokens.
+        gin::ep::GpuDispatched d = buf.dispatch(x.data(), idx.data(), w.data(), T);
+        int sent = 0, got = 0;
+        for (int n : d.handle.rows.toHost()) sent += n;
+        for (int r = 0; r < R; ++r) got += d.handle.receivedBy[size_t(r) * size_t(R) + size_t(me)];
+        gintest::expect(sent == got && sent > 0, "a dispatch after the failures delivers every row");
+      },
+      cfg);
 }
 
 int main(int argc, char** argv) {

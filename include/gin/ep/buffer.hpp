@@ -214,6 +214,7 @@ class CpuBuffer {
     comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
     for (size_t i = 0; i < n; ++i)
       returnRow(l_, h.srcRank[i], combineRowOffset(l_.shape, size_t(h.srcToken[i]), h.slot[i]), i, y + i * H,
+                int(i % size_t(l_.dc.nContexts)), gin::SignalAdd{l_.sig.combine(), 1},
                 gin::CoopThread{});
     if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), h.arrivals)) failLayer(comm_, "combine");
     std::vector<uint16_t> out(T * H);
@@ -295,12 +296,16 @@ class CpuBuffer {
     comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
     for (int el = 0; el < L; ++el)
       for (int src = 0; src < R; ++src) {
+        // The pair's rows with no signal, then one SignalAdd for them all
+        // (as a GPU block does; normal combine above signals every row).
         const uint64_t r = h.range[size_t(el) * size_t(R) + size_t(src)];
+        const int ctx = (el * R + src) % l_.dc.nContexts;
         for (uint64_t q = r >> 32; q < (r >> 32) + (r & 0xffffffffu); ++q) {
           const size_t row = size_t(el) * size_t(R) * Tmax + size_t(q);
-          returnRow(l_, src, llRowOffset(sh, size_t(h.srcToken[row]), size_t(h.srcK[row])), row, y + row * H,
-                    gin::CoopThread{});
+          returnRow(l_, src, llRowOffset(sh, size_t(h.srcToken[row]), size_t(h.srcK[row])), row, y + row * H, ctx,
+                    gin::None{}, gin::CoopThread{});
         }
+        if ((r & 0xffffffffu) != 0) rowsReturned(l_, src, r & 0xffffffffu, ctx, gin::CoopThread{});
       }
     if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), h.arrivals)) failLayer(comm_, "low-latency combine");
     std::vector<uint16_t> out(T * H);

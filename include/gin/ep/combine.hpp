@@ -1,12 +1,13 @@
 // gin/ep/combine.hpp — normal-mode combine when the caller runs the experts
 // (DeepEP's shape, gin/ep/buffer.hpp): each received token's expert output,
-// one bf16 row, goes back to its source at (token, combine slot) with a
-// SignalInc there; the source sums a token's rows in float and adds up to two
+// one bf16 row, goes back to its source at (token, combine slot), counted by
+// a SignalAdd on the source's combine signal; the source sums a token's rows in float and adds up to two
 // bias rows (low-latency mode: one row per (token, choice), summed with the
 // top-k weights). The bodies are GIN_HD, like those of gin/ep/layer.hpp.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gin/ep/layer.hpp"
 
@@ -22,22 +23,34 @@ GIN_HD inline size_t llRowOffset(const Shape& sh, size_t t, size_t k) {
 }
 
 // Send `row` (H bf16 values) back to `src`'s combine window at byte offset
-// `at`, with a SignalInc on the combine signal there: stored straight into
-// the source's window when it is lsa-reachable, else copied to `partial` at
-// position `stage` (bf16 rows of H) and put. signal() and put() sync the coop
-// first, so every thread's part of the row is written before either.
-template <class Coop>
-GIN_HD void returnRow(const Layer& l, int src, size_t at, size_t stage, const uint16_t* row, Coop coop) {
+// `at` on context `ctx`, with the remote action `act` on the combine signal
+// there: stored straight into the source's window when it is lsa-reachable,
+// else copied to `partial` at position `stage` (bf16 rows of H) and put.
+// signal() and put() sync the coop first, so every thread's part of the row
+// is written before either. act None: no signal; the caller counts the row
+// in a later rowsReturned on the same context (a GPU signals once per block
+// and source: every row's SignalAdd would hit the source's one combine word).
+template <class Act, class Coop>
+GIN_HD void returnRow(const Layer& l, int src, size_t at, size_t stage, const uint16_t* row, int ctx, Act act,
+                      Coop coop) {
   const size_t bytes = size_t(l.shape.hidden) * 2;
-  gin::Net<> net(l.dc, int(stage % size_t(l.dc.nContexts)));
+  gin::Net<> net(l.dc, ctx);
   if (void* out = directPointer(l, src, l.combine, at)) {
     gin::lsa::coopCopy(coop, out, row, bytes);
-    net.signal(gin::teamWorld(l.dc), src, gin::SignalInc{l.sig.combine()}, coop);
+    if constexpr (!std::is_same_v<Act, gin::None>) net.signal(gin::teamWorld(l.dc), src, act, coop);
     return;
   }
   gin::lsa::coopCopy(coop, gin::localPointer(l.partial, stage * bytes), row, bytes);
-  net.put(gin::teamWorld(l.dc), src, l.combine, at, l.partial, stage * bytes, bytes, gin::SignalInc{l.sig.combine()},
-          gin::None{}, coop);
+  net.put(gin::teamWorld(l.dc), src, l.combine, at, l.partial, stage * bytes, bytes, act, gin::None{}, coop);
+}
+
+// `n` rows returned to `src` with no action on context `ctx` have arrived:
+// one SignalAdd on its combine signal. It syncs the coop first; over lsa its
+// system-scope release covers every thread's row stores, over the proxy and
+// ibgda it follows the coop's puts to src on ctx.
+template <class Coop>
+GIN_HD void rowsReturned(const Layer& l, int src, uint64_t n, int ctx, Coop coop) {
+  gin::Net<>(l.dc, ctx).signal(gin::teamWorld(l.dc), src, gin::SignalAdd{l.sig.combine(), n}, coop);
 }
 
 // out[i] = bf16(sum over j < n of weight[j] * rows[j][i], + bias0[i] +

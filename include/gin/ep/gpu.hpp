@@ -296,7 +296,8 @@ inline int ranksOnThisGpu(gin::Comm& comm) {
 // within one per SM (half of them where a peer goes through the proxy or
 // ibgda, whose host or NIC side needs room), at most 64 channels; rings of
 // 32 slots (gin-bench moe, one H100: dispatch time falls with channels, and
-// with slots up to 16).
+// with slots up to 16); Shape::batch 0: GIN_EP_BATCH tokens per tail/head
+// signal (default 1).
 inline Shape autoShape(gin::Comm& comm, Shape sh) {
   if (sh.channels == 0) {
     int dev = 0, sms = 0;
@@ -308,6 +309,7 @@ inline Shape autoShape(gin::Comm& comm, Shape sh) {
     sh.channels = std::min(64, std::max(1, budget / ((1 + sh.ranks) * ranksOnThisGpu(comm))));
   }
   if (sh.slots == 0) sh.slots = 32;
+  if (sh.batch == 0) sh.batch = int(gin::env::integer("GIN_EP_BATCH").value_or(1));
   return sh;
 }
 

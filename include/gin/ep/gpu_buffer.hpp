@@ -83,11 +83,21 @@ class DeviceArray {
   cudaStream_t st_ = nullptr;
 };
 
+// A normal dispatch that some rank brought more tokens to than the buffer
+// holds (Shape::tokens): thrown on every rank at once, with the most tokens
+// any rank brought, so that every rank can make a bigger buffer and call
+// again (the PyTorch extension does).
+struct CapacityError : std::length_error {
+  int tokens;
+  CapacityError(const std::string& what, int t) : std::length_error(what), tokens(t) {}
+};
+
 // A normal-mode dispatch's handle (DeepEP's handle): where each received row
 // came from and goes back to, and what a cached dispatch repeats.
 struct GpuHandle {
   int tokens = 0;                   // T of the dispatch, on this rank
   std::vector<int> tokensFromRank;  // [R] rows received from each source (host)
+  std::vector<int> receivedBy;      // [R][R] on the host: [j][i] rows rank j received from rank i
   DeviceArray<int> srcRank;         // [N]
   DeviceArray<int> srcToken;        // [N]
   DeviceArray<uint32_t> slot;       // [N] the row's combine slot at its source
@@ -229,12 +239,42 @@ __global__ void unpackKernel(Layer l, int n, const int* srcOf, const char* recvM
   }
 }
 
-// A warp per row: row i of y back to its source (returnRow).
+// A block's count of the rows it returned to each source, then one
+// SignalAdd per source (rowsReturned) once the block is done: every row's
+// own signal would be an atomic on the source's one combine word, which the
+// rows of every rank hit at once (a warp per row with a signal each ran
+// combine at 2.3x NCCL's all-to-all time on 4 H200s).
+struct ReturnCounts {
+  uint32_t* n;  // [ranks] in shared memory
+  __device__ void zero(int ranks) {
+    for (int d = int(threadIdx.x); d < ranks; d += int(blockDim.x)) n[d] = 0;
+    __syncthreads();
+  }
+  __device__ void add(int src) {
+    if (threadIdx.x % 32 == 0) ::atomicAdd(n + src, 1u);
+  }
+  __device__ void signal(const Layer& l, int ctx) {
+    __syncthreads();
+    for (int d = 0; d < l.shape.ranks; ++d)
+      if (n[d] != 0) rowsReturned(l, d, n[d], ctx, gin::CoopBlock{});
+  }
+};
+
+// A warp per row: row i of y back to its source (returnRow), the block's
+// rows counted per source and signalled at its end, all on one context.
 __global__ void returnKernel(Layer l, int n, const int* srcRank, const int* srcToken, const uint32_t* slot,
                              const uint16_t* y) {
+  __shared__ uint32_t counts[64];
+  ReturnCounts rc{counts};
+  rc.zero(l.shape.ranks);
+  const int ctx = int(blockIdx.x) % l.dc.nContexts;
   const size_t H = size_t(l.shape.hidden), warps = size_t(gridDim.x) * (blockDim.x / 32);
-  for (size_t i = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < size_t(n); i += warps)
-    returnRow(l, srcRank[i], combineRowOffset(l.shape, size_t(srcToken[i]), slot[i]), i, y + i * H, gin::CoopWarp{});
+  for (size_t i = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < size_t(n); i += warps) {
+    returnRow(l, srcRank[i], combineRowOffset(l.shape, size_t(srcToken[i]), slot[i]), i, y + i * H, ctx, gin::None{},
+              gin::CoopWarp{});
+    rc.add(srcRank[i]);
+  }
+  rc.signal(l, ctx);
 }
 
 // A block per token t < tokens: out[t] = sumRows of its rows in this rank's
@@ -279,7 +319,8 @@ __global__ void llUnpackKernel(Layer l, uint16_t* x, int* count, int64_t* range,
 }
 
 // `split` blocks per (local expert, source), a warp per packed row: row q of
-// that pair's range back to its source at (token, choice).
+// that pair's range back to its source at (token, choice); each block
+// signals its rows once (ReturnCounts).
 __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const int* srcToken, const int* srcK,
                                const uint16_t* y) {
   const Shape& sh = l.shape;
@@ -287,10 +328,17 @@ __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const i
   const size_t H = size_t(sh.hidden), Tmax = size_t(sh.tokens);
   const uint64_t r = uint64_t(range[pair]), begin = r >> 32, n = r & 0xffffffffu;
   const size_t parts = size_t(split) * (blockDim.x / 32);
+  const int ctx = int(blockIdx.x) % l.dc.nContexts;
+  __shared__ uint32_t counts[64];
+  ReturnCounts rc{counts};
+  rc.zero(R);
   for (size_t q = size_t(blockIdx.x % split) * (blockDim.x / 32) + threadIdx.x / 32; q < n; q += parts) {
     const size_t row = size_t(el) * size_t(R) * Tmax + size_t(begin) + q;
-    returnRow(l, src, llRowOffset(sh, size_t(srcToken[row]), size_t(srcK[row])), row, y + row * H, gin::CoopWarp{});
+    returnRow(l, src, llRowOffset(sh, size_t(srcToken[row]), size_t(srcK[row])), row, y + row * H, ctx, gin::None{},
+              gin::CoopWarp{});
+    rc.add(src);
   }
+  rc.signal(l, ctx);
 }
 
 }  // namespace gpu
@@ -410,6 +458,7 @@ class GpuBuffer {
                          int expertAlignment = 1) {
     const Shape& sh = l_.shape;
     const size_t K = size_t(sh.topk), L = size_t(sh.localExperts());
+    if (tokens > maxTokens_ && !ll_) agreeStart(tokens, 0);  // throws CapacityError on every rank
     checkCall(false, tokens, "dispatch");
     if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
     clock_.start("dispatch");
@@ -453,7 +502,12 @@ class GpuBuffer {
     h.tokensFromRank.assign(size_t(sh.ranks), 0);
     for (size_t i = 0; i < h.fromLane.size(); ++i) h.tokensFromRank[i / size_t(sh.channels)] += int(h.fromLane[i]);
     clock_.mark("unpack");
-    comm_.bootstrap().barrier();
+    // The phase's closing barrier, carrying every rank's receive counts
+    // (DeepEP's rank prefix matrix is made from them).
+    const size_t R = size_t(sh.ranks);
+    h.receivedBy.assign(R * R, 0);
+    std::copy(h.tokensFromRank.begin(), h.tokensFromRank.end(), h.receivedBy.begin() + std::ptrdiff_t(comm_.rank() * R));
+    comm_.bootstrap().allGather(h.receivedBy.data(), R * sizeof(int));
     clock_.mark("barrier");
     clock_.end();
     return d;
@@ -645,12 +699,38 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaGetLastError());
     download(hostWord(2), mem_.word(2), 16);  // arrivals, bad index
     clock_.mark("plan+pack+reset");
-    if (const unsigned long long bad = *hostWord(3))
-      throw std::invalid_argument("ep: token " + std::to_string((bad - 1) / uint64_t(l_.shape.topk)) + " choice " +
-                                  std::to_string((bad - 1) % uint64_t(l_.shape.topk)) +
-                                  " names an expert outside -1 (no expert) .. " + std::to_string(l_.shape.experts - 1));
-    comm_.bootstrap().barrier();
+    agreeStart(tokens, *hostWord(3));
     clock_.mark("barrier");
+  }
+
+  // A call's opening barrier (nobody signals before every rank has reset),
+  // carrying each rank's tokens and first bad expert index (1 + token x K +
+  // choice; 0: none): a rank's bad input or more tokens than the buffer
+  // holds is thrown on every rank, not only where it was found.
+  void agreeStart(int tokens, uint64_t bad) {
+    struct Start {
+      int64_t tokens;
+      uint64_t bad;
+    };
+    const int R = l_.shape.ranks, K = l_.shape.topk;
+    std::vector<Start> all(static_cast<size_t>(R));
+    all[size_t(comm_.rank())] = Start{tokens, bad};
+    comm_.bootstrap().allGather(all.data(), sizeof(Start));
+    for (int r = 0; r < R; ++r)
+      if (const uint64_t b = all[size_t(r)].bad)
+        throw std::invalid_argument("ep: rank " + std::to_string(r) + "'s token " + std::to_string((b - 1) / uint64_t(K)) +
+                                    " choice " + std::to_string((b - 1) % uint64_t(K)) +
+                                    " names an expert outside -1 (no expert) .. " +
+                                    std::to_string(l_.shape.experts - 1));
+    int64_t most = 0;
+    int who = 0;
+    for (int r = 0; r < R; ++r)
+      if (all[size_t(r)].tokens > most) most = all[size_t(r)].tokens, who = r;
+    if (most > maxTokens_)
+      throw CapacityError("ep: rank " + std::to_string(who) + " dispatched " + std::to_string(most) +
+                              " tokens; the buffer holds at most " + std::to_string(maxTokens_) +
+                              " per rank (Shape::tokens): make one for at least " + std::to_string(most),
+                          int(most));
   }
 
   // Device to device on the stream.

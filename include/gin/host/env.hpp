@@ -140,6 +140,9 @@ inline constexpr Var kVars[] = {
               "messages above the LL limit and up to this size take the two-shot direct path; 0: never"),
     row::integer("GIN_ALLREDUCE_DIRECT_BLOCKS", 1, 32, "one per 16K of the message", "blocks of a direct call"),
     // --- expert parallelism
+    row::integer("GIN_EP_BATCH", 1, 1 << 20, "1",
+                 "normal mode: tokens per ring tail/head signal of a gin::ep::GpuBuffer made with Shape::batch 0 "
+                 "(the PyTorch extension's)"),
     row::integer("GIN_EP_TIMING", 0, 1 << 30, "0",
                  "N > 0: rank 0 of each gin::ep::GpuBuffer prints the phases of every Nth call, in microseconds"),
 };
