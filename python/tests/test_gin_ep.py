@@ -9,6 +9,8 @@ the visible GPUs round-robin). Every rank regenerates every rank's inputs
 - combine (experts = identity, 0/1/2 biases) against the float reference,
   calc_diff below 1e-5 (DeepEP's measure);
 - a cached dispatch of new tokens along the handle;
+- a third normal round in which rank 0 brings more tokens than any rank
+  before (every rank makes a bigger buffer in the same call);
 - low-latency dispatch (rows per local expert in source order, counts,
   layout ranges, source tokens) and its weighted combine, calc_diff < 1e-5.
 
@@ -49,12 +51,14 @@ def make_inputs(rank, T, H, E, K, seed):
 
 
 def tokens_of(rank, rnd, tmax):
+    if rnd == 2 and rank == 0:
+        return tmax + 4  # more than any rank brought before: every rank makes a bigger buffer
     return max(0, tmax - (rank * 5 + rnd * 3) % 9)
 
 
 def check_normal(buf, rank, R, H, E, K, tmax, dev):
     L = E // R
-    for rnd in range(2):
+    for rnd in range(3):
         inputs = [make_inputs(r, tokens_of(r, rnd, tmax), H, E, K, 7 + rnd) for r in range(R)]
         x, idx, w = (t.to(dev) for t in inputs[rank])
         per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)

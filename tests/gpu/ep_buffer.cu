@@ -249,6 +249,44 @@ TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails ever
         gintest::expect(sent == got && sent > 0, "a dispatch after the failures delivers every row");
       },
       cfg);
+  // Low-latency mode plans on the GPU too: a bad index on rank 0 fails every rank.
+  gputest::runRanksOnStreams(
+      R,
+      [&](Comm& comm, cudaStream_t st) {
+        const int me = comm.rank();
+        gin::ep::GpuBuffer buf(comm, sh, true, st);
+        auto up = [&](auto v) {
+          auto a = buf.deviceArray<typename decltype(v)::value_type>(v.size());
+          GPU_CHECK(cudaMemcpyAsync(a.data(), v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice, st));
+          GPU_CHECK(cudaStreamSynchronize(st));
+          return a;
+        };
+        auto x = up(std::vector<uint16_t>(size_t(T) * H, 0x3f80));
+        std::vector<int32_t> idxHost(size_t(T) * K);
+        for (size_t i = 0; i < idxHost.size(); ++i) idxHost[i] = int32_t((i * 5 + size_t(me)) % size_t(E));
+        auto idx = up(idxHost);
+        auto w = up(std::vector<float>(idxHost.size(), 0.5f));
+        std::vector<int32_t> bad = idxHost;
+        if (me == 0) bad[3] = -2;
+        auto badIdx = up(bad);
+        std::string what;
+        try {
+          buf.lowLatencyDispatch(x.data(), badIdx.data(), w.data(), T);
+        } catch (const std::invalid_argument& e) {
+          what = e.what();
+        }
+        gintest::expect(what.find("rank 0's token 1 choice 1") != std::string::npos,
+                        "every rank reports rank 0's bad expert: " + what);
+        gin::ep::GpuLlDispatched d = buf.lowLatencyDispatch(x.data(), idx.data(), w.data(), T);
+        int got = 0, want = 0;
+        for (int n : d.handle.count.toHost()) got += n;
+        const int L = E / R;
+        for (int r = 0; r < R; ++r)
+          for (size_t i = 0; i < idxHost.size(); ++i) want += int((i * 5 + size_t(r)) % size_t(E)) / L == me;
+        gintest::expect(got == want && d.handle.arrivals == uint64_t(T * K),
+                        "a low-latency dispatch after the failure delivers every pair");
+      },
+      cfg);
 }
 
 int main(int argc, char** argv) {

@@ -9,13 +9,14 @@
 //   gin::ep::DeviceArray<uint16_t> out = buf.combine(y, d.handle, bias0, bias1);
 //
 // Each call returns once its kernels are done (it synchronizes the stream,
-// as DeepEP's normal dispatch does to learn its receive count). Normal mode
-// plans the routing on the GPU (planKernel); low-latency mode still plans
-// it on the host from a copy of the top-k indices (DeepEP's plans on the
-// GPU, without a synchronization).
+// as DeepEP's normal dispatch does to learn its receive count). Both modes
+// plan the routing on the GPU (planKernel, llPlanKernel).
 // Phases start with a barrier of every rank after their signals are reset
 // and end with one after their puts are flushed, so the stream work between
-// calls (the caller's experts) never runs while a kernel of the buffer spins.
+// calls (the caller's experts) never runs while a kernel of the buffer
+// spins. The opening barrier carries every rank's token count and first bad
+// expert index, the closing one of a normal dispatch every rank's receive
+// counts, so a bad input or too many tokens fails every rank alike.
 #pragma once
 
 #include <algorithm>
@@ -212,6 +213,60 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
   }
   __syncthreads();
   for (int d = int(threadIdx.x); d < R; d += int(blockDim.x)) sendCount[size_t(c) * R + size_t(d)] = base[d];
+}
+
+// Low-latency mode's plan on the GPU: planRouting's result for idx [T][K]
+// (tokens T..Tmax-1 choose no expert), without the host. A block per expert
+// e over the tokens in order, a thread per token: the (t, k) pairs with
+// idx[t][k] == e, in (t, k) order, at sendList[e][p] = t | k << 24 (a
+// block-wide scan of each chunk's counts), sendCount[e] of them; *arrivals
+// += pairs; block 0 writes the {t, k} record of every pair into meta
+// [Tmax][K][16] and sets *bad to 1 + the position (token x K + choice) of
+// an index outside -1..E-1, the first one any thread saw.
+__global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, char* meta, uint32_t* sendList,
+                             uint64_t* sendCount, unsigned long long* arrivals, unsigned long long* bad) {
+  const Shape& sh = l.shape;
+  const int K = sh.topk, E = sh.experts, e = int(blockIdx.x), Tmax = sh.tokens;
+  const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
+  __shared__ uint32_t warpSum[32];
+  uint32_t base = 0;  // pairs of e before this chunk
+  for (int t0 = 0; t0 < Tmax; t0 += int(blockDim.x)) {
+    const int t = t0 + int(threadIdx.x);
+    uint32_t mine = 0;  // bit k: idx[t][k] == e
+    if (t < tokens)
+      for (int k = 0; k < K; ++k) {
+        const int x = idx[size_t(t) * K + k];
+        if (x == e) mine |= 1u << k;
+        if (e == 0 && (x < -1 || x >= E)) ::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k);
+      }
+    if (e == 0 && t < Tmax)
+      for (int k = 0; k < K; ++k) {
+        const uint32_t tk[4] = {uint32_t(t), uint32_t(k), 0, 0};
+        *reinterpret_cast<uint4*>(meta + (size_t(t) * K + k) * 16) = make_uint4(tk[0], tk[1], tk[2], tk[3]);
+      }
+    // Exclusive scan of the pair counts over the chunk's threads.
+    const uint32_t n = uint32_t(__popc(mine));
+    uint32_t incl = n;
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t v = __shfl_up_sync(~0u, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) warpSum[warp] = incl;
+    __syncthreads();
+    uint32_t before = base + incl - n, chunk = 0;
+    for (int i = 0; i < warps; ++i) {
+      before += i < warp ? warpSum[i] : 0;
+      chunk += warpSum[i];
+    }
+    for (uint32_t m = mine; m != 0; m &= m - 1)
+      sendList[size_t(e) * size_t(Tmax) + before++] = uint32_t(t) | uint32_t(__ffs(int(m)) - 1) << 24;
+    base += chunk;
+    __syncthreads();  // warpSum is read before the next chunk writes it
+  }
+  if (threadIdx.x == 0) {
+    sendCount[e] = base;
+    if (base) ::atomicAdd(arrivals, static_cast<unsigned long long>(base));
+  }
 }
 
 // A thread per received position: its source, token, combine slot, top-k
@@ -424,6 +479,7 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::unpackKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::returnKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::sumKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llPlanKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llUnpackKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llReturnKernel));
     z_ = gpu::sizing(comm, sh, lowLatency, kThreads);
@@ -574,25 +630,24 @@ class GpuBuffer {
   // topkWeights [T][K]).
   GpuLlDispatched lowLatencyDispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens) {
     const Shape& sh = l_.shape;
-    const size_t K = size_t(sh.topk), L = size_t(sh.localExperts()), R = size_t(sh.ranks);
+    const size_t L = size_t(sh.localExperts()), R = size_t(sh.ranks);
     const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_);
     checkCall(true, tokens, "lowLatencyDispatch");
+    (void)topkWeights;  // the low-latency combine takes them
     clock_.start("low-latency dispatch");
-    // Tokens past T choose no expert: the layout is the same on every rank.
-    std::vector<int32_t> idx(Tmax * K, -1);
-    std::vector<float> w(idx.size(), 0.f);
-    download(idx.data(), topkIdx, size_t(tokens) * K * 4, false);
-    download(w.data(), topkWeights, size_t(tokens) * K * 4);
-    clock_.mark("routing");
-    const Plan p = planRouting(l_, true, idx.data(), w.data());
-    clock_.mark("plan");
-    start(p, x, tokens);
+    // The plan on the GPU (tokens past T choose no expert: the layout is the
+    // same on every rank), then begin(), which reads back its pair count.
+    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
+    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens,
+                                                        static_cast<char*>(comm_.localPointer(l_.meta)), sendList_,
+                                                        sendCount_, mem_.word(2), mem_.word(3));
+    begin(x, tokens);
     gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
     gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
     GpuLlDispatched d;
     GpuLlHandle& h = d.handle;
     h.tokens = tokens;
-    h.arrivals = p.combineArrivals;
+    h.arrivals = *hostWord(2);
     d.x = deviceArray<uint16_t>(L * R * Tmax * H);
     h.count = deviceArray<int>(L);
     h.range = deviceArray<int64_t>(L * R);
@@ -666,16 +721,6 @@ class GpuBuffer {
       throw std::invalid_argument(std::string("ep: ") + call + " of " + std::to_string(tokens) +
                                   " tokens; the buffer takes at most " + std::to_string(maxTokens_) +
                                   " (Shape::tokens)");
-  }
-
-  // A dispatch's start from a host plan (low-latency mode): its metadata
-  // and send lists up, then begin().
-  void start(const Plan& p, const uint16_t* x, int tokens) {
-    upload(comm_.localPointer(l_.meta), p.meta.data(), p.meta.size());
-    upload(sendList_, p.sendList.data(), p.sendList.size() * 4);
-    upload(sendCount_, p.sendCount.data(), p.sendCount.size() * 8);
-    clock_.mark("upload");
-    begin(x, tokens);
   }
 
   // Normal mode's start: the plan made on the GPU from the handle's routing
