@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -264,6 +265,152 @@ void checkLlRounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 2) 
                                                               std::to_string(i) + ": " + std::to_string(got) +
                                                               ", reference " + std::to_string(ref));
       }
+  }
+}
+
+// ---- FP8 (gin/ep/fp8.hpp) ----------------------------------------------------
+
+// in's tokens as FP8 (each row quantized; x left empty): xFp8 [T][H], xScales [T][H / 128].
+inline gin::ep::Inputs fp8Of(const gin::ep::Inputs& in, size_t H) {
+  const size_t T = in.x.size() / H, G = H / gin::ep::kFp8Group;
+  gin::ep::Inputs f = in;
+  f.x.clear();
+  f.xFp8.resize(T * H);
+  f.xScales.resize(T * G);
+  std::vector<char> row(gin::ep::fp8RowBytes(H));
+  for (size_t t = 0; t < T; ++t) {
+    gin::ep::quantizeRow(in.x.data() + t * H, H, row.data(), 0, 1);
+    std::memcpy(f.xFp8.data() + t * H, row.data(), H);
+    std::memcpy(f.xScales.data() + t * G, row.data() + H, G * 4);
+  }
+  return f;
+}
+
+// DeepEP's measure of how far two tensors are apart: 1 - 2 sum(xy) / sum(x^2 + y^2).
+inline double calcDiff(const std::vector<double>& x, const std::vector<double>& y) {
+  double xy = 0, sq = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    xy += x[i] * y[i];
+    sq += x[i] * x[i] + y[i] * y[i];
+  }
+  return sq == 0 ? 0 : 1 - 2 * xy / sq;
+}
+
+// Normal-mode dispatch of FP8 tokens: every received row's e4m3 bytes and
+// scales equal its source's, in (source, token) order, with the handle's
+// sources; the rows dequantized are within DeepEP's FP8 bound (calc_diff
+// below 1e-3) of the bf16 tokens; then a bf16 combine of the dequantized
+// rows along the FP8 dispatch's handle.
+template <class Buffer>
+void checkFp8Rounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 2) {
+  const gin::ep::Shape sh = shapeOf(c);
+  const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
+  const size_t H = size_t(c.hidden), G = H / gin::ep::kFp8Group;
+  const int me = comm.rank();
+  for (int round = 0; round < rounds; ++round) {
+    const std::string where = "rank " + std::to_string(me) + " FP8 round " + std::to_string(round) + ": ";
+    const std::vector<gin::ep::Inputs> all = roundInputs(c, sh, round);
+    std::vector<gin::ep::Inputs> f;
+    for (const auto& in : all) f.push_back(fp8Of(in, H));
+    const auto d = buf.dispatch(f[size_t(me)], 1);
+    expect(d.x.empty(), where + "an FP8 dispatch returns no bf16 rows");
+    size_t i = 0;
+    std::vector<double> deq, ref;
+    for (int r = 0; r < R; ++r) {
+      const size_t T = f[size_t(r)].idx.size() / size_t(K);
+      for (size_t t = 0; t < T; ++t) {
+        bool mine = false;
+        for (int k = 0; k < K; ++k) mine = mine || (f[size_t(r)].idx[t * K + k] >= 0 && f[size_t(r)].idx[t * K + k] / L == me);
+        if (!mine) continue;
+        const std::string at = where + "row " + std::to_string(i) + " (rank " + std::to_string(r) + " token " +
+                               std::to_string(t) + ")";
+        expect(i < d.handle.srcRank.size() && d.handle.srcRank[i] == r && d.handle.srcToken[i] == int(t),
+               at + ": out of order");
+        expect(std::equal(d.xFp8.begin() + std::ptrdiff_t(i * H), d.xFp8.begin() + std::ptrdiff_t(i * H + H),
+                          f[size_t(r)].xFp8.begin() + std::ptrdiff_t(t * H)),
+               at + ": e4m3 bytes differ");
+        expect(std::equal(d.xScales.begin() + std::ptrdiff_t(i * G), d.xScales.begin() + std::ptrdiff_t(i * G + G),
+                          f[size_t(r)].xScales.begin() + std::ptrdiff_t(t * G)),
+               at + ": scales differ");
+        for (size_t v = 0; v < H; ++v) {
+          deq.push_back(double(gin::ep::e4m3ToFloat(d.xFp8[i * H + v])) * d.xScales[i * G + v / gin::ep::kFp8Group]);
+          ref.push_back(bf16ToFloat(all[size_t(r)].x[t * H + v]));
+        }
+        ++i;
+      }
+    }
+    expect(i == d.handle.srcRank.size() && d.xFp8.size() == i * H && d.xScales.size() == i * G,
+           where + "received " + std::to_string(d.handle.srcRank.size()) + " rows, want " + std::to_string(i));
+    expect(calcDiff(deq, ref) < 1e-3, where + "dequantized rows are too far from the tokens");
+    // Combine the dequantized rows: each token gets back one per destination rank.
+    std::vector<uint16_t> y(i * H);
+    for (size_t v = 0; v < y.size(); ++v) y[v] = floatToBf16(float(deq[v]));
+    const std::vector<uint16_t> out = buf.combine(y.data(), d.handle);
+    const gin::ep::Inputs& in = all[size_t(me)];
+    const size_t T = in.idx.size() / size_t(K);
+    expect(out.size() == T * H, where + "combine's size");
+    std::vector<double> got, want;
+    for (size_t t = 0; t < T; ++t) {
+      int dests = 0;
+      for (int r = 0; r < R; ++r) {
+        bool hit = false;
+        for (int k = 0; k < K; ++k) hit = hit || (in.idx[t * K + k] >= 0 && in.idx[t * K + k] / L == r);
+        dests += hit;
+      }
+      for (size_t v = 0; v < H; ++v) {
+        got.push_back(bf16ToFloat(out[t * H + v]));
+        want.push_back(dests * double(bf16ToFloat(in.x[t * H + v])));
+      }
+    }
+    expect(calcDiff(got, want) < 1e-3, where + "combine of the dequantized rows");
+  }
+}
+
+// Low-latency dispatch with useFp8: every packed row is the quantization of
+// its source token (quantizeRow, bit for bit) with its scales at DeepEP's
+// [local expert][H / 128][R x Tmax]; dequantized within calc_diff 1e-3.
+template <class Buffer>
+void checkLlFp8Rounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 2) {
+  const gin::ep::Shape sh = shapeOf(c);
+  const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
+  const size_t H = size_t(c.hidden), G = H / gin::ep::kFp8Group, Tmax = size_t(c.maxTokens);
+  const int me = comm.rank();
+  std::vector<char> q(gin::ep::fp8RowBytes(H));
+  for (int round = 0; round < rounds; ++round) {
+    const std::string where = "rank " + std::to_string(me) + " FP8 low-latency round " + std::to_string(round) + ": ";
+    const std::vector<gin::ep::Inputs> all = roundInputs(c, sh, round);
+    const auto d = buf.lowLatencyDispatch(all[size_t(me)], true);
+    expect(d.x.empty() && d.xFp8.size() == size_t(L) * R * Tmax * H && d.xScales.size() == size_t(L) * R * Tmax * G,
+           where + "FP8 output sizes");
+    std::vector<double> deq, ref;
+    for (int el = 0; el < L; ++el) {
+      size_t row = 0;
+      for (int r = 0; r < R; ++r) {
+        const auto& src = all[size_t(r)];
+        for (size_t t = 0; t < src.idx.size() / size_t(K); ++t)
+          for (int k = 0; k < K; ++k) {
+            if (src.idx[t * K + k] != me * L + el) continue;
+            const std::string at = where + "expert " + std::to_string(el) + " row " + std::to_string(row);
+            const size_t p = size_t(el) * R * Tmax + row;
+            expect(d.handle.srcToken[p] == int(t), at + ": out of order");
+            gin::ep::quantizeRow(src.x.data() + t * H, H, q.data(), 0, 1);
+            expect(std::memcmp(d.xFp8.data() + p * H, q.data(), H) == 0, at + ": e4m3 bytes differ");
+            for (size_t g = 0; g < G; ++g) {
+              float want;
+              std::memcpy(&want, q.data() + H + g * 4, 4);
+              expect(d.xScales[(size_t(el) * G + g) * R * Tmax + row] == want, at + ": scale differs");
+            }
+            for (size_t v = 0; v < H; ++v) {
+              deq.push_back(double(gin::ep::e4m3ToFloat(d.xFp8[p * H + v])) *
+                            d.xScales[(size_t(el) * G + v / gin::ep::kFp8Group) * R * Tmax + row]);
+              ref.push_back(bf16ToFloat(src.x[t * H + v]));
+            }
+            ++row;
+          }
+      }
+      expect(d.handle.count[size_t(el)] == int(row), where + "count of expert " + std::to_string(el));
+    }
+    expect(calcDiff(deq, ref) < 1e-3, where + "dequantized rows are too far from the tokens");
   }
 }
 

@@ -78,12 +78,19 @@ struct LlHandle {
   uint64_t arrivals = 0;            // rows this rank's combine waits for
 };
 struct LlDispatched {
-  std::vector<uint16_t> x;  // [L][R * Tmax][H] bf16; rows past count[e] are not written
+  std::vector<uint16_t> x;  // [L][R * Tmax][H] bf16; rows past count[e] are not written (empty with FP8)
+  // FP8 (lowLatencyDispatch's useFp8): [L][R * Tmax][H] e4m3, and the
+  // scales as DeepEP lays them out, [L][H / 128][R * Tmax] (row r's scale g
+  // at [el][g][r]).
+  std::vector<uint8_t> xFp8;
+  std::vector<float> xScales;
   LlHandle handle;
 };
 
 struct Dispatched {
-  std::vector<uint16_t> x;           // [N][H] bf16: by source rank, then source token
+  std::vector<uint16_t> x;           // [N][H] bf16: by source rank, then source token (empty with FP8)
+  std::vector<uint8_t> xFp8;         // FP8 inputs: [N][H] e4m3, same order
+  std::vector<float> xScales;        // FP8 inputs: [N][H / 128]
   std::vector<int32_t> topkIdx;      // [N][K] local expert, -1 where the choice is elsewhere or none
   std::vector<float> topkWeights;    // [N][K] 0 where topkIdx is -1
   std::vector<int> tokensPerExpert;  // [L] rows per local expert, rounded up to the alignment
@@ -117,13 +124,18 @@ class CpuBuffer {
   }
 
   // Tokens T = in.idx.size() / topk (at most shape().tokens; ranks may
-  // differ). expertAlignment >= 1 rounds tokensPerExpert up.
+  // differ). expertAlignment >= 1 rounds tokensPerExpert up. FP8 tokens
+  // (in.xFp8 and in.xScales, x empty; every rank passes FP8 or none) come
+  // back as xFp8 and xScales, byte for byte.
   Dispatched dispatch(const Inputs& in, int expertAlignment = 1) {
     const int K = l_.shape.topk, L = l_.shape.localExperts();
     const size_t H = size_t(l_.shape.hidden);
     const size_t T = checkTokens(in, false, "dispatch");
     if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
+    const bool fp8 = !in.xFp8.empty() || !in.xScales.empty();
+    checkFp8(fp8, "dispatch");
     l_.shape.tokens = int(T);
+    l_.shape.fp8 = fp8;
     l_.topkIdx = in.idx.data();
     const Plan p = plan(l_, false, in);
     startLayer(comm_, l_, p);
@@ -146,7 +158,10 @@ class CpuBuffer {
     h.sent = p;
     h.sent.x.clear();
     h.fromLane = std::move(fromLane);
-    d.x.assign(recvX_.begin(), recvX_.begin() + std::ptrdiff_t(n * H));
+    if (fp8)
+      splitFp8Rows(n, d.xFp8, d.xScales);
+    else
+      d.x.assign(recvX_.begin(), recvX_.begin() + std::ptrdiff_t(n * H));
     d.topkIdx.assign(n * size_t(K), -1);
     d.topkWeights.assign(n * size_t(K), 0.f);
     d.tokensPerExpert.assign(size_t(L), 0);
@@ -181,6 +196,7 @@ class CpuBuffer {
       throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer and x of its " +
                                   std::to_string(h.tokens) + " tokens x hidden values");
     l_.shape.tokens = int(T);
+    l_.shape.fp8 = false;
     Plan p = h.sent;
     p.x = packTokens(l_.shape, x.data());
     startLayer(comm_, l_, p);
@@ -209,6 +225,7 @@ class CpuBuffer {
     if (T > size_t(maxTokens_) || h.rows.size() != T || h.srcToken.size() != n || h.slot.size() != n)
       throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
     l_.shape.tokens = int(T);
+    l_.shape.fp8 = false;
     gin::Net<> net(l_.dc, 0);
     net.resetSignal(l_.sig.combine());
     comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
@@ -228,11 +245,15 @@ class CpuBuffer {
   // Low-latency mode: every (token, choice) pair goes to its expert's rank
   // on its own (a token with two experts on one rank goes twice), into that
   // expert's rows; T at most shape().tokens.
-  LlDispatched lowLatencyDispatch(const Inputs& in) {
+  // useFp8: each token is quantized (gin/ep/fp8.hpp) and travels and
+  // arrives as FP8 (DeepEP's use_fp8): xFp8 and xScales instead of x.
+  LlDispatched lowLatencyDispatch(const Inputs& in, bool useFp8 = false) {
     const Shape& sh = l_.shape;
     const int R = sh.ranks, L = sh.localExperts();
-    const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_);
+    const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_), G = H / size_t(kFp8Group);
     const size_t T = checkTokens(in, true, "lowLatencyDispatch");
+    checkFp8(useFp8, "lowLatencyDispatch");
+    l_.shape.fp8 = useFp8;
     // Tokens past T choose no expert, so the layout is the same on every
     // rank whatever its T (DeepEP's num_max_dispatch_tokens_per_rank).
     Inputs padded = in;
@@ -255,7 +276,12 @@ class CpuBuffer {
     h.range.assign(size_t(L) * size_t(R), 0);
     h.srcToken.assign(size_t(L) * size_t(R) * Tmax, -1);
     h.srcK.assign(h.srcToken.size(), -1);
-    d.x.assign(h.srcToken.size() * H, 0);
+    if (useFp8) {
+      d.xFp8.assign(h.srcToken.size() * H, 0);
+      d.xScales.assign(h.srcToken.size() * G, 0.f);
+    } else {
+      d.x.assign(h.srcToken.size() * H, 0);
+    }
     const auto* counts = static_cast<const uint64_t*>(comm_.localPointer(l_.counts));
     for (int el = 0; el < L; ++el) {
       uint64_t begin = 0;
@@ -269,7 +295,14 @@ class CpuBuffer {
           const size_t row = size_t(el) * size_t(R) * Tmax + size_t(begin + q);
           h.srcToken[row] = int(tk[0]);
           h.srcK[row] = int(tk[1]);
-          std::memcpy(d.x.data() + row * H, slot + 16, H * 2);
+          if (useFp8) {
+            std::memcpy(d.xFp8.data() + row * H, slot + 16, H);
+            for (size_t g = 0; g < G; ++g)  // [el][g][R * Tmax]
+              std::memcpy(d.xScales.data() + (size_t(el) * G + g) * size_t(R) * Tmax + size_t(begin + q),
+                          slot + 16 + H + g * 4, 4);
+          } else {
+            std::memcpy(d.x.data() + row * H, slot + 16, H * 2);
+          }
         }
         begin += n;
       }
@@ -291,6 +324,7 @@ class CpuBuffer {
     if (!ll_) throw std::invalid_argument("ep: lowLatencyCombine on a normal-mode buffer; call combine");
     if (T > Tmax || h.count.size() != size_t(L) || h.srcToken.size() != size_t(L) * size_t(R) * Tmax)
       throw std::invalid_argument("ep: lowLatencyCombine was given a handle that no dispatch of this buffer made");
+    l_.shape.fp8 = false;
     gin::Net<> net(l_.dc, 0);
     net.resetSignal(l_.sig.combine());
     comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
@@ -329,6 +363,26 @@ class CpuBuffer {
   }
 
   // T of `in`, checked against the buffer and its mode.
+  // FP8 rows need a hidden size of whole scale groups.
+  void checkFp8(bool fp8, const char* call) const {
+    if (fp8 && l_.shape.hidden % kFp8Group != 0)
+      throw std::invalid_argument(std::string("ep: ") + call + " in FP8 needs a hidden size that is a multiple of " +
+                                  std::to_string(kFp8Group) + " (one scale per " + std::to_string(kFp8Group) +
+                                  " values); hidden is " + std::to_string(l_.shape.hidden));
+  }
+
+  // The first n received FP8 rows (rowBytes each) as [n][H] e4m3 and [n][H / 128] scales.
+  void splitFp8Rows(size_t n, std::vector<uint8_t>& data, std::vector<float>& scales) const {
+    const size_t H = size_t(l_.shape.hidden), G = H / size_t(kFp8Group), B = l_.shape.rowBytes();
+    const char* rows = reinterpret_cast<const char*>(recvX_.data());
+    data.resize(n * H);
+    scales.resize(n * G);
+    for (size_t i = 0; i < n; ++i) {
+      std::memcpy(data.data() + i * H, rows + i * B, H);
+      std::memcpy(scales.data() + i * G, rows + i * B + H, G * 4);
+    }
+  }
+
   size_t checkTokens(const Inputs& in, bool lowLatency, const char* call) const {
     if (lowLatency != ll_)
       throw std::invalid_argument(std::string("ep: ") + call + " on a " + (ll_ ? "low-latency" : "normal-mode") +

@@ -21,6 +21,10 @@ namespace gin::ep {
 
 struct Inputs {
   std::vector<uint16_t> x;    // [T][H] bf16
+  // FP8 tokens instead (normal-mode dispatch of CpuBuffer; x stays empty):
+  // [T][H] e4m3 and [T][H / 128] scales (gin/ep/fp8.hpp).
+  std::vector<uint8_t> xFp8;
+  std::vector<float> xScales;
   std::vector<int32_t> idx;   // [T][K] distinct experts; -1: no expert (the choice is masked, as in DeepEP)
   std::vector<float> weight;  // [T][K] (ignored where idx is -1)
 };
@@ -64,9 +68,13 @@ inline void checkIndices(const Shape& sh, const int32_t* idx) {
 
 // The sizes of `in` and its indices (checkIndices).
 inline void checkRouting(const Shape& sh, const Inputs& in) {
-  if (in.idx.size() != size_t(sh.tokens) * size_t(sh.topk) || in.weight.size() != in.idx.size() ||
-      in.x.size() != size_t(sh.tokens) * size_t(sh.hidden))
-    throw std::invalid_argument("moe: inputs must hold tokens x hidden values and tokens x topk indices and weights");
+  const size_t T = size_t(sh.tokens), H = size_t(sh.hidden);
+  const bool tokensOk = sh.fp8 && !in.xFp8.empty()
+                            ? in.xFp8.size() == T * H && in.xScales.size() == T * (H / size_t(kFp8Group))
+                            : in.x.size() == T * H;
+  if (in.idx.size() != T * size_t(sh.topk) || in.weight.size() != in.idx.size() || !tokensOk)
+    throw std::invalid_argument("moe: inputs must hold tokens x hidden values (FP8: and tokens x hidden / 128 "
+                                "scales) and tokens x topk indices and weights");
   checkIndices(sh, in.idx.data());
 }
 
@@ -180,11 +188,29 @@ struct Plan {
   uint64_t combineArrivals = 0;
 };
 
-// x [T][H] bf16 laid out in slots of tokenBytes (the x window's contents).
+// x [T][H] bf16 laid out in slots of tokenBytes (the x window's contents);
+// with sh.fp8, each quantized to its FP8 row (quantizeRow).
 inline std::vector<char> packTokens(const Shape& sh, const uint16_t* x) {
   const size_t T = size_t(sh.tokens), H = size_t(sh.hidden);
   std::vector<char> out(T * sh.tokenBytes(), 0);
-  for (size_t t = 0; t < T; ++t) std::memcpy(out.data() + t * sh.tokenBytes(), x + t * H, H * 2);
+  for (size_t t = 0; t < T; ++t) {
+    if (sh.fp8)
+      quantizeRow(x + t * H, H, out.data() + t * sh.tokenBytes(), 0, 1);
+    else
+      std::memcpy(out.data() + t * sh.tokenBytes(), x + t * H, H * 2);
+  }
+  return out;
+}
+
+// FP8 tokens (data [T][H] e4m3, scales [T][H / 128]) laid out in slots of
+// tokenBytes as their FP8 rows (sh.fp8).
+inline std::vector<char> packFp8Tokens(const Shape& sh, const uint8_t* data, const float* scales) {
+  const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), G = H / size_t(kFp8Group);
+  std::vector<char> out(T * sh.tokenBytes(), 0);
+  for (size_t t = 0; t < T; ++t) {
+    std::memcpy(out.data() + t * sh.tokenBytes(), data + t * H, H);
+    std::memcpy(out.data() + t * sh.tokenBytes() + H, scales + t * G, G * 4);
+  }
   return out;
 }
 
@@ -248,7 +274,8 @@ inline Plan planRouting(const Layer& lIn, bool ll, const int32_t* idx, const flo
 inline Plan plan(const Layer& l, bool ll, const Inputs& in) {
   checkRouting(l.shape, in);
   Plan p = planRouting(l, ll, in.idx.data(), in.weight.data());
-  p.x = packTokens(l.shape, in.x.data());
+  p.x = l.shape.fp8 && !in.xFp8.empty() ? packFp8Tokens(l.shape, in.xFp8.data(), in.xScales.data())
+                                        : packTokens(l.shape, in.x.data());
   return p;
 }
 
@@ -291,7 +318,7 @@ inline void settleLayer(gin::Comm& comm, const Layer& l) {
 // position's source, fromLane [R][C] how many each (source, channel) sent.
 // With `cached`, fromLane holds those counts already (a repeated layout) and
 // the exchange is skipped. Returns how many arrived.
-inline uint64_t dispatchNormalCpu(gin::Comm& comm, const Layer& l, const Plan& p, size_t maxRecv, uint16_t* recvX,
+inline uint64_t dispatchNormalCpu(gin::Comm& comm, const Layer& l, const Plan& p, size_t maxRecv, void* recvX,
                                   char* recvMeta, std::vector<int>& srcOf, std::vector<uint64_t>& fromLane,
                                   bool cached = false) {
   const Shape& sh = l.shape;

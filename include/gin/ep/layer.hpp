@@ -236,14 +236,14 @@ GIN_HD void freeSlots(const Layer& l, int src, int c, RecvState& s, Coop coop) {
   s.unfreed = 0;
 }
 
-// recvX: [maxRecv][H] bf16, recvMeta: [maxRecv][metaBytes], where this rank
-// keeps what it received. One step copies out every slot the last read of
+// recvX: [maxRecv][rowBytes] (bf16: [maxRecv][H] values), recvMeta:
+// [maxRecv][metaBytes], where this rank keeps what it received. One step copies out every slot the last read of
 // the tail showed filled (reading the tail again only when those run out),
 // then frees them once batch slots are waiting to be freed (batch 1: at
 // once). Returns 1/0/-1 as sendStep; the slots copied out are freed before
 // returning 0 or -1.
 template <class Coop>
-GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, uint16_t* recvX, char* recvMeta, Coop coop) {
+GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, void* recvX, char* recvMeta, Coop coop) {
   const Shape& sh = l.shape;
   if (s.got == s.expect) {
     freeSlots(l, src, c, s, coop);
@@ -268,7 +268,7 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, uint16_t* recv
     const char* p = static_cast<const char*>(gin::localPointer(l.ring, slot * sh.slotBytes()));
     const size_t pos = size_t(s.base + k);
     gin::lsa::coopCopy(sub, recvMeta + pos * sh.metaBytes(), p, sh.metaBytes());
-    gin::lsa::coopCopy(sub, recvX + pos * size_t(sh.hidden), p + sh.metaBytes(), size_t(sh.hidden) * 2);
+    gin::lsa::coopCopy(sub, static_cast<char*>(recvX) + pos * sh.rowBytes(), p + sh.metaBytes(), sh.rowBytes());
   }
   s.got += n;
   s.unfreed += n;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "gin/core/config.hpp"
+#include "gin/ep/fp8.hpp"
 
 namespace gin::ep {
 
@@ -30,12 +31,18 @@ struct Shape {
   // puts a share of the expert's tokens and then the count with a SignalAdd
   // of 1; a receiver waits for the count signal to reach llSenders.
   int llSenders = 4;
+  // The tokens of this call travel as FP8 (gin/ep/fp8.hpp: H e4m3 bytes and
+  // H / 128 float scales) instead of bf16: set per call on the layer (the
+  // windows are sized for bf16, the larger row). H a multiple of 128.
+  bool fp8 = false;
   GIN_HD int localExperts() const { return experts / ranks; }
   // Destinations per token are at most min(K, ranks).
   GIN_HD int maxDests() const { return topk < ranks ? topk : ranks; }
-  // One ring slot: metadata, then the token's H bf16 values, 16-byte aligned.
+  // One ring slot: metadata, then the token's row (rowBytes), 16-byte aligned.
   GIN_HD size_t metaBytes() const { return (16 + 8 * size_t(topk) + 15) / 16 * 16; }
-  GIN_HD size_t tokenBytes() const { return (size_t(hidden) * 2 + 15) / 16 * 16; }
+  GIN_HD size_t tokenBytes() const { return (rowBytes() + 15) / 16 * 16; }
+  // A token's bytes as a receiver gets them: H bf16 values, or its FP8 row.
+  GIN_HD size_t rowBytes() const { return fp8 ? fp8RowBytes(size_t(hidden)) : size_t(hidden) * 2; }
   GIN_HD size_t slotBytes() const { return metaBytes() + tokenBytes(); }
   // Normal mode: the most tokens one (channel, destination) lane sends.
   GIN_HD size_t laneCap() const { return (size_t(tokens) + size_t(channels) - 1) / size_t(channels); }
