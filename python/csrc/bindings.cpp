@@ -40,22 +40,29 @@ class Runtime {
 
   std::string transports() const { return rt_.transports(); }
 
-  // Returns (x, topk_idx, topk_weights, tokens_per_expert, rank_prefix, src_rank, src_token, handle).
-  py::tuple dispatch(uint64_t stream, const torch::Tensor& x, const torch::Tensor& idx, const torch::Tensor& w,
-                     int experts, int alignment) {
-    need(x, torch::kBFloat16, 2, "x");
+  // Returns (x, topk_idx, topk_weights, tokens_per_expert, rank_prefix, src_rank, src_token, handle); x is
+  // (e4m3 [N][H], scales [N][H / 128]) when scales are given (x then float8_e4m3fn).
+  py::tuple dispatch(uint64_t stream, const torch::Tensor& x, const std::optional<torch::Tensor>& scales,
+                     const torch::Tensor& idx, const torch::Tensor& w, int experts, int alignment) {
+    need(x, scales ? torch::kFloat8_e4m3fn : torch::kBFloat16, 2, "x");
     need(idx, torch::kInt32, 2, "topk_idx (as int32)");
     need(w, torch::kFloat32, 2, "topk_weights");
     const int T = int(x.size(0)), H = int(x.size(1)), K = int(idx.size(1));
     if (idx.size(0) != T || w.sizes() != idx.sizes())
       throw std::invalid_argument("gin_ep: x, topk_idx and topk_weights must have the same number of tokens");
+    if (scales) {
+      need(*scales, torch::kFloat32, 2, "x's scales");
+      if (H % 128 != 0 || scales->size(0) != T || scales->size(1) != H / 128)
+        throw std::invalid_argument("gin_ep: FP8 x needs a hidden size that is a multiple of 128 and scales of "
+                                    "tokens x hidden / 128 floats");
+    }
     gin_ep_rt::Dispatched d;
     {
       py::gil_scoped_release nogil;
-      d = rt_.dispatch(stream, x.data_ptr(), idx.data_ptr<int32_t>(), w.data_ptr<float>(), T, H, experts, K,
-                       alignment);
+      d = rt_.dispatch(stream, x.data_ptr(), scales ? scales->data_ptr<float>() : nullptr, idx.data_ptr<int32_t>(),
+                       w.data_ptr<float>(), T, H, experts, K, alignment);
     }
-    return out(d, H, K);
+    return out(d, H, K, scales.has_value());
   }
 
   py::tuple cachedDispatch(uint64_t stream, const torch::Tensor& x, const py::capsule& handle) {
@@ -82,9 +89,10 @@ class Runtime {
     return tensorOf(a, torch::kBFloat16, {int64_t(a.count) / y.size(1), y.size(1)});
   }
 
-  // Returns (x, count, range, src_token, handle).
+  // Returns (x, count, range, src_token, handle); with useFp8 x is (e4m3 [L][R * Tmax][H], scales
+  // [L][R * Tmax][H / 128] over memory laid out [L][H / 128][R * Tmax], as DeepEP's).
   py::tuple lowLatencyDispatch(uint64_t stream, const torch::Tensor& x, const torch::Tensor& idx,
-                               const torch::Tensor& w, int maxTokens, int experts, int ranks) {
+                               const torch::Tensor& w, int maxTokens, int experts, int ranks, bool useFp8) {
     need(x, torch::kBFloat16, 2, "x");
     need(idx, torch::kInt32, 2, "topk_idx (as int32)");
     need(w, torch::kFloat32, 2, "topk_weights");
@@ -93,10 +101,14 @@ class Runtime {
     {
       py::gil_scoped_release nogil;
       d = rt_.lowLatencyDispatch(stream, x.data_ptr(), idx.data_ptr<int32_t>(), w.data_ptr<float>(), T, maxTokens,
-                                 H, experts, K);
+                                 H, experts, K, useFp8);
     }
     const int64_t L = experts / ranks, rows = int64_t(ranks) * maxTokens;
-    return py::make_tuple(tensorOf(d.x, torch::kBFloat16, {L, rows, H}), tensorOf(d.count, torch::kInt32, {L}),
+    py::object recv = useFp8 ? py::object(py::make_tuple(
+                                   tensorOf(d.x, torch::kFloat8_e4m3fn, {L, rows, H}),
+                                   tensorOf(d.xScales, torch::kFloat32, {L, H / 128, rows}).transpose(1, 2)))
+                             : py::object(py::cast(tensorOf(d.x, torch::kBFloat16, {L, rows, H})));
+    return py::make_tuple(recv, tensorOf(d.count, torch::kInt32, {L}),
                           tensorOf(d.range, torch::kInt64, {L, ranks}), tensorOf(d.srcToken, torch::kInt32, {L, rows}),
                           capsuleOf(d.handle));
   }
@@ -130,7 +142,7 @@ class Runtime {
     return *static_cast<std::shared_ptr<void>*>(c.get_pointer());
   }
 
-  py::tuple out(const gin_ep_rt::Dispatched& d, int H, int K) {
+  py::tuple out(const gin_ep_rt::Dispatched& d, int H, int K, bool fp8 = false) {
     const int64_t N = int64_t(d.srcRank.count), R = int64_t(std::sqrt(double(d.rankPrefix.size())) + 0.5);
     torch::Tensor prefix = torch::tensor(d.rankPrefix, torch::dtype(torch::kInt32)).view({R, R}).to(
         torch::Device(torch::kCUDA, device_));
@@ -140,7 +152,10 @@ class Runtime {
       w = py::cast(tensorOf(d.topkWeights, torch::kFloat32, {N, K}));
       perExpert = py::cast(d.tokensPerExpert);
     }
-    return py::make_tuple(tensorOf(d.x, torch::kBFloat16, {N, H}), idx, w, perExpert, prefix,
+    py::object x = fp8 ? py::object(py::make_tuple(tensorOf(d.x, torch::kFloat8_e4m3fn, {N, H}),
+                                                   tensorOf(d.xScales, torch::kFloat32, {N, H / 128})))
+                       : py::object(py::cast(tensorOf(d.x, torch::kBFloat16, {N, H})));
+    return py::make_tuple(x, idx, w, perExpert, prefix,
                           tensorOf(d.srcRank, torch::kInt32, {N}), tensorOf(d.srcToken, torch::kInt32, {N}),
                           capsuleOf(d.handle));
   }

@@ -58,12 +58,14 @@ struct Runtime::State {
     GIN_CUDA_CHECK(cudaStreamWaitEvent(st, ev, 0));
   }
 
-  // A buffer for (hidden, experts, topk) holding `tokens` per rank. Every
-  // rank makes one in the same call (the first, one with a new shape, or
-  // one whose buffer threw CapacityError on every rank), for the most
-  // tokens any rank passes.
-  gin::ep::GpuBuffer& bufferFor(int tokens, int hidden, int experts, int topk) {
-    if (buf && shape.hidden == hidden && shape.experts == experts && shape.topk == topk && tokens <= shape.tokens)
+  // A buffer for (hidden, experts, topk) holding `tokens` per rank (any
+  // number when anyTokens: the buffer itself finds out, on every rank at
+  // once, that a call brings more than it holds). Every rank makes one in
+  // the same call (the first, one with a new shape, or one whose buffer
+  // threw CapacityError on every rank), for the most tokens any rank passes.
+  gin::ep::GpuBuffer& bufferFor(int tokens, int hidden, int experts, int topk, bool anyTokens = false) {
+    if (buf && shape.hidden == hidden && shape.experts == experts && shape.topk == topk &&
+        (anyTokens || tokens <= shape.tokens))
       return *buf;
     buf.reset();
     std::vector<int> all(size_t(comm.nRanks()), 0);
@@ -122,19 +124,22 @@ std::string Runtime::transports() const {
 
 void Runtime::setAllocator(std::function<Array(size_t)> alloc) { s_->alloc = std::move(alloc); }
 
-Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const int32_t* idx, const float* weights, int tokens,
-                             int hidden, int experts, int topk, int expertAlignment) {
+Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScales, const int32_t* idx,
+                             const float* weights, int tokens, int hidden, int experts, int topk,
+                             int expertAlignment) {
   State& s = *s_;
   const int R = s.comm.nRanks();
   // The buffer is made for the tokens of the first call and made again, by
   // every rank at once, when a call brings more than it holds (the buffer
   // finds that out in its opening barrier and throws on every rank).
   gin::ep::GpuDispatched d;
-  for (int want = tokens;;) {
-    gin::ep::GpuBuffer& buf = s.bufferFor(want, hidden, experts, topk);
+  for (int want = tokens, retry = 0;; retry = 1) {
+    gin::ep::GpuBuffer& buf = s.bufferFor(want, hidden, experts, topk, !retry);
     s.follow(stream);
     try {
-      d = buf.dispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, expertAlignment);
+      d = xScales ? buf.dispatch(gin::ep::Fp8Tokens{static_cast<const uint8_t*>(x), xScales}, idx, weights, tokens,
+                                 expertAlignment)
+                  : buf.dispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, expertAlignment);
       break;
     } catch (const gin::ep::CapacityError& e) {
       want = e.tokens;
@@ -148,7 +153,8 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const int32_t* idx
     for (int i = 0, sum = 0; i < R; ++i) h->rankPrefix[size_t(i) * R + j] = sum += got[size_t(j) * R + i];
   h->h = d.handle;
   Dispatched out;
-  out.x = arrayOf(d.x);
+  out.x = xScales ? arrayOf(d.xFp8) : arrayOf(d.x);
+  out.xScales = arrayOf(d.xScales);
   out.topkIdx = arrayOf(d.topkIdx);
   out.topkWeights = arrayOf(d.topkWeights);
   out.tokensPerExpert = d.tokensPerExpert;
@@ -185,15 +191,17 @@ Array Runtime::combine(uintptr_t stream, const void* y, const std::shared_ptr<vo
 }
 
 LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const int32_t* idx, const float* weights,
-                                         int tokens, int maxTokens, int hidden, int experts, int topk) {
+                                         int tokens, int maxTokens, int hidden, int experts, int topk,
+                                         bool useFp8) {
   State& s = *s_;
   if (s.buf && s.shape.tokens != maxTokens) s.buf.reset();  // the packed layout is per maxTokens
   gin::ep::GpuBuffer& buf = s.bufferFor(maxTokens, hidden, experts, topk);
   s.follow(stream);
   auto h = std::make_shared<gin::ep::GpuLlDispatched>(
-      buf.lowLatencyDispatch(static_cast<const uint16_t*>(x), idx, weights, tokens));
+      buf.lowLatencyDispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, useFp8));
   LlDispatched out;
-  out.x = arrayOf(h->x);
+  out.x = useFp8 ? arrayOf(h->xFp8) : arrayOf(h->x);
+  out.xScales = arrayOf(h->xScales);
   out.count = arrayOf(h->handle.count);
   out.range = arrayOf(h->handle.range);
   out.srcToken = arrayOf(h->handle.srcToken);

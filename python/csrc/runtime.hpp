@@ -23,7 +23,8 @@ struct Array {
 
 // What a normal-mode dispatch returns.
 struct Dispatched {
-  Array x;                           // [N][H] bf16
+  Array x;                           // [N][H] bf16, or e4m3 bytes for an FP8 dispatch
+  Array xScales;                     // FP8: [N][H / 128] float (else empty)
   Array topkIdx;                     // [N][K] int32 (empty for a cached dispatch)
   Array topkWeights;                 // [N][K] float (empty for a cached dispatch)
   std::vector<int> tokensPerExpert;  // [L]
@@ -34,7 +35,8 @@ struct Dispatched {
 
 // What a low-latency dispatch returns.
 struct LlDispatched {
-  Array x;         // [L][R * Tmax][H] bf16
+  Array x;         // [L][R * Tmax][H] bf16, or e4m3 bytes with useFp8
+  Array xScales;   // useFp8: [L][H / 128][R * Tmax] float (DeepEP's layout; else empty)
   Array count;     // [L] int32
   Array range;     // [L][R] int64: begin << 32 | count
   Array srcToken;  // [L][R * Tmax] int32
@@ -61,17 +63,19 @@ class Runtime {
   // allocator: Array::keep then owns a tensor). Unset: the buffer's pool.
   void setAllocator(std::function<Array(size_t bytes)> alloc);
 
-  // Normal mode (device pointers on `stream`): x [T][H] bf16, idx [T][K]
-  // int32 (-1: none), weights [T][K] float.
-  Dispatched dispatch(uintptr_t stream, const void* x, const int32_t* idx, const float* weights, int tokens,
-                      int hidden, int experts, int topk, int expertAlignment);
+  // Normal mode (device pointers on `stream`): x [T][H] bf16 (or e4m3
+  // bytes when xScales [T][H / 128] float is given), idx [T][K] int32 (-1:
+  // none), weights [T][K] float.
+  Dispatched dispatch(uintptr_t stream, const void* x, const float* xScales, const int32_t* idx,
+                      const float* weights, int tokens, int hidden, int experts, int topk, int expertAlignment);
   Dispatched cachedDispatch(uintptr_t stream, const void* x, const std::shared_ptr<void>& handle);
   Array combine(uintptr_t stream, const void* y, const std::shared_ptr<void>& handle, const void* bias0,
                 const void* bias1);
 
   // Low-latency mode: tokens at most maxTokens (the same on every rank).
+  // useFp8: the tokens are quantized (gin/ep/fp8.hpp) and arrive as FP8.
   LlDispatched lowLatencyDispatch(uintptr_t stream, const void* x, const int32_t* idx, const float* weights,
-                                  int tokens, int maxTokens, int hidden, int experts, int topk);
+                                  int tokens, int maxTokens, int hidden, int experts, int topk, bool useFp8);
   Array lowLatencyCombine(uintptr_t stream, const void* y, const int32_t* idx, const float* weights,
                           const std::shared_ptr<void>& handle);
 

@@ -160,11 +160,16 @@ class Buffer:
                  allocate_on_comm_stream=False):
         """Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event).
         The handle: (rank_prefix_matrix, None, None, recv_src_idx, is_token_in_rank, None, gin's handle)."""
-        if isinstance(x, tuple):
-            raise NotImplementedError("gin_ep: FP8 dispatch (x as (data, scales)) is not implemented yet; pass bf16 x")
+        scales = None
+        if isinstance(x, tuple):  # FP8: (e4m3 [T][H], float scales [T][H / 128])
+            x, scales = x
+            if x.dtype != torch.float8_e4m3fn or scales.dtype != torch.float32:
+                raise ValueError("gin_ep: FP8 x is (float8_e4m3fn [tokens][hidden], float32 [tokens][hidden / 128])")
         if previous_event is not None:
             previous_event.current_stream_wait()
         if handle is not None:
+            if scales is not None:
+                raise NotImplementedError("gin_ep: a cached dispatch of FP8 x is not implemented yet; pass bf16 x")
             out = self.runtime.cached_dispatch(_stream(), x, handle[-1].capsule)
             return out[0], None, None, None, handle, _event()
         if topk_idx is None or topk_weights is None or num_tokens_per_expert is None:
@@ -172,15 +177,19 @@ class Buffer:
                              "num_tokens_per_expert (from get_dispatch_layout)")
         num_experts = num_tokens_per_expert.numel()
         recv_x, recv_idx, recv_w, per_expert, prefix, src_rank, src_token, gin_handle = self.runtime.dispatch(
-            _stream(), x, topk_idx.int().contiguous(), topk_weights.float().contiguous(), num_experts,
+            _stream(), x, scales, topk_idx.int().contiguous(), topk_weights.float().contiguous(), num_experts,
             expert_alignment)
         recv_idx = recv_idx.long()
         if num_worst_tokens > 0:
-            n = recv_x.size(0)
+            n = recv_idx.size(0)
             if n > num_worst_tokens:
                 raise ValueError(f"gin_ep: {n} tokens received, more than num_worst_tokens={num_worst_tokens}")
             pad = num_worst_tokens - n
-            recv_x = torch.cat([recv_x, recv_x.new_zeros(pad, recv_x.size(1))])
+
+            def padded(t):
+                return torch.cat([t, t.new_zeros((pad,) + tuple(t.shape[1:]))])
+
+            recv_x = tuple(padded(t) for t in recv_x) if isinstance(recv_x, tuple) else padded(recv_x)
             recv_idx = torch.cat([recv_idx, recv_idx.new_full((pad, recv_idx.size(1)), -1)])
             recv_w = torch.cat([recv_w, recv_w.new_zeros(pad, recv_w.size(1))])
             per_expert = []
@@ -216,12 +225,13 @@ class Buffer:
         """Returns (recv_x, recv_count, handle, event, hook); recv_x [local experts][ranks x max tokens][hidden].
         The handle: (recv_src_info, recv_layout_range, num_max_dispatch_tokens_per_rank, hidden, num_experts,
         gin's handle)."""
-        if use_fp8:
-            raise NotImplementedError("gin_ep: FP8 low-latency dispatch is not implemented yet; pass use_fp8=False")
+        if use_fp8 and (round_scale or use_ue8m0):
+            raise NotImplementedError("gin_ep: FP8 with round_scale or use_ue8m0 is not implemented yet; gin's "
+                                      "scales are amax / 448 in float32")
         weights = torch.zeros(topk_idx.shape, dtype=torch.float, device=topk_idx.device)
         recv_x, count, layout, src_info, gin_handle = self.runtime.low_latency_dispatch(
             _stream(), x, topk_idx.int().contiguous(), weights, num_max_dispatch_tokens_per_rank, num_experts,
-            self.group_size)
+            self.group_size, use_fp8)
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats += count
         handle = (src_info, layout, num_max_dispatch_tokens_per_rank, x.size(1), num_experts,

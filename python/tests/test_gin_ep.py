@@ -12,7 +12,10 @@ the visible GPUs round-robin). Every rank regenerates every rank's inputs
 - a third normal round in which rank 0 brings more tokens than any rank
   before (every rank makes a bigger buffer in the same call);
 - low-latency dispatch (rows per local expert in source order, counts,
-  layout ranges, source tokens) and its weighted combine, calc_diff < 1e-5.
+  layout ranges, source tokens) and its weighted combine, calc_diff < 1e-5;
+- FP8: a normal dispatch of (e4m3, scales) rows byte for byte and a combine
+  of their dequantized rows, and a low-latency dispatch with use_fp8
+  (DeepEP's scale layout) within calc_diff 1e-3 after dequantization.
 
 Skipped where torch, CUDA or the built module is missing. Runs under pytest
 or as `python python/tests/test_gin_ep.py [ranks...]`.
@@ -126,6 +129,77 @@ def check_normal(buf, rank, R, H, E, K, tmax, dev):
             assert torch.equal(recv2.cpu(), torch.stack(want)), "cached dispatch rows"
 
 
+def to_fp8(x):
+    """DeepEP's per-token cast: e4m3 values and one float scale (amax / 448) per 128 values."""
+    T, H = x.shape
+    g = x.float().view(T, H // 128, 128)
+    scales = g.abs().amax(-1).clamp(min=1e-4) / 448
+    data = (g / scales.unsqueeze(-1)).clamp(-448, 448).to(torch.float8_e4m3fn).view(T, H)
+    return data, scales.contiguous()
+
+
+def dequant(data, scales):
+    """data [..., H] e4m3 times its scales [..., H / 128]."""
+    shape = data.shape
+    g = data.float().view(*shape[:-1], shape[-1] // 128, 128) * scales.float().unsqueeze(-1)
+    return g.view(shape)
+
+
+def check_fp8(buf, rank, R, H, E, K, tmax, dev):
+    """Normal dispatch of FP8 x: e4m3 rows and scales arrive byte for byte; a bf16 combine of the
+    dequantized rows along the FP8 handle is within calc_diff 1e-3 of the reference."""
+    L = E // R
+    inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 41) for r in range(R)]
+    fp8 = [to_fp8(inp[0]) for inp in inputs]
+    x, idx, w = (t.to(dev) for t in inputs[rank])
+    data, scales = (t.to(dev) for t in fp8[rank])
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+    (recv, recv_scales), _, _, _, handle, _ = buf.dispatch(
+        (data, scales), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+        topk_idx=idx, topk_weights=w)
+    rows, srows = [], []
+    for r in range(R):
+        sidx = inputs[r][1]
+        for t in range(sidx.size(0)):
+            if any(int(e) >= 0 and int(e) // L == rank for e in sidx[t]):
+                rows.append(fp8[r][0][t])
+                srows.append(fp8[r][1][t])
+    N = len(rows)
+    assert recv.dtype == torch.float8_e4m3fn and recv.shape == (N, H), "FP8 recv_x"
+    assert recv_scales.shape == (N, H // 128), "FP8 recv_x scales"
+    if N:
+        assert torch.equal(recv.cpu().view(torch.uint8), torch.stack(rows).view(torch.uint8)), "FP8 rows"
+        assert torch.equal(recv_scales.cpu(), torch.stack(srows)), "FP8 scales"
+    combined, _, _ = buf.combine(dequant(recv, recv_scales).bfloat16(), handle)
+    ref = x.float() * in_rank.sum(1, keepdim=True).float()
+    if x.numel():
+        assert calc_diff(combined.float(), ref) < 1e-3, "combine of dequantized FP8 rows"
+
+
+def check_low_latency_fp8(buf, rank, R, H, E, K, tmax, dev):
+    """use_fp8: the rows arrive quantized (DeepEP's scale layout), dequantized within calc_diff 1e-3."""
+    L = E // R
+    inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 43) for r in range(R)]
+    x, idx, w = (t.to(dev) for t in inputs[rank])
+    (recv, scales), count, handle, _, _ = buf.low_latency_dispatch(x, idx, tmax, E, use_fp8=True)
+    rows = R * tmax
+    assert recv.dtype == torch.float8_e4m3fn and recv.shape == (L, rows, H), "FP8 packed_recv_x"
+    assert scales.shape == (L, rows, H // 128) and scales.stride() == (H // 128 * rows, 1, rows), "scale layout"
+    got, want = [], []
+    for el in range(L):
+        n = 0
+        for r in range(R):
+            sx, sidx, _ = inputs[r]
+            for t in range(sx.size(0)):
+                if (sidx[t] == rank * L + el).any():
+                    got.append(dequant(recv[el, n], scales[el, n]).cpu())
+                    want.append(sx[t].float())
+                    n += 1
+        assert int(count[el]) == n, "FP8 recv_count"
+    if got:
+        assert calc_diff(torch.stack(got), torch.stack(want)) < 1e-3, "dequantized FP8 rows"
+
+
 def check_low_latency(buf, rank, R, H, E, K, tmax, dev):
     L = E // R
     for rnd in range(2):
@@ -160,9 +234,11 @@ def rank_main(rank, R, port, H, errors):
         E, K = 4 * R, min(4, 4 * R)
         buf = gin_ep.Buffer(dist.group.WORLD, 0, 0)
         check_normal(buf, rank, R, H, E, K, 23, dev)
+        check_fp8(buf, rank, R, H, E, K, 23, dev)
         buf.destroy()
         ll = gin_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True)
         check_low_latency(ll, rank, R, H, E, K, 17, dev)
+        check_low_latency_fp8(ll, rank, R, H, E, K, 17, dev)
         ll.destroy()
         dist.barrier()
         dist.destroy_process_group()

@@ -5,7 +5,9 @@
 // read back, each call run on the GPU. 1, 2, 3 and 4 ranks (sharing GPUs
 // round-robin), both modes, lsa and the proxy, hidden sizes 256 and 7168,
 // choices of -1, token counts that differ per rank (0 included), expert
-// alignment. Skips (exit 77) without a GPU.
+// alignment; FP8 rounds (rows and scales byte for byte, low-latency
+// quantization bit for bit against the CPU encoder); one rank with too many
+// tokens or a bad expert failing every rank alike. Skips (exit 77) without a GPU.
 #include <catch2/catch_session.hpp>
 #include <catch2/catch_test_macros.hpp>
 
@@ -37,6 +39,8 @@ class HostFace {
   };
   struct Dispatched {
     std::vector<uint16_t> x;
+    std::vector<uint8_t> xFp8;
+    std::vector<float> xScales;
     std::vector<int32_t> topkIdx;
     std::vector<float> topkWeights;
     std::vector<int> tokensPerExpert;
@@ -50,17 +54,25 @@ class HostFace {
   };
   struct LlDispatched {
     std::vector<uint16_t> x;
+    std::vector<uint8_t> xFp8;
+    std::vector<float> xScales;
     LlHandle handle;
   };
 
   Dispatched dispatch(const gin::ep::Inputs& in, int align) {
     const int T = int(in.idx.size() / size_t(sh_.topk));
     auto x = up(in.x);
+    auto xFp8 = up(in.xFp8);
+    auto xScales = up(in.xScales);
     auto idx = up(in.idx);
     auto w = up(in.weight);
-    gin::ep::GpuDispatched g = buf_.dispatch(x.data(), idx.data(), w.data(), T, align);
+    gin::ep::GpuDispatched g =
+        in.xFp8.empty() ? buf_.dispatch(x.data(), idx.data(), w.data(), T, align)
+                        : buf_.dispatch(gin::ep::Fp8Tokens{xFp8.data(), xScales.data()}, idx.data(), w.data(), T, align);
     Dispatched d;
     d.x = g.x.toHost();
+    d.xFp8 = g.xFp8.toHost();
+    d.xScales = g.xScales.toHost();
     d.topkIdx = g.topkIdx.toHost();
     d.topkWeights = g.topkWeights.toHost();
     d.tokensPerExpert = g.tokensPerExpert;
@@ -87,14 +99,16 @@ class HostFace {
     return buf_.combine(yd.data(), h.gpu, b0 ? b0d.data() : nullptr, b1 ? b1d.data() : nullptr).toHost();
   }
 
-  LlDispatched lowLatencyDispatch(const gin::ep::Inputs& in) {
+  LlDispatched lowLatencyDispatch(const gin::ep::Inputs& in, bool useFp8 = false) {
     const int T = int(in.idx.size() / size_t(sh_.topk));
     auto x = up(in.x);
     auto idx = up(in.idx);
     auto w = up(in.weight);
-    gin::ep::GpuLlDispatched g = buf_.lowLatencyDispatch(x.data(), idx.data(), w.data(), T);
+    gin::ep::GpuLlDispatched g = buf_.lowLatencyDispatch(x.data(), idx.data(), w.data(), T, useFp8);
     LlDispatched d;
     d.x = g.x.toHost();
+    d.xFp8 = g.xFp8.toHost();
+    d.xScales = g.xScales.toHost();
     LlHandle& h = d.handle;
     h.tokens = g.handle.tokens;
     h.count = g.handle.count.toHost();
@@ -162,6 +176,15 @@ void run(const gintest::ep::Case& c, bool ll) {
           gintest::ep::checkLlRounds(buf, comm, c);
         else
           gintest::ep::checkRounds(buf, comm, c);
+        // FP8 (hidden sizes of whole 128-value groups), then bf16 again.
+        if (ll)
+          gintest::ep::checkLlFp8Rounds(buf, comm, c);
+        else
+          gintest::ep::checkFp8Rounds(buf, comm, c);
+        if (ll)
+          gintest::ep::checkLlRounds(buf, comm, c, 1);
+        else
+          gintest::ep::checkRounds(buf, comm, c, 1);
       },
       cfg);
 }
@@ -191,6 +214,11 @@ TEST_CASE("GPU ep buffer: DeepEP's dispatch and combine, both modes, checked row
 TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails every rank alike, and the next call works",
           "[gpu][ep]") {
   const int R = std::min(2, gputest::maxRanks());
+  if (!gputest::queuesFor(R)) {
+    WARN(R << " ranks in one process need " << R + 1 << " hardware queues; CUDA_DEVICE_MAX_CONNECTIONS="
+            << gputest::hardwareQueues());
+    return;
+  }
   const int E = 4 * R, K = 2, H = 256, T = 8;
   CommConfig cfg = gputest::gpuConfig();
   gin::ep::Shape sh;

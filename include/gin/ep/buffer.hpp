@@ -133,7 +133,7 @@ class CpuBuffer {
     const size_t T = checkTokens(in, false, "dispatch");
     if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
     const bool fp8 = !in.xFp8.empty() || !in.xScales.empty();
-    checkFp8(fp8, "dispatch");
+    checkFp8Hidden(fp8, l_.shape.hidden, "dispatch");
     l_.shape.tokens = int(T);
     l_.shape.fp8 = fp8;
     l_.topkIdx = in.idx.data();
@@ -252,7 +252,7 @@ class CpuBuffer {
     const int R = sh.ranks, L = sh.localExperts();
     const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_), G = H / size_t(kFp8Group);
     const size_t T = checkTokens(in, true, "lowLatencyDispatch");
-    checkFp8(useFp8, "lowLatencyDispatch");
+    checkFp8Hidden(useFp8, l_.shape.hidden, "lowLatencyDispatch");
     l_.shape.fp8 = useFp8;
     // Tokens past T choose no expert, so the layout is the same on every
     // rank whatever its T (DeepEP's num_max_dispatch_tokens_per_rank).
@@ -363,14 +363,6 @@ class CpuBuffer {
   }
 
   // T of `in`, checked against the buffer and its mode.
-  // FP8 rows need a hidden size of whole scale groups.
-  void checkFp8(bool fp8, const char* call) const {
-    if (fp8 && l_.shape.hidden % kFp8Group != 0)
-      throw std::invalid_argument(std::string("ep: ") + call + " in FP8 needs a hidden size that is a multiple of " +
-                                  std::to_string(kFp8Group) + " (one scale per " + std::to_string(kFp8Group) +
-                                  " values); hidden is " + std::to_string(l_.shape.hidden));
-  }
-
   // The first n received FP8 rows (rowBytes each) as [n][H] e4m3 and [n][H / 128] scales.
   void splitFp8Rows(size_t n, std::vector<uint8_t>& data, std::vector<float>& scales) const {
     const size_t H = size_t(l_.shape.hidden), G = H / size_t(kFp8Group), B = l_.shape.rowBytes();

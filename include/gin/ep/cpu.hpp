@@ -188,6 +188,14 @@ struct Plan {
   uint64_t combineArrivals = 0;
 };
 
+// FP8 rows need a hidden size of whole scale groups (checked before a call).
+inline void checkFp8Hidden(bool fp8, int hidden, const char* call) {
+  if (fp8 && hidden % kFp8Group != 0)
+    throw std::invalid_argument(std::string("ep: ") + call + " in FP8 needs a hidden size that is a multiple of " +
+                                std::to_string(kFp8Group) + " (one scale per " + std::to_string(kFp8Group) +
+                                " values); hidden is " + std::to_string(hidden));
+}
+
 // x [T][H] bf16 laid out in slots of tokenBytes (the x window's contents);
 // with sh.fp8, each quantized to its FP8 row (quantizeRow).
 inline std::vector<char> packTokens(const Shape& sh, const uint16_t* x) {

@@ -120,7 +120,7 @@ __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long l
 constexpr int kLanesPerWarp = 8;
 
 __global__ void __launch_bounds__(256, 2)
-    dispatchKernel(Layer l, const RecvState* rs, uint16_t* recvX, char* recvMeta, int* failed) {
+    dispatchKernel(Layer l, const RecvState* rs, void* recvX, char* recvMeta, int* failed) {
   const int C = l.shape.channels, R = l.shape.ranks;
   if (int(blockIdx.x) < C) {
     const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32);

@@ -109,8 +109,15 @@ struct GpuHandle {
   std::vector<uint64_t> fromLane;   // [R][C] what each (source, channel) sent here
   size_t received() const { return srcRank.size(); }
 };
+// FP8 tokens on the GPU (gin/ep/fp8.hpp): data [T][H] e4m3, scales [T][H / 128].
+struct Fp8Tokens {
+  const uint8_t* data = nullptr;
+  const float* scales = nullptr;
+};
 struct GpuDispatched {
-  DeviceArray<uint16_t> x;           // [N][H] bf16: by source rank, then source token
+  DeviceArray<uint16_t> x;           // [N][H] bf16: by source rank, then source token (empty with FP8)
+  DeviceArray<uint8_t> xFp8;         // FP8 dispatch: [N][H] e4m3, same order
+  DeviceArray<float> xScales;        // FP8 dispatch: [N][H / 128]
   DeviceArray<int32_t> topkIdx;      // [N][K] local expert, -1 elsewhere (empty: cached dispatch)
   DeviceArray<float> topkWeights;    // [N][K] 0 where topkIdx is -1 (empty: cached dispatch)
   std::vector<int> tokensPerExpert;  // [L] on the host, rounded up to the alignment (empty: cached)
@@ -126,17 +133,45 @@ struct GpuLlHandle {
   uint64_t arrivals = 0;
 };
 struct GpuLlDispatched {
-  DeviceArray<uint16_t> x;  // [L][R * Tmax][H] bf16; rows past count[e] are not written
+  DeviceArray<uint16_t> x;  // [L][R * Tmax][H] bf16; rows past count[e] are not written (empty with FP8)
+  // useFp8: [L][R * Tmax][H] e4m3 and the scales at DeepEP's [L][H / 128][R * Tmax].
+  DeviceArray<uint8_t> xFp8;
+  DeviceArray<float> xScales;
   GpuLlHandle handle;
 };
 
 namespace gpu {
 
-// x [T][H] bf16 into the x window's slots, tokenBytes apart.
+// x [T][H] bf16 into the x window's slots, tokenBytes apart; with
+// l.shape.fp8 each token quantized to its FP8 row (a thread per group of 128).
 __global__ void packKernel(Layer l, const uint16_t* x, int tokens) {
   const size_t H = size_t(l.shape.hidden);
-  for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x)
-    gin::lsa::coopCopy(gin::CoopBlock{}, gin::localPointer(l.x, t * l.shape.tokenBytes()), x + t * H, H * 2);
+  for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x) {
+    char* row = static_cast<char*>(gin::localPointer(l.x, t * l.shape.tokenBytes()));
+    if (l.shape.fp8)
+      quantizeRow(x + t * H, H, row, threadIdx.x, blockDim.x);
+    else
+      gin::lsa::coopCopy(gin::CoopBlock{}, row, x + t * H, H * 2);
+  }
+}
+
+// FP8 tokens into the x window's slots as their rows (e4m3, then scales).
+__global__ void packFp8Kernel(Layer l, Fp8Tokens x, int tokens) {
+  const size_t H = size_t(l.shape.hidden), G = H / kFp8Group;
+  for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x) {
+    char* row = static_cast<char*>(gin::localPointer(l.x, t * l.shape.tokenBytes()));
+    gin::lsa::coopCopy(gin::CoopBlock{}, row, x.data + t * H, H);
+    gin::lsa::coopCopy(gin::CoopBlock{}, row + H, x.scales + t * G, G * 4);
+  }
+}
+
+// n received FP8 rows (rowBytes apart) into data [n][H] and scales [n][H / 128].
+__global__ void splitFp8Kernel(Layer l, const char* rows, int n, uint8_t* data, float* scales) {
+  const size_t H = size_t(l.shape.hidden), G = H / kFp8Group, B = l.shape.rowBytes();
+  for (size_t i = blockIdx.x; i < size_t(n); i += gridDim.x) {
+    gin::lsa::coopCopy(gin::CoopBlock{}, data + i * H, rows + i * B, H);
+    gin::lsa::coopCopy(gin::CoopBlock{}, scales + i * G, rows + i * B + H, G * 4);
+  }
 }
 
 // Normal mode's plan on the GPU: planRouting's result for idx and weight
@@ -347,9 +382,11 @@ __global__ void sumKernel(Layer l, int tokens, int stride, const int* rows, cons
 
 // Low-latency mode, after llWaitKernel: a block per (local expert el,
 // source src) packs that source's rows into x [el][R * Tmax] after the
-// rows of sources before it, with their token and choice, and the layout
+// rows of sources before it (FP8: into xFp8, and the scales into xScales
+// [el][H / 128][R * Tmax]), with their token and choice, and the layout
 // range; the block of the last source writes the expert's count.
-__global__ void llUnpackKernel(Layer l, uint16_t* x, int* count, int64_t* range, int* srcToken, int* srcK) {
+__global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScales, int* count, int64_t* range,
+                               int* srcToken, int* srcK) {
   const Shape& sh = l.shape;
   const int R = sh.ranks, el = int(blockIdx.x) / R, src = int(blockIdx.x) % R;
   const size_t H = size_t(sh.hidden), Tmax = size_t(sh.tokens);
@@ -369,7 +406,17 @@ __global__ void llUnpackKernel(Layer l, uint16_t* x, int* count, int64_t* range,
       srcToken[row] = int(gin::volatileLoad(reinterpret_cast<const uint32_t*>(s)));
       srcK[row] = int(gin::volatileLoad(reinterpret_cast<const uint32_t*>(s) + 1));
     }
-    gin::lsa::coopCopy(gin::CoopWarp{}, x + row * H, s + 16, H * 2);
+    if (sh.fp8) {  // e4m3 to its row, scale g to [el][g][R x Tmax]
+      gin::lsa::coopCopy(gin::CoopWarp{}, xFp8 + row * H, s + 16, H);
+      const size_t G = H / kFp8Group, at = size_t(begin) + q;
+      for (size_t g = threadIdx.x % 32; g < G; g += 32) {
+        float v;
+        memcpy(&v, s + 16 + H + g * 4, 4);
+        xScales[(size_t(el) * G + g) * size_t(R) * Tmax + at] = v;
+      }
+    } else {
+      gin::lsa::coopCopy(gin::CoopWarp{}, x + row * H, s + 16, H * 2);
+    }
   }
 }
 
@@ -475,6 +522,8 @@ class GpuBuffer {
     gpu::loadKernels();
     cudaFuncAttributes a{};
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::packKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::packFp8Kernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::splitFp8Kernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::planKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::unpackKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::returnKernel));
@@ -512,13 +561,28 @@ class GpuBuffer {
   // topkWeights [T][K] (T at most shape().tokens; ranks may differ).
   GpuDispatched dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens,
                          int expertAlignment = 1) {
+    return dispatchTokens(x, Fp8Tokens{}, topkIdx, topkWeights, tokens, expertAlignment);
+  }
+  // The same with FP8 tokens (every rank passes FP8): the rows come back as
+  // xFp8 and xScales, byte for byte (x stays empty).
+  GpuDispatched dispatch(Fp8Tokens x, const int32_t* topkIdx, const float* topkWeights, int tokens,
+                         int expertAlignment = 1) {
+    return dispatchTokens(nullptr, x, topkIdx, topkWeights, tokens, expertAlignment);
+  }
+
+ private:
+  GpuDispatched dispatchTokens(const uint16_t* x, Fp8Tokens f, const int32_t* topkIdx, const float* topkWeights,
+                               int tokens, int expertAlignment) {
     const Shape& sh = l_.shape;
     const size_t K = size_t(sh.topk), L = size_t(sh.localExperts());
+    const bool fp8 = f.data != nullptr;
     if (tokens > maxTokens_ && !ll_) agreeStart(tokens, 0);  // throws CapacityError on every rank
     checkCall(false, tokens, "dispatch");
+    checkFp8Hidden(fp8, l_.shape.hidden, "dispatch");
     if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
     clock_.start("dispatch");
     l_.shape.tokens = tokens;
+    l_.shape.fp8 = fp8;
     GpuDispatched d;
     GpuHandle& h = d.handle;
     h.tokens = tokens;
@@ -528,14 +592,27 @@ class GpuBuffer {
     h.topkWeights = deviceArray<float>(size_t(tokens) * K);
     copyOn(h.topkIdx.data(), topkIdx, h.topkIdx.size() * 4);
     copyOn(h.topkWeights.data(), topkWeights, h.topkWeights.size() * 4);
-    startPlanned(x, h);
+    startPlanned(x, f, h);
     gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
     gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), maxRecv());
-    // Rows are received straight into the returned array, made for the most
-    // any dispatch can bring (R x the buffer's tokens) and shrunk to what came.
-    d.x = deviceArray<uint16_t>(maxRecv() * size_t(sh.hidden));
-    const size_t n = finishDispatch("dispatch", true, d.x.data());
-    d.x.shrink(n * size_t(sh.hidden));
+    // bf16 rows are received straight into the returned array, made for the
+    // most any dispatch can bring (R x the buffer's tokens) and shrunk to
+    // what came; FP8 rows into one of rowBytes each, then split.
+    size_t n = 0;
+    if (fp8) {
+      DeviceArray<char> rows = deviceArray<char>(maxRecv() * sh.rowBytes());
+      n = finishDispatch("dispatch", true, rows.data());
+      const size_t H = size_t(sh.hidden);
+      d.xFp8 = deviceArray<uint8_t>(n * H);
+      d.xScales = deviceArray<float>(n * (H / kFp8Group));
+      if (n)
+        gpu::splitFp8Kernel<<<int(std::min<size_t>(n, 1024)), kThreads, 0, st_>>>(l_, rows.data(), int(n),
+                                                                                   d.xFp8.data(), d.xScales.data());
+    } else {
+      d.x = deviceArray<uint16_t>(maxRecv() * size_t(sh.hidden));
+      n = finishDispatch("dispatch", true, d.x.data());
+      d.x.shrink(n * size_t(sh.hidden));
+    }
     h.arrivals = *hostWord(2);  // read back by begin()
     clock_.mark("kernels");
     // What each (source, channel) sent here, read with the per-expert counts.
@@ -569,6 +646,7 @@ class GpuBuffer {
     return d;
   }
 
+ public:
   // CpuBuffer's cached dispatch: new tokens x [T][H] along the layout of the
   // dispatch that made `h` (every rank passes a handle of the same
   // dispatch). Returns the rows in that dispatch's order and its handle;
@@ -582,6 +660,7 @@ class GpuBuffer {
       throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer");
     clock_.start("cached dispatch");
     l_.shape.tokens = h.tokens;
+    l_.shape.fp8 = false;
     // The receive list as the handle's dispatch laid it out.
     std::vector<RecvState> rs(size_t(R) * size_t(C));
     uint64_t base = 0;
@@ -596,7 +675,7 @@ class GpuBuffer {
     GpuDispatched d;
     d.handle = h;
     d.x = deviceArray<uint16_t>(h.received() * size_t(sh.hidden));
-    startPlanned(x, h);
+    startPlanned(x, Fp8Tokens{}, h);
     // Every position the handle lists is filled once the receivers are done
     // (a rank that passed another dispatch's handle makes them wait, and
     // the wait gives up at the timeout with an error).
@@ -628,12 +707,15 @@ class GpuBuffer {
 
   // CpuBuffer::lowLatencyDispatch with device arrays (x [T][H], topkIdx and
   // topkWeights [T][K]).
-  GpuLlDispatched lowLatencyDispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens) {
+  GpuLlDispatched lowLatencyDispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens,
+                                     bool useFp8 = false) {
     const Shape& sh = l_.shape;
     const size_t L = size_t(sh.localExperts()), R = size_t(sh.ranks);
     const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_);
     checkCall(true, tokens, "lowLatencyDispatch");
+    checkFp8Hidden(useFp8, l_.shape.hidden, "lowLatencyDispatch");
     (void)topkWeights;  // the low-latency combine takes them
+    l_.shape.fp8 = useFp8;  // packKernel quantizes
     clock_.start("low-latency dispatch");
     // The plan on the GPU (tokens past T choose no expert: the layout is the
     // same on every rank), then begin(), which reads back its pair count.
@@ -648,13 +730,19 @@ class GpuBuffer {
     GpuLlHandle& h = d.handle;
     h.tokens = tokens;
     h.arrivals = *hostWord(2);
-    d.x = deviceArray<uint16_t>(L * R * Tmax * H);
+    if (useFp8) {
+      d.xFp8 = deviceArray<uint8_t>(L * R * Tmax * H);
+      d.xScales = deviceArray<float>(L * R * Tmax * (H / kFp8Group));
+    } else {
+      d.x = deviceArray<uint16_t>(L * R * Tmax * H);
+    }
     h.count = deviceArray<int>(L);
     h.range = deviceArray<int64_t>(L * R);
     h.srcToken = deviceArray<int>(L * R * Tmax);
     h.srcK = deviceArray<int>(L * R * Tmax);
-    gpu::llUnpackKernel<<<int(L * R), kThreads, 0, st_>>>(l_, d.x.data(), h.count.data(), h.range.data(),
-                                                          h.srcToken.data(), h.srcK.data());
+    gpu::llUnpackKernel<<<int(L * R), kThreads, 0, st_>>>(l_, d.x.data(), d.xFp8.data(), d.xScales.data(),
+                                                          h.count.data(), h.range.data(), h.srcToken.data(),
+                                                          h.srcK.data());
     settle("low-latency dispatch");
     return d;
   }
@@ -726,20 +814,23 @@ class GpuBuffer {
   // Normal mode's start: the plan made on the GPU from the handle's routing
   // (its rows per token into h.rows), then begin(); an expert index outside
   // -1..E-1 is refused with the token and choice.
-  void startPlanned(const uint16_t* x, const GpuHandle& h) {
+  void startPlanned(const uint16_t* x, Fp8Tokens f, const GpuHandle& h) {
     GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
     gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, h.topkIdx.data(), h.topkWeights.data(),
                                                              static_cast<char*>(comm_.localPointer(l_.meta)), sendList_,
                                                              sendCount_, h.rows.data(), mem_.word(2), mem_.word(3));
-    begin(x, h.tokens);
+    begin(x, h.tokens, f);
   }
 
   // The tokens into the x window, every signal of the layer reset, a
   // synchronization, then a barrier of every rank (nobody signals before
   // every rank has reset; no kernel of the buffer runs yet on any rank).
-  void begin(const uint16_t* x, int tokens) {
+  void begin(const uint16_t* x, int tokens, Fp8Tokens f = {}) {
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
-    if (tokens > 0) gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
+    if (tokens > 0 && f.data)
+      gpu::packFp8Kernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, f, tokens);
+    else if (tokens > 0)
+      gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
     gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
     GIN_CUDA_CHECK(cudaGetLastError());
     download(hostWord(2), mem_.word(2), 16);  // arrivals, bad index
@@ -787,7 +878,7 @@ class GpuBuffer {
   // kernels): the dispatch kernel (rows into recvX [maxRecv][H], metadata
   // into the buffer's list), a flush of every context, then the outcome.
   // Returns the rows received (counted: else 0).
-  size_t finishDispatch(const char* what, bool counted, uint16_t* recvX) {
+  size_t finishDispatch(const char* what, bool counted, void* recvX) {
     const Shape& sh = l_.shape;
     gpu::dispatchKernel<<<sh.channels + sh.ranks * sh.channels, kThreads, 0, st_>>>(l_, rs_, recvX, recvMeta_,
                                                                                     failed());
@@ -828,6 +919,7 @@ class GpuBuffer {
 
   void startCombine(const char* call) {
     clock_.start(call);
+    l_.shape.fp8 = false;
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     gpu::resetKernel<<<1, 32, 0, st_>>>(l_, l_.sig.combine(), l_.sig.combine() + 1);
     GIN_CUDA_CHECK(cudaGetLastError());
