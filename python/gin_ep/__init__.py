@@ -9,8 +9,9 @@
                         num_tokens_per_expert=num_tokens_per_expert, topk_idx=topk_idx, topk_weights=topk_weights)
     combined_x, _, event = buffer.combine(expert_outputs, handle)
 
-What differs from DeepEP (docs/ep.md says more): bf16 only (FP8 dispatch is
-refused with a message); every call finishes its GPU work before it returns
+What differs from DeepEP (docs/ep.md says more): FP8 dispatch without a
+handle only, scales float32 (no round_scale / use_ue8m0); every call finishes
+its GPU work before it returns
 (async_finish and return_recv_hook are accepted, the event and hook are
 then already complete); the buffer sizes (num_nvl_bytes, num_rdma_bytes)
 are not used: gin sizes its buffer from the calls' shapes; combine's
