@@ -211,6 +211,26 @@ TEST_CASE("GPU ep buffer: DeepEP's dispatch and combine, both modes, checked row
     }
 }
 
+// v in a device array of buf's.
+template <class T>
+gin::ep::DeviceArray<T> upload(gin::ep::GpuBuffer& buf, const std::vector<T>& v, cudaStream_t st) {
+  gin::ep::DeviceArray<T> a = buf.deviceArray<T>(v.size());
+  GPU_CHECK(cudaMemcpyAsync(a.data(), v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, st));
+  GPU_CHECK(cudaStreamSynchronize(st));
+  return a;
+}
+
+// What the std::invalid_argument that call() throws says ("" if none).
+template <class F>
+std::string refusal(F call) {
+  try {
+    call();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails every rank alike, and the next call works",
           "[gpu][ep]") {
   const int R = std::min(2, gputest::maxRanks());
@@ -235,12 +255,7 @@ TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails ever
       [&](Comm& comm, cudaStream_t st) {
         const int me = comm.rank();
         gin::ep::GpuBuffer buf(comm, sh, false, st);
-        auto up = [&](auto v) {
-          auto a = buf.deviceArray<typename decltype(v)::value_type>(v.size());
-          GPU_CHECK(cudaMemcpyAsync(a.data(), v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice, st));
-          GPU_CHECK(cudaStreamSynchronize(st));
-          return a;
-        };
+        auto up = [&](const auto& v) { return upload(buf, v, st); };
         // Rank R - 1 brings 3 tokens more than the buffer holds.
         const int mine = me == R - 1 ? T + 3 : T;
         auto x = up(std::vector<uint16_t>(size_t(mine) * H, 0x3f80));
@@ -261,12 +276,7 @@ TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails ever
         std::vector<int32_t> bad(idxHost.begin(), idxHost.begin() + T * K);
         if (me == 0) bad[5] = E;
         auto badIdx = up(bad);
-        std::string what;
-        try {
-          buf.dispatch(x.data(), badIdx.data(), w.data(), T);
-        } catch (const std::invalid_argument& e) {
-          what = e.what();
-        }
+        const std::string what = refusal([&] { buf.dispatch(x.data(), badIdx.data(), w.data(), T); });
         gintest::expect(what.find("rank 0's token 2 choice 1") != std::string::npos,
                         "every rank reports rank 0's bad expert: " + what);
         // The buffer still works: every rank sends T tokens.
@@ -283,12 +293,7 @@ TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails ever
       [&](Comm& comm, cudaStream_t st) {
         const int me = comm.rank();
         gin::ep::GpuBuffer buf(comm, sh, true, st);
-        auto up = [&](auto v) {
-          auto a = buf.deviceArray<typename decltype(v)::value_type>(v.size());
-          GPU_CHECK(cudaMemcpyAsync(a.data(), v.data(), v.size() * sizeof(v[0]), cudaMemcpyHostToDevice, st));
-          GPU_CHECK(cudaStreamSynchronize(st));
-          return a;
-        };
+        auto up = [&](const auto& v) { return upload(buf, v, st); };
         auto x = up(std::vector<uint16_t>(size_t(T) * H, 0x3f80));
         std::vector<int32_t> idxHost(size_t(T) * K);
         for (size_t i = 0; i < idxHost.size(); ++i) idxHost[i] = int32_t((i * 5 + size_t(me)) % size_t(E));
@@ -297,12 +302,7 @@ TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails ever
         std::vector<int32_t> bad = idxHost;
         if (me == 0) bad[3] = -2;
         auto badIdx = up(bad);
-        std::string what;
-        try {
-          buf.lowLatencyDispatch(x.data(), badIdx.data(), w.data(), T);
-        } catch (const std::invalid_argument& e) {
-          what = e.what();
-        }
+        const std::string what = refusal([&] { buf.lowLatencyDispatch(x.data(), badIdx.data(), w.data(), T); });
         gintest::expect(what.find("rank 0's token 1 choice 1") != std::string::npos,
                         "every rank reports rank 0's bad expert: " + what);
         gin::ep::GpuLlDispatched d = buf.lowLatencyDispatch(x.data(), idx.data(), w.data(), T);
