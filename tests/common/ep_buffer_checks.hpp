@@ -320,7 +320,10 @@ void checkFp8Rounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 2)
       const size_t T = f[size_t(r)].idx.size() / size_t(K);
       for (size_t t = 0; t < T; ++t) {
         bool mine = false;
-        for (int k = 0; k < K; ++k) mine = mine || (f[size_t(r)].idx[t * K + k] >= 0 && f[size_t(r)].idx[t * K + k] / L == me);
+        for (int k = 0; k < K; ++k) {
+          const int e = f[size_t(r)].idx[t * K + k];
+          mine = mine || (e >= 0 && e / L == me);
+        }
         if (!mine) continue;
         const std::string at = where + "row " + std::to_string(i) + " (rank " + std::to_string(r) + " token " +
                                std::to_string(t) + ")";

@@ -68,7 +68,8 @@ class HostFace {
     auto w = up(in.weight);
     gin::ep::GpuDispatched g =
         in.xFp8.empty() ? buf_.dispatch(x.data(), idx.data(), w.data(), T, align)
-                        : buf_.dispatch(gin::ep::Fp8Tokens{xFp8.data(), xScales.data()}, idx.data(), w.data(), T, align);
+                        : buf_.dispatch(gin::ep::Fp8Tokens{xFp8.data(), xScales.data()}, idx.data(), w.data(), T,
+                        align);
     Dispatched d;
     d.x = g.x.toHost();
     d.xFp8 = g.xFp8.toHost();

@@ -1,9 +1,10 @@
 // gin/ep/combine.hpp — normal-mode combine when the caller runs the experts
 // (DeepEP's shape, gin/ep/buffer.hpp): each received token's expert output,
 // one bf16 row, goes back to its source at (token, combine slot), counted by
-// a SignalAdd on the source's combine signal; the source sums a token's rows in float and adds up to two
-// bias rows (low-latency mode: one row per (token, choice), summed with the
-// top-k weights). The bodies are GIN_HD, like those of gin/ep/layer.hpp.
+// a SignalAdd on the source's combine signal; the source sums a token's rows
+// in float and adds up to two bias rows (low-latency mode: one row per
+// (token, choice), summed with the top-k weights). The bodies are GIN_HD,
+// like those of gin/ep/layer.hpp.
 #pragma once
 
 #include <cstdint>

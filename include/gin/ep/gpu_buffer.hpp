@@ -330,10 +330,10 @@ __global__ void unpackKernel(Layer l, int n, const int* srcOf, const char* recvM
 }
 
 // A block's count of the rows it returned to each source, then one
-// SignalAdd per source (rowsReturned) once the block is done: every row's
-// own signal would be an atomic on the source's one combine word, which the
-// rows of every rank hit at once (a warp per row with a signal each ran
-// combine at 2.3x NCCL's all-to-all time on 4 H200s).
+// SignalAdd per source (rowsReturned) once the block is done, instead of
+// an atomic per row on the source's one combine word, which the rows of
+// every rank hit at once (on 4 H200s: low-latency combine 25% faster,
+// normal combine no faster; docs/ep.md).
 struct ReturnCounts {
   uint32_t* n;  // [ranks] in shared memory
   __device__ void zero(int ranks) {
@@ -639,7 +639,8 @@ class GpuBuffer {
     // (DeepEP's rank prefix matrix is made from them).
     const size_t R = size_t(sh.ranks);
     h.receivedBy.assign(R * R, 0);
-    std::copy(h.tokensFromRank.begin(), h.tokensFromRank.end(), h.receivedBy.begin() + std::ptrdiff_t(comm_.rank() * R));
+    std::copy(h.tokensFromRank.begin(), h.tokensFromRank.end(),
+              h.receivedBy.begin() + std::ptrdiff_t(size_t(comm_.rank()) * R));
     comm_.bootstrap().allGather(h.receivedBy.data(), R * sizeof(int));
     clock_.mark("barrier");
     clock_.end();
@@ -854,8 +855,9 @@ class GpuBuffer {
     comm_.bootstrap().allGather(all.data(), sizeof(Start));
     for (int r = 0; r < R; ++r)
       if (const uint64_t b = all[size_t(r)].bad)
-        throw std::invalid_argument("ep: rank " + std::to_string(r) + "'s token " + std::to_string((b - 1) / uint64_t(K)) +
-                                    " choice " + std::to_string((b - 1) % uint64_t(K)) +
+        throw std::invalid_argument("ep: rank " + std::to_string(r) + "'s token " +
+                                    std::to_string((b - 1) / uint64_t(K)) + " choice " +
+                                    std::to_string((b - 1) % uint64_t(K)) +
                                     " names an expert outside -1 (no expert) .. " +
                                     std::to_string(l_.shape.experts - 1));
     int64_t most = 0;
