@@ -225,7 +225,6 @@ class CpuBuffer {
     if (T > size_t(maxTokens_) || h.rows.size() != T || h.srcToken.size() != n || h.slot.size() != n)
       throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
     l_.shape.tokens = int(T);
-    l_.shape.fp8 = false;
     gin::Net<> net(l_.dc, 0);
     net.resetSignal(l_.sig.combine());
     comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
@@ -297,9 +296,8 @@ class CpuBuffer {
           h.srcK[row] = int(tk[1]);
           if (useFp8) {
             std::memcpy(d.xFp8.data() + row * H, slot + 16, H);
-            for (size_t g = 0; g < G; ++g)  // [el][g][R * Tmax]
-              std::memcpy(d.xScales.data() + (size_t(el) * G + g) * size_t(R) * Tmax + size_t(begin + q),
-                          slot + 16 + H + g * 4, 4);
+            for (size_t g = 0; g < G; ++g)
+              std::memcpy(d.xScales.data() + llScaleAt(sh, el, g, size_t(begin + q)), slot + 16 + H + g * 4, 4);
           } else {
             std::memcpy(d.x.data() + row * H, slot + 16, H * 2);
           }
@@ -324,7 +322,6 @@ class CpuBuffer {
     if (!ll_) throw std::invalid_argument("ep: lowLatencyCombine on a normal-mode buffer; call combine");
     if (T > Tmax || h.count.size() != size_t(L) || h.srcToken.size() != size_t(L) * size_t(R) * Tmax)
       throw std::invalid_argument("ep: lowLatencyCombine was given a handle that no dispatch of this buffer made");
-    l_.shape.fp8 = false;
     gin::Net<> net(l_.dc, 0);
     net.resetSignal(l_.sig.combine());
     comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
@@ -362,19 +359,17 @@ class CpuBuffer {
     return static_cast<const uint16_t*>(comm_.localPointer(l_.combine, at));
   }
 
-  // T of `in`, checked against the buffer and its mode.
   // The first n received FP8 rows (rowBytes each) as [n][H] e4m3 and [n][H / 128] scales.
   void splitFp8Rows(size_t n, std::vector<uint8_t>& data, std::vector<float>& scales) const {
     const size_t H = size_t(l_.shape.hidden), G = H / size_t(kFp8Group), B = l_.shape.rowBytes();
     const char* rows = reinterpret_cast<const char*>(recvX_.data());
     data.resize(n * H);
     scales.resize(n * G);
-    for (size_t i = 0; i < n; ++i) {
-      std::memcpy(data.data() + i * H, rows + i * B, H);
-      std::memcpy(scales.data() + i * G, rows + i * B + H, G * 4);
-    }
+    for (size_t i = 0; i < n; ++i)
+      splitFp8Row(gin::CoopThread{}, rows + i * B, data.data() + i * H, scales.data() + i * G, H);
   }
 
+  // T of `in`, checked against the buffer and its mode.
   size_t checkTokens(const Inputs& in, bool lowLatency, const char* call) const {
     if (lowLatency != ll_)
       throw std::invalid_argument(std::string("ep: ") + call + " on a " + (ll_ ? "low-latency" : "normal-mode") +

@@ -215,10 +215,8 @@ inline std::vector<char> packTokens(const Shape& sh, const uint16_t* x) {
 inline std::vector<char> packFp8Tokens(const Shape& sh, const uint8_t* data, const float* scales) {
   const size_t T = size_t(sh.tokens), H = size_t(sh.hidden), G = H / size_t(kFp8Group);
   std::vector<char> out(T * sh.tokenBytes(), 0);
-  for (size_t t = 0; t < T; ++t) {
-    std::memcpy(out.data() + t * sh.tokenBytes(), data + t * H, H);
-    std::memcpy(out.data() + t * sh.tokenBytes() + H, scales + t * G, G * 4);
-  }
+  for (size_t t = 0; t < T; ++t)
+    joinFp8Row(gin::CoopThread{}, out.data() + t * sh.tokenBytes(), data + t * H, scales + t * G, H);
   return out;
 }
 

@@ -159,19 +159,16 @@ __global__ void packKernel(Layer l, const uint16_t* x, int tokens) {
 __global__ void packFp8Kernel(Layer l, Fp8Tokens x, int tokens) {
   const size_t H = size_t(l.shape.hidden), G = H / kFp8Group;
   for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x) {
-    char* row = static_cast<char*>(gin::localPointer(l.x, t * l.shape.tokenBytes()));
-    gin::lsa::coopCopy(gin::CoopBlock{}, row, x.data + t * H, H);
-    gin::lsa::coopCopy(gin::CoopBlock{}, row + H, x.scales + t * G, G * 4);
+    joinFp8Row(gin::CoopBlock{}, static_cast<char*>(gin::localPointer(l.x, t * l.shape.tokenBytes())), x.data + t * H,
+               x.scales + t * G, H);
   }
 }
 
 // n received FP8 rows (rowBytes apart) into data [n][H] and scales [n][H / 128].
 __global__ void splitFp8Kernel(Layer l, const char* rows, int n, uint8_t* data, float* scales) {
   const size_t H = size_t(l.shape.hidden), G = H / kFp8Group, B = l.shape.rowBytes();
-  for (size_t i = blockIdx.x; i < size_t(n); i += gridDim.x) {
-    gin::lsa::coopCopy(gin::CoopBlock{}, data + i * H, rows + i * B, H);
-    gin::lsa::coopCopy(gin::CoopBlock{}, scales + i * G, rows + i * B + H, G * 4);
-  }
+  for (size_t i = blockIdx.x; i < size_t(n); i += gridDim.x)
+    splitFp8Row(gin::CoopBlock{}, rows + i * B, data + i * H, scales + i * G, H);
 }
 
 // Normal mode's plan on the GPU: planRouting's result for idx and weight
@@ -255,11 +252,12 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
 // e over the tokens in order, a thread per token: the (t, k) pairs with
 // idx[t][k] == e, in (t, k) order, at sendList[e][p] = t | k << 24 (a
 // block-wide scan of each chunk's counts), sendCount[e] of them; *arrivals
-// += pairs; block 0 writes the {t, k} record of every pair into meta
-// [Tmax][K][16] and sets *bad to 1 + the position (token x K + choice) of
-// an index outside -1..E-1, the first one any thread saw.
-__global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, char* meta, uint32_t* sendList,
-                             uint64_t* sendCount, unsigned long long* arrivals, unsigned long long* bad) {
+// += pairs; block 0 sets *bad to 1 + the position (token x K + choice) of
+// an index outside -1..E-1, the first one any thread saw. (The meta
+// window's {t, k} records are the same every call: the constructor writes
+// them.)
+__global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, uint32_t* sendList, uint64_t* sendCount,
+                             unsigned long long* arrivals, unsigned long long* bad) {
   const Shape& sh = l.shape;
   const int K = sh.topk, E = sh.experts, e = int(blockIdx.x), Tmax = sh.tokens;
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
@@ -273,11 +271,6 @@ __global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, char* meta
         const int x = idx[size_t(t) * K + k];
         if (x == e) mine |= 1u << k;
         if (e == 0 && (x < -1 || x >= E)) ::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k);
-      }
-    if (e == 0 && t < Tmax)
-      for (int k = 0; k < K; ++k) {
-        const uint32_t tk[4] = {uint32_t(t), uint32_t(k), 0, 0};
-        *reinterpret_cast<uint4*>(meta + (size_t(t) * K + k) * 16) = make_uint4(tk[0], tk[1], tk[2], tk[3]);
       }
     // Exclusive scan of the pair counts over the chunk's threads.
     const uint32_t n = uint32_t(__popc(mine));
@@ -406,14 +399,10 @@ __global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScal
       srcToken[row] = int(gin::volatileLoad(reinterpret_cast<const uint32_t*>(s)));
       srcK[row] = int(gin::volatileLoad(reinterpret_cast<const uint32_t*>(s) + 1));
     }
-    if (sh.fp8) {  // e4m3 to its row, scale g to [el][g][R x Tmax]
+    if (sh.fp8) {  // e4m3 to its row, scale g to llScaleAt
       gin::lsa::coopCopy(gin::CoopWarp{}, xFp8 + row * H, s + 16, H);
-      const size_t G = H / kFp8Group, at = size_t(begin) + q;
-      for (size_t g = threadIdx.x % 32; g < G; g += 32) {
-        float v;
-        memcpy(&v, s + 16 + H + g * 4, 4);
-        xScales[(size_t(el) * G + g) * size_t(R) * Tmax + at] = v;
-      }
+      for (size_t g = threadIdx.x % 32; g < H / kFp8Group; g += 32)
+        memcpy(xScales + llScaleAt(sh, el, g, size_t(begin) + q), s + 16 + H + g * 4, 4);
     } else {
       gin::lsa::coopCopy(gin::CoopWarp{}, x + row * H, s + 16, H * 2);
     }
@@ -516,6 +505,18 @@ class GpuBuffer {
     srcOf_ = static_cast<int*>(alloc(std::max<size_t>(R * T * 4, 4)));
     if (!ll_) {
       recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
+    } else {
+      // The {t, k} record (16 bytes) of every (token, choice) that
+      // llDispatchExpert puts before its token: the same every call.
+      const size_t K = size_t(sh.topk);
+      std::vector<uint32_t> tk(T * K * 4, 0);
+      for (size_t i = 0; i < T * K; ++i) {
+        tk[4 * i] = uint32_t(i / K);
+        tk[4 * i + 1] = uint32_t(i % K);
+      }
+      GIN_CUDA_CHECK(
+          cudaMemcpyAsync(comm_.localPointer(l_.meta), tk.data(), tk.size() * 4, cudaMemcpyHostToDevice, st_));
+      GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
     }
     l_.sendList = sendList_;
     l_.sendCount = sendCount_;
@@ -721,9 +722,8 @@ class GpuBuffer {
     // The plan on the GPU (tokens past T choose no expert: the layout is the
     // same on every rank), then begin(), which reads back its pair count.
     GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
-    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens,
-                                                        static_cast<char*>(comm_.localPointer(l_.meta)), sendList_,
-                                                        sendCount_, mem_.word(2), mem_.word(3));
+    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens, sendList_, sendCount_, mem_.word(2),
+                                                        mem_.word(3));
     begin(x, tokens);
     gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
     gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
@@ -921,7 +921,6 @@ class GpuBuffer {
 
   void startCombine(const char* call) {
     clock_.start(call);
-    l_.shape.fp8 = false;
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     gpu::resetKernel<<<1, 32, 0, st_>>>(l_, l_.sig.combine(), l_.sig.combine() + 1);
     GIN_CUDA_CHECK(cudaGetLastError());

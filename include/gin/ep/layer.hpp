@@ -237,8 +237,9 @@ GIN_HD void freeSlots(const Layer& l, int src, int c, RecvState& s, Coop coop) {
 }
 
 // recvX: [maxRecv][rowBytes] (bf16: [maxRecv][H] values), recvMeta:
-// [maxRecv][metaBytes], where this rank keeps what it received. One step copies out every slot the last read of
-// the tail showed filled (reading the tail again only when those run out),
+// [maxRecv][metaBytes], where this rank keeps what it received. One step
+// copies out every slot the last read of the tail showed filled (reading
+// the tail again only when those run out),
 // then frees them once batch slots are waiting to be freed (batch 1: at
 // once). Returns 1/0/-1 as sendStep; the slots copied out are freed before
 // returning 0 or -1.
@@ -373,6 +374,21 @@ GIN_HD void combineSend(const Layer& l, size_t pos, int src, const char* recvMet
           l.partial, pos * rowBytes, rowBytes, gin::SignalInc{l.sig.combine()}, gin::None{}, coop);
 }
 
+// ---- FP8 rows (gin/ep/fp8.hpp) ------------------------------------------------
+
+// A token's FP8 row as it travels, H e4m3 bytes then H / 128 float scales,
+// made from its two parts (joinFp8Row) or split back into them (splitFp8Row).
+template <class Coop>
+GIN_HD void joinFp8Row(Coop coop, char* row, const uint8_t* data, const float* scales, size_t hidden) {
+  gin::lsa::coopCopy(coop, row, data, hidden);
+  gin::lsa::coopCopy(coop, row + hidden, scales, hidden / kFp8Group * 4);
+}
+template <class Coop>
+GIN_HD void splitFp8Row(Coop coop, const char* row, uint8_t* data, float* scales, size_t hidden) {
+  gin::lsa::coopCopy(coop, data, row, hidden);
+  gin::lsa::coopCopy(coop, scales, row + hidden, hidden / kFp8Group * 4);
+}
+
 // ---- low-latency mode -------------------------------------------------------
 //
 // Token t's k-th choice e (on rank d = e / L) is packed at position p (the
@@ -383,6 +399,11 @@ GIN_HD void combineSend(const Layer& l, size_t pos, int src, const char* recvMet
 GIN_HD inline size_t llSlotBytes(const Shape& sh) { return 16 + sh.tokenBytes(); }
 GIN_HD inline size_t llSlot(const Shape& sh, int localExpert, int src, size_t p) {
   return ((size_t(localExpert) * sh.ranks + size_t(src)) * sh.tokens + p) * llSlotBytes(sh);
+}
+// FP8 low-latency dispatch: where scale g of a local expert's packed row
+// `row` goes in the returned scales, DeepEP's [L][H / 128][R x Tmax].
+GIN_HD inline size_t llScaleAt(const Shape& sh, int localExpert, size_t g, size_t row) {
+  return (size_t(localExpert) * (size_t(sh.hidden) / kFp8Group) + g) * size_t(sh.ranks) * size_t(sh.tokens) + row;
 }
 
 // This rank's dispatch for expert e, share `part` of `parts`: the (token, k)
