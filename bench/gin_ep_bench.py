@@ -1,7 +1,7 @@
 """gin_ep's DeepEP figures next to an NCCL all-to-all moving the same bytes.
 
     torchrun --nproc_per_node=N bench/gin_ep_bench.py [--tokens 4096] [--hidden 7168] [--topk 8]
-        [--experts 64] [--ll-tokens 128] [--iters 20]
+        [--experts 64] [--ll-tokens 128] [--iters 20] [--profile]
 
 One process per GPU (NCCL needs distinct GPUs). Per rank and mode it prints
 DeepEP's figures: normal dispatch/combine in µs and GB/s (the bytes this
@@ -11,6 +11,9 @@ all_to_all_single (NCCL) moving the same bytes per peer in the same run.
 gin_ep's calls return when their work is done (they synchronize their
 stream and the ranks), so their time is host wall time per call; NCCL's is
 CUDA-event time per call. Medians over --iters calls after 3 warm-up calls.
+--profile: rank 0 also prints, per call, the GPU time of each kernel and
+copy (torch.profiler over 5 more calls, µs per call), to see where a
+call's time goes.
 """
 
 import argparse
@@ -35,6 +38,30 @@ def wall(fn, iters):
         if i >= 3:
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e6
+
+
+def profile(name, fn, calls=5):
+    """Rank 0 prints the GPU time per call of each kernel and copy of `fn`."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    if dist.get_rank() != 0:
+        return
+    rows = []
+    for e in p.key_averages():
+        t = getattr(e, "device_time_total", None)
+        if t is None:
+            t = e.cuda_time_total
+        if t > 0:
+            rows.append((t / calls, e.count / calls, e.key))
+    rows.sort(reverse=True)
+    print(f"-- {name}: GPU time per call, {sum(r[0] for r in rows):.1f} us in all")
+    for t, n, key in rows[:12]:
+        print(f"   {t:9.1f} us  x{n:<5.1f} {key[:90]}")
 
 
 def nccl_us(send_counts, hidden, iters, dev):
@@ -68,6 +95,7 @@ def main():
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--ll-tokens", type=int, default=128)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     rank, R = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
@@ -97,6 +125,9 @@ def main():
     d_us = wall(dispatch, a.iters)
     recv_x, handle = state["d"][0], state["d"][4]
     c_us = wall(lambda: buf.combine(recv_x, handle), a.iters)
+    if a.profile:
+        profile("normal dispatch", dispatch)
+        profile("normal combine", lambda: buf.combine(recv_x, handle))
     send = per_rank.tolist()
     sent_bytes = sum(send) * H * 2
     n_us = nccl_us(send, H, a.iters, dev)
@@ -113,6 +144,9 @@ def main():
     ld_us = wall(ll_dispatch, a.iters)
     recv_x, handle = state["l"][0], state["l"][2]
     lc_us = wall(lambda: ll.low_latency_combine(recv_x, idx, w, handle), a.iters)
+    if a.profile:
+        profile("low-latency dispatch", ll_dispatch)
+        profile("low-latency combine", lambda: ll.low_latency_combine(recv_x, idx, w, handle))
     L = E // R
     send = torch.bincount((idx // L).flatten(), minlength=R).tolist()  # one row per (token, expert)
     ll_bytes = sum(send) * H * 2

@@ -60,16 +60,19 @@ GIN_HD void rowsReturned(const Layer& l, int src, uint64_t n, int ctx, Coop coop
 // idx skips j where idx[j] < 0 (no expert), no weight means 1, no bias none.
 // Normal combine: a token's rows in its combine window (combineRowOffset),
 // its rows count, biases; low latency: its K rows (llRowOffset), top-k
-// indices and weights.
+// indices and weights. swapRow non-null: row swapJ is read from there
+// instead (a GPU rank's row from itself, never copied into its window).
 template <class Coop>
 GIN_HD void sumRows(const uint16_t* rows, size_t H, int n, const int32_t* idx, const float* weight,
-                    const uint16_t* bias0, const uint16_t* bias1, uint16_t* out, Coop coop) {
+                    const uint16_t* bias0, const uint16_t* bias1, uint16_t* out, Coop coop, int swapJ = -1,
+                    const uint16_t* swapRow = nullptr) {
   size_t done = 0;
+  const auto row = [&](int j) { return j == swapJ && swapRow != nullptr ? swapRow : rows + size_t(j) * H; };
 #if GIN_DEVICE_CODE
   // On a GPU, 8 values per 16-byte load and store where every row is
   // 16-byte aligned (the same float operations per value).
   const auto aligned = [](const void* p) { return p == nullptr || uintptr_t(p) % 16 == 0; };
-  if (H % 8 == 0 && aligned(rows) && aligned(out) && aligned(bias0) && aligned(bias1)) {
+  if (H % 8 == 0 && aligned(rows) && aligned(out) && aligned(bias0) && aligned(bias1) && aligned(swapRow)) {
     const auto lo = [](uint32_t u) { return __uint_as_float(u << 16); };
     const auto hi = [](uint32_t u) { return __uint_as_float(u & 0xffff0000u); };
     const auto add = [&](float* acc, const uint4& u, float w) {
@@ -84,7 +87,7 @@ GIN_HD void sumRows(const uint16_t* rows, size_t H, int n, const int32_t* idx, c
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int j = 0; j < n; ++j) {
         if (idx && idx[j] < 0) continue;
-        add(acc, reinterpret_cast<const uint4*>(rows + size_t(j) * H)[v], weight ? weight[j] : 1.f);
+        add(acc, reinterpret_cast<const uint4*>(row(j))[v], weight ? weight[j] : 1.f);
       }
       if (bias0) add(acc, reinterpret_cast<const uint4*>(bias0)[v], 1.f);
       if (bias1) add(acc, reinterpret_cast<const uint4*>(bias1)[v], 1.f);
@@ -100,7 +103,7 @@ GIN_HD void sumRows(const uint16_t* rows, size_t H, int n, const int32_t* idx, c
     float acc = 0;
     for (int j = 0; j < n; ++j) {
       if (idx && idx[j] < 0) continue;
-      const float v = bf16ToFloat(rows[size_t(j) * H + i]);
+      const float v = bf16ToFloat(row(j)[i]);
       acc += weight ? weight[j] * v : v;
     }
     if (bias0) acc += bf16ToFloat(bias0[i]);

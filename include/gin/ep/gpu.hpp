@@ -121,9 +121,12 @@ constexpr int kLanesPerWarp = 8;
 
 __global__ void __launch_bounds__(256, 2)
     dispatchKernel(Layer l, const RecvState* rs, void* recvX, char* recvMeta, int* failed) {
-  const int C = l.shape.channels, R = l.shape.ranks;
+  const int C = l.shape.channels, R = l.shape.ranks, me = l.dc.rank;
   if (int(blockIdx.x) < C) {
     const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32);
+    // Lane (c, me) copies its tokens straight into the receive list
+    // (selfStep): no ring, no signal, and the (me, c) receiver returns.
+    const uint64_t selfBase = rs[size_t(me) * C + size_t(c)].base;
     bool ok = true;
     if (2 * R <= nw) {
       const int g = nw / R, d = w / g;  // lane d: warps [d * g, d * g + g)
@@ -131,7 +134,11 @@ __global__ void __launch_bounds__(256, 2)
       SendState s;
       const gin::CoopWarpSpan span(d * g, g, d);
       ok = spin(
-          l.dc, [&] { return sendStep(l, c, d, s, span); }, gin::Op::WaitSignal, d, uint64_t(l.sig.head(d, c)));
+          l.dc,
+          [&] {
+            return d == me ? selfStep(l, c, selfBase, s, recvX, recvMeta, span) : sendStep(l, c, d, s, span);
+          },
+          gin::Op::WaitSignal, d, uint64_t(l.sig.head(d, c)));
     } else {
       SendState s[kLanesPerWarp];  // per thread; the warp's copies move in step (see sendStep)
       int lanes = 0;
@@ -142,7 +149,10 @@ __global__ void __launch_bounds__(256, 2)
           [&] {
             int r = -1;
             for (int i = 0; i < lanes; ++i) {
-              const int q = sendStep(l, c, w + i * nw, s[i], gin::CoopWarp{});
+              const int d = w + i * nw;
+              const gin::CoopWarp warp;
+              const int q = d == me ? selfStep(l, c, selfBase, s[i], recvX, recvMeta, warp)
+                                    : sendStep(l, c, d, s[i], warp);
               r = q > 0 ? 1 : (q == 0 && r < 0 ? 0 : r);
             }
             return r;
@@ -152,6 +162,7 @@ __global__ void __launch_bounds__(256, 2)
     if (!ok && threadIdx.x % 32 == 0) ::atomicAdd(failed, 1);
   } else {
     const int i = int(blockIdx.x) - C, src = i / C, c = i % C;
+    if (src == me) return;  // lane (c, me) filled its part of the list
     RecvState s = rs[size_t(i)];
     const bool ok = spin(
         l.dc, [&] { return recvStep(l, src, c, s, recvX, recvMeta, gin::CoopBlock{}); }, gin::Op::WaitSignal, src,

@@ -14,9 +14,13 @@
 // Phases start with a barrier of every rank after their signals are reset
 // and end with one after their puts are flushed, so the stream work between
 // calls (the caller's experts) never runs while a kernel of the buffer
-// spins. The opening barrier carries every rank's token count and first bad
-// expert index, the closing one of a normal dispatch every rank's receive
-// counts, so a bad input or too many tokens fails every rank alike.
+// spins. The opening barrier is an all-gather of every rank's token count,
+// first bad expert index and (normal dispatch) what each of its lanes
+// sends, so a bad input or too many tokens fails every rank alike and each
+// rank lays out its receive list on the host (no count exchange on the
+// GPU). Where every peer is lsa, tokens are read from the caller's x
+// (Layer::xDirect, no pack), and a rank's rows to itself go straight into
+// its receive list (selfStep).
 #pragma once
 
 #include <algorithm>
@@ -107,6 +111,7 @@ struct GpuHandle {
   DeviceArray<int32_t> topkIdx;     // [T][K] the dispatch's routing (a cached dispatch plans it again)
   DeviceArray<float> topkWeights;   // [T][K]
   std::vector<uint64_t> fromLane;   // [R][C] what each (source, channel) sent here
+  DeviceArray<int> selfRow;         // [T] where this rank's token t sent to itself was received; -1: not sent
   size_t received() const { return srcRank.size(); }
 };
 // FP8 tokens on the GPU (gin/ep/fp8.hpp): data [T][H] e4m3, scales [T][H / 128].
@@ -297,15 +302,20 @@ __global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, uint32_t* 
   }
 }
 
-// A thread per received position: its source, token, combine slot, top-k
-// (local ids where the choice is here, -1 and weight 0 elsewhere), and
-// perExpert[el] += 1 for each local choice.
-__global__ void unpackKernel(Layer l, int n, const int* srcOf, const char* recvMeta, int* srcRank, int* srcToken,
-                             uint32_t* slot, int32_t* topkIdx, float* topkW, int* perExpert) {
-  const int K = l.shape.topk;
+// A thread per received position: its source (srcBase[r]: the first
+// position from rank r), token, combine slot, top-k (local ids where the
+// choice is here, -1 and weight 0 elsewhere), and perExpert[el] += 1 for
+// each local choice.
+__global__ void unpackKernel(Layer l, int n, const uint64_t* srcBase, const char* recvMeta, int* srcRank,
+                             int* srcToken, uint32_t* slot, int32_t* topkIdx, float* topkW, int* perExpert,
+                             int* selfRow) {
+  const int K = l.shape.topk, R = l.shape.ranks;
   for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) {
     const TokenMeta* m = reinterpret_cast<const TokenMeta*>(recvMeta + size_t(i) * l.shape.metaBytes());
-    srcRank[i] = srcOf[i];
+    int src = 0;
+    while (src + 1 < R && srcBase[src + 1] <= uint64_t(i)) ++src;
+    srcRank[i] = src;
+    if (src == l.dc.rank) selfRow[m->srcToken] = i;
     srcToken[i] = int(m->srcToken);
     slot[i] = m->combineSlot;
     for (int k = 0; k < K; ++k) {
@@ -345,6 +355,7 @@ struct ReturnCounts {
 
 // A warp per row: row i of y back to its source (returnRow), the block's
 // rows counted per source and signalled at its end, all on one context.
+// Rows from this rank itself stay where they are (the sum reads them in y).
 __global__ void returnKernel(Layer l, int n, const int* srcRank, const int* srcToken, const uint32_t* slot,
                              const uint16_t* y) {
   __shared__ uint32_t counts[64];
@@ -353,6 +364,7 @@ __global__ void returnKernel(Layer l, int n, const int* srcRank, const int* srcT
   const int ctx = int(blockIdx.x) % l.dc.nContexts;
   const size_t H = size_t(l.shape.hidden), warps = size_t(gridDim.x) * (blockDim.x / 32);
   for (size_t i = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < size_t(n); i += warps) {
+    if (srcRank[i] == l.dc.rank) continue;
     returnRow(l, srcRank[i], combineRowOffset(l.shape, size_t(srcToken[i]), slot[i]), i, y + i * H, ctx, gin::None{},
               gin::CoopWarp{});
     rc.add(srcRank[i]);
@@ -363,14 +375,24 @@ __global__ void returnKernel(Layer l, int n, const int* srcRank, const int* srcT
 // A block per token t < tokens: out[t] = sumRows of its rows in this rank's
 // combine window (`stride` rows per token; rows[t] of them, or all where
 // rows is null), with the optional top-k skip and weights and biases.
+// self.row non-null (normal combine): the row of a token sent to this rank
+// itself is read in y at self.row[t], its slot self.slot[that row].
+struct SelfRows {
+  const int* row = nullptr;
+  const uint32_t* slot = nullptr;
+  const uint16_t* y = nullptr;
+};
 __global__ void sumKernel(Layer l, int tokens, int stride, const int* rows, const int32_t* idx, const float* weight,
-                          const uint16_t* bias0, const uint16_t* bias1, uint16_t* out) {
+                          const uint16_t* bias0, const uint16_t* bias1, uint16_t* out, SelfRows self) {
   const size_t H = size_t(l.shape.hidden), S = size_t(stride);
   const auto* comb = static_cast<const uint16_t*>(gin::localPointer(l.combine, 0));
-  for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x)
+  for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x) {
+    const int at = self.row ? self.row[t] : -1;
     sumRows(comb + t * S * H, H, rows ? rows[t] : stride, idx ? idx + t * S : nullptr,
             weight ? weight + t * S : nullptr, bias0 ? bias0 + t * H : nullptr, bias1 ? bias1 + t * H : nullptr,
-            out + t * H, gin::CoopBlock{});
+            out + t * H, gin::CoopBlock{}, at < 0 ? -1 : int(self.slot[at]),
+            at < 0 ? nullptr : self.y + size_t(at) * H);
+  }
 }
 
 // Low-latency mode, after llWaitKernel: a block per (local expert el,
@@ -497,12 +519,15 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
     uint64_t keep = ~0ull;  // keep freed memory in the pool: no trim at a synchronization
     GIN_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
-    GIN_CUDA_CHECK(cudaHostAlloc(&host_, 4096, cudaHostAllocDefault));
+    // Pinned: the scratch words' copies, then this rank's lane counts
+    // (downloaded) and the receive list's layout (uploaded, as layout_).
+    GIN_CUDA_CHECK(cudaHostAlloc(&host_, 4096 + R * C * 8 + layoutBytes(), cudaHostAllocDefault));
+    layout_ = alloc(layoutBytes());
+    rs_ = static_cast<RecvState*>(layout_);
+    for (int r = 0; r < comm.nRanks(); ++r) allLsa_ = allLsa_ && comm.transportTo(r) == gin::Transport::Lsa;
     perExpert_ = static_cast<int*>(alloc(std::max<size_t>(size_t(sh.localExperts()) * 4, 4)));
     sendList_ = static_cast<uint32_t*>(alloc(std::max<size_t>(std::max(C * R * sh.laneCap(), E * T) * 4, 4)));
     sendCount_ = static_cast<uint64_t*>(alloc(std::max(C * R, E) * 8));
-    rs_ = static_cast<RecvState*>(alloc(R * C * sizeof(RecvState)));
-    srcOf_ = static_cast<int*>(alloc(std::max<size_t>(R * T * 4, 4)));
     if (!ll_) {
       recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
     } else {
@@ -577,13 +602,16 @@ class GpuBuffer {
     const Shape& sh = l_.shape;
     const size_t K = size_t(sh.topk), L = size_t(sh.localExperts());
     const bool fp8 = f.data != nullptr;
-    if (tokens > maxTokens_ && !ll_) agreeStart(tokens, 0);  // throws CapacityError on every rank
+    // Too many tokens: the all-gather every other rank makes in begin()
+    // (the same sizes) throws CapacityError on every rank.
+    if (tokens > maxTokens_ && !ll_) agreeStart(tokens, 0, lanes());
     checkCall(false, tokens, "dispatch");
     checkFp8Hidden(fp8, l_.shape.hidden, "dispatch");
     if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
     clock_.start("dispatch");
     l_.shape.tokens = tokens;
     l_.shape.fp8 = fp8;
+    l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;  // no pack
     GpuDispatched d;
     GpuHandle& h = d.handle;
     h.tokens = tokens;
@@ -593,16 +621,19 @@ class GpuBuffer {
     h.topkWeights = deviceArray<float>(size_t(tokens) * K);
     copyOn(h.topkIdx.data(), topkIdx, h.topkIdx.size() * 4);
     copyOn(h.topkWeights.data(), topkWeights, h.topkWeights.size() * 4);
-    startPlanned(x, f, h);
-    gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
-    gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), maxRecv());
-    // bf16 rows are received straight into the returned array, made for the
-    // most any dispatch can bring (R x the buffer's tokens) and shrunk to
-    // what came; FP8 rows into one of rowBytes each, then split.
-    size_t n = 0;
+    // Every rank's lane counts came with the opening all-gather: what each
+    // (source, channel) sends here lays out the receive list.
+    const std::vector<uint64_t> all = startPlanned(x, f, h);
+    const size_t R = size_t(sh.ranks), C = size_t(sh.channels), me = size_t(comm_.rank());
+    h.fromLane.assign(R * C, 0);
+    for (size_t src = 0; src < R; ++src)
+      for (size_t c = 0; c < C; ++c) h.fromLane[src * C + c] = all[src * R * C + c * R + me];
+    const size_t n = layOut(h.fromLane);
+    // bf16 rows are received straight into the returned array; FP8 rows
+    // into one of rowBytes each, then split.
     if (fp8) {
-      DeviceArray<char> rows = deviceArray<char>(maxRecv() * sh.rowBytes());
-      n = finishDispatch("dispatch", true, rows.data());
+      DeviceArray<char> rows = deviceArray<char>(n * sh.rowBytes());
+      finishDispatch("dispatch", rows.data());
       const size_t H = size_t(sh.hidden);
       d.xFp8 = deviceArray<uint8_t>(n * H);
       d.xScales = deviceArray<float>(n * (H / kFp8Group));
@@ -610,25 +641,23 @@ class GpuBuffer {
         gpu::splitFp8Kernel<<<int(std::min<size_t>(n, 1024)), kThreads, 0, st_>>>(l_, rows.data(), int(n),
                                                                                    d.xFp8.data(), d.xScales.data());
     } else {
-      d.x = deviceArray<uint16_t>(maxRecv() * size_t(sh.hidden));
-      n = finishDispatch("dispatch", true, d.x.data());
-      d.x.shrink(n * size_t(sh.hidden));
+      d.x = deviceArray<uint16_t>(n * size_t(sh.hidden));
+      finishDispatch("dispatch", d.x.data());
     }
     h.arrivals = *hostWord(2);  // read back by begin()
     clock_.mark("kernels");
-    // What each (source, channel) sent here, read with the per-expert counts.
-    h.fromLane.assign(size_t(sh.ranks) * size_t(sh.channels), 0);
-    download(h.fromLane.data(), comm_.localPointer(l_.counts), h.fromLane.size() * 8, false);
     h.srcRank = deviceArray<int>(n);
     h.srcToken = deviceArray<int>(n);
     h.slot = deviceArray<uint32_t>(n);
     d.topkIdx = deviceArray<int32_t>(n * K);
     d.topkWeights = deviceArray<float>(n * K);
+    h.selfRow = deviceArray<int>(size_t(tokens));
+    GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, size_t(tokens) * 4, st_));
     GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, L * 4, st_));
     if (n)
       gpu::unpackKernel<<<int(std::min<size_t>((n + kThreads - 1) / kThreads, 1024)), kThreads, 0, st_>>>(
-          l_, int(n), srcOf_, recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), d.topkIdx.data(),
-          d.topkWeights.data(), perExpert_);
+          l_, int(n), srcBase(), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), d.topkIdx.data(),
+          d.topkWeights.data(), perExpert_, h.selfRow.data());
     GIN_CUDA_CHECK(cudaGetLastError());
     d.tokensPerExpert.assign(L, 0);
     download(d.tokensPerExpert.data(), perExpert_, L * 4);
@@ -636,13 +665,15 @@ class GpuBuffer {
     h.tokensFromRank.assign(size_t(sh.ranks), 0);
     for (size_t i = 0; i < h.fromLane.size(); ++i) h.tokensFromRank[i / size_t(sh.channels)] += int(h.fromLane[i]);
     clock_.mark("unpack");
-    // The phase's closing barrier, carrying every rank's receive counts
-    // (DeepEP's rank prefix matrix is made from them).
-    const size_t R = size_t(sh.ranks);
+    // What every rank received from every rank (DeepEP's rank prefix matrix
+    // is made from it), from the opening all-gather's counts.
     h.receivedBy.assign(R * R, 0);
-    std::copy(h.tokensFromRank.begin(), h.tokensFromRank.end(),
-              h.receivedBy.begin() + std::ptrdiff_t(size_t(comm_.rank()) * R));
-    comm_.bootstrap().allGather(h.receivedBy.data(), R * sizeof(int));
+    for (size_t src = 0; src < R; ++src)
+      for (size_t c = 0; c < C; ++c)
+        for (size_t j = 0; j < R; ++j) h.receivedBy[j * R + src] += int(all[src * R * C + c * R + j]);
+    // The phase's closing barrier: no rank resets signals for its next call
+    // while a peer still frees slots of this one.
+    comm_.bootstrap().barrier();
     clock_.mark("barrier");
     clock_.end();
     return d;
@@ -663,17 +694,10 @@ class GpuBuffer {
     clock_.start("cached dispatch");
     l_.shape.tokens = h.tokens;
     l_.shape.fp8 = false;
+    l_.xDirect = allLsa_ ? reinterpret_cast<const char*>(x) : nullptr;
     // The receive list as the handle's dispatch laid it out.
-    std::vector<RecvState> rs(size_t(R) * size_t(C));
-    uint64_t base = 0;
-    for (size_t i = 0; i < rs.size(); ++i) {
-      rs[i].expect = h.fromLane[i];
-      rs[i].base = base;
-      base += rs[i].expect;
-    }
-    if (base != h.received() || base > maxRecv())
+    if (layOut(h.fromLane) != h.received())
       throw std::invalid_argument("ep: a cached dispatch was given a handle that no dispatch of this buffer made");
-    upload(rs_, rs.data(), rs.size() * sizeof(RecvState));
     GpuDispatched d;
     d.handle = h;
     d.x = deviceArray<uint16_t>(h.received() * size_t(sh.hidden));
@@ -681,7 +705,7 @@ class GpuBuffer {
     // Every position the handle lists is filled once the receivers are done
     // (a rank that passed another dispatch's handle makes them wait, and
     // the wait gives up at the timeout with an error).
-    finishDispatch("cached dispatch", false, d.x.data());
+    finishDispatch("cached dispatch", d.x.data());
     clock_.mark("kernels");
     comm_.bootstrap().barrier();
     clock_.mark("barrier");
@@ -695,15 +719,18 @@ class GpuBuffer {
                                 const uint16_t* bias1 = nullptr) {
     const Shape& sh = l_.shape;
     checkCall(false, h.tokens, "combine");
-    if (h.rows.size() != size_t(h.tokens) || h.srcToken.size() != h.received() || h.slot.size() != h.received())
+    if (h.rows.size() != size_t(h.tokens) || h.srcToken.size() != h.received() || h.slot.size() != h.received() ||
+        h.selfRow.size() != size_t(h.tokens) || h.tokensFromRank.size() != size_t(sh.ranks))
       throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
     startCombine("combine");
     if (h.received())
       gpu::returnKernel<<<z_.combineGrid, kThreads, 0, st_>>>(l_, int(h.received()), h.srcRank.data(),
                                                               h.srcToken.data(), h.slot.data(), y);
     DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
-    finishCombine(h.arrivals, h.tokens, sh.maxDests(), h.rows.data(), nullptr, nullptr, bias0, bias1, out.data(),
-                  "combine");
+    // Rows this rank sent itself are read where they are, in y.
+    const uint64_t own = uint64_t(h.tokensFromRank[size_t(comm_.rank())]);
+    finishCombine(h.arrivals - own, h.tokens, sh.maxDests(), h.rows.data(), nullptr, nullptr, bias0, bias1, out.data(),
+                  "combine", gpu::SelfRows{h.selfRow.data(), h.slot.data(), y});
     return out;
   }
 
@@ -718,6 +745,7 @@ class GpuBuffer {
     checkFp8Hidden(useFp8, l_.shape.hidden, "lowLatencyDispatch");
     (void)topkWeights;  // the low-latency combine takes them
     l_.shape.fp8 = useFp8;  // packKernel quantizes
+    l_.xDirect = allLsa_ && !useFp8 ? reinterpret_cast<const char*>(x) : nullptr;  // no pack
     clock_.start("low-latency dispatch");
     // The plan on the GPU (tokens past T choose no expert: the layout is the
     // same on every rank), then begin(), which reads back its pair count.
@@ -776,20 +804,53 @@ class GpuBuffer {
   PhaseClock clock_{comm_.rank()};
   cudaMemPool_t pool_ = nullptr;
   DeviceAllocator alloc_;
-  void* host_ = nullptr;  // pinned: the host's copies of mem_'s words (failed, total, arrivals, bad index)
+  void* host_ = nullptr;  // pinned: copies of mem_'s words (failed, -, arrivals, bad index), hostCounts(), hostLayout()
   gpu::DeviceAllocs mem_;
   int* perExpert_ = nullptr;
   uint32_t* sendList_ = nullptr;
   uint64_t* sendCount_ = nullptr;
+  void* layout_ = nullptr;  // the receive list's layout: rs_ [R][C], then srcBase() [R + 1]
   RecvState* rs_ = nullptr;
-  int* srcOf_ = nullptr;
   char* recvMeta_ = nullptr;
+  bool allLsa_ = true;  // every peer over lsa: tokens are read from the caller's x (Layer::xDirect)
 
   void* alloc(size_t bytes) { return mem_.alloc(bytes); }
   int* failed() const { return mem_.failed(); }
-  unsigned long long* total() const { return mem_.total(); }
   unsigned long long* hostWord(int i) const { return static_cast<unsigned long long*>(host_) + i; }
   uint64_t maxRecv() const { return uint64_t(l_.shape.ranks) * uint64_t(maxTokens_); }
+  size_t lanes() const { return size_t(l_.shape.ranks) * size_t(l_.shape.channels); }
+  size_t layoutBytes() const { return lanes() * sizeof(RecvState) + (size_t(l_.shape.ranks) + 1) * 8; }
+  // Pinned host memory after the words: this rank's lane counts [C][R], the layout's staging.
+  uint64_t* hostCounts() const { return reinterpret_cast<uint64_t*>(static_cast<char*>(host_) + 4096); }
+  char* hostLayout() const { return reinterpret_cast<char*>(hostCounts() + lanes()); }
+  const uint64_t* srcBase() const {
+    return reinterpret_cast<const uint64_t*>(static_cast<char*>(layout_) + lanes() * sizeof(RecvState));
+  }
+
+  // The receive list of a normal dispatch: (source, channel) in order,
+  // fromLane[src][c] rows each, uploaded as rs_ and srcBase() on the stream.
+  // Returns the rows in all.
+  size_t layOut(const std::vector<uint64_t>& fromLane) {
+    const size_t R = size_t(l_.shape.ranks), C = size_t(l_.shape.channels);
+    RecvState* rs = reinterpret_cast<RecvState*>(hostLayout());
+    uint64_t* base = reinterpret_cast<uint64_t*>(hostLayout() + lanes() * sizeof(RecvState));
+    uint64_t at = 0;
+    for (size_t src = 0; src < R; ++src) {
+      base[src] = at;
+      for (size_t c = 0; c < C; ++c) {
+        rs[src * C + c] = RecvState{};
+        rs[src * C + c].expect = fromLane[src * C + c];
+        rs[src * C + c].base = at;
+        at += fromLane[src * C + c];
+      }
+    }
+    base[R] = at;
+    if (at > maxRecv())
+      throw std::logic_error("ep: " + std::to_string(at) + " rows would come, more than the " +
+                             std::to_string(maxRecv()) + " the ranks can send");
+    upload(layout_, hostLayout(), layoutBytes());
+    return size_t(at);
+  }
 
   // Host to device on the stream (the phase's synchronization before its
   // barrier waits for it; pageable sources are staged by the call).
@@ -814,47 +875,56 @@ class GpuBuffer {
 
   // Normal mode's start: the plan made on the GPU from the handle's routing
   // (its rows per token into h.rows), then begin(); an expert index outside
-  // -1..E-1 is refused with the token and choice.
-  void startPlanned(const uint16_t* x, Fp8Tokens f, const GpuHandle& h) {
+  // -1..E-1 is refused with the token and choice. Returns every rank's lane
+  // counts, [rank][C][R].
+  std::vector<uint64_t> startPlanned(const uint16_t* x, Fp8Tokens f, const GpuHandle& h) {
     GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
     gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, h.topkIdx.data(), h.topkWeights.data(),
                                                              static_cast<char*>(comm_.localPointer(l_.meta)), sendList_,
                                                              sendCount_, h.rows.data(), mem_.word(2), mem_.word(3));
-    begin(x, h.tokens, f);
+    return begin(x, h.tokens, f);
   }
 
-  // The tokens into the x window, every signal of the layer reset, a
-  // synchronization, then a barrier of every rank (nobody signals before
-  // every rank has reset; no kernel of the buffer runs yet on any rank).
-  void begin(const uint16_t* x, int tokens, Fp8Tokens f = {}) {
+  // The tokens into the x window (unless read from the caller's x,
+  // Layer::xDirect), every signal of the layer reset, a synchronization,
+  // then the opening all-gather (below). Returns every rank's lane counts
+  // (normal mode; empty in low latency).
+  std::vector<uint64_t> begin(const uint16_t* x, int tokens, Fp8Tokens f = {}) {
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     if (tokens > 0 && f.data)
       gpu::packFp8Kernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, f, tokens);
-    else if (tokens > 0)
+    else if (tokens > 0 && l_.xDirect == nullptr)
       gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
     gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
     GIN_CUDA_CHECK(cudaGetLastError());
+    if (!ll_) download(hostCounts(), sendCount_, lanes() * 8, false);
     download(hostWord(2), mem_.word(2), 16);  // arrivals, bad index
     clock_.mark("plan+pack+reset");
-    agreeStart(tokens, *hostWord(3));
+    std::vector<uint64_t> all = agreeStart(tokens, *hostWord(3), ll_ ? 0 : lanes());
     clock_.mark("barrier");
+    return all;
   }
 
   // A call's opening barrier (nobody signals before every rank has reset),
-  // carrying each rank's tokens and first bad expert index (1 + token x K +
-  // choice; 0: none): a rank's bad input or more tokens than the buffer
-  // holds is thrown on every rank, not only where it was found.
-  void agreeStart(int tokens, uint64_t bad) {
-    struct Start {
-      int64_t tokens;
-      uint64_t bad;
-    };
-    const int R = l_.shape.ranks, K = l_.shape.topk;
-    std::vector<Start> all(static_cast<size_t>(R));
-    all[size_t(comm_.rank())] = Start{tokens, bad};
-    comm_.bootstrap().allGather(all.data(), sizeof(Start));
-    for (int r = 0; r < R; ++r)
-      if (const uint64_t b = all[size_t(r)].bad)
+  // an all-gather of each rank's tokens, first bad expert index (1 + token
+  // x K + choice; 0: none) and its first `counts` lane counts (hostCounts):
+  // a rank's bad input or more tokens than the buffer holds is thrown on
+  // every rank, not only where it was found. Returns the counts of every
+  // rank, [rank][counts].
+  std::vector<uint64_t> agreeStart(int tokens, uint64_t bad, size_t counts = 0) {
+    const size_t R = size_t(l_.shape.ranks), per = 2 + counts, me = size_t(comm_.rank());
+    const int K = l_.shape.topk;
+    std::vector<uint64_t> words(R * per, 0);  // per rank: tokens, bad, counts
+    words[me * per] = uint64_t(tokens);
+    words[me * per + 1] = bad;
+    std::copy(hostCounts(), hostCounts() + counts, words.begin() + std::ptrdiff_t(me * per + 2));
+    comm_.bootstrap().allGather(words.data(), per * 8);
+    std::vector<uint64_t> all(R * counts);
+    for (size_t r = 0; r < R; ++r)
+      std::copy(words.begin() + std::ptrdiff_t(r * per + 2), words.begin() + std::ptrdiff_t((r + 1) * per),
+                all.begin() + std::ptrdiff_t(r * counts));
+    for (int r = 0; r < int(R); ++r)
+      if (const uint64_t b = words[size_t(r) * per + 1])
         throw std::invalid_argument("ep: rank " + std::to_string(r) + "'s token " +
                                     std::to_string((b - 1) / uint64_t(K)) + " choice " +
                                     std::to_string((b - 1) % uint64_t(K)) +
@@ -862,13 +932,14 @@ class GpuBuffer {
                                     std::to_string(l_.shape.experts - 1));
     int64_t most = 0;
     int who = 0;
-    for (int r = 0; r < R; ++r)
-      if (all[size_t(r)].tokens > most) most = all[size_t(r)].tokens, who = r;
+    for (int r = 0; r < int(R); ++r)
+      if (int64_t(words[size_t(r) * per]) > most) most = int64_t(words[size_t(r) * per]), who = r;
     if (most > maxTokens_)
       throw CapacityError("ep: rank " + std::to_string(who) + " dispatched " + std::to_string(most) +
                               " tokens; the buffer holds at most " + std::to_string(maxTokens_) +
                               " per rank (Shape::tokens): make one for at least " + std::to_string(most),
                           int(most));
+    return all;
   }
 
   // Device to device on the stream.
@@ -876,23 +947,17 @@ class GpuBuffer {
     if (bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, st_));
   }
 
-  // Normal mode after start (and, unless cached, the count and layout
-  // kernels): the dispatch kernel (rows into recvX [maxRecv][H], metadata
-  // into the buffer's list), a flush of every context, then the outcome.
-  // Returns the rows received (counted: else 0).
-  size_t finishDispatch(const char* what, bool counted, void* recvX) {
+  // Normal mode after start and layOut(): the dispatch kernel (rows into
+  // recvX [rows][rowBytes], metadata into the buffer's list), a flush of
+  // every context, then the outcome.
+  void finishDispatch(const char* what, void* recvX) {
     const Shape& sh = l_.shape;
     gpu::dispatchKernel<<<sh.channels + sh.ranks * sh.channels, kThreads, 0, st_>>>(l_, rs_, recvX, recvMeta_,
                                                                                     failed());
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     GIN_CUDA_CHECK(cudaGetLastError());
-    int* hostFailed = static_cast<int*>(host_);
-    unsigned long long* hostTotal = hostWord(1);
-    *hostTotal = 0;
-    GIN_CUDA_CHECK(cudaMemcpyAsync(hostFailed, failed(), 4, cudaMemcpyDeviceToHost, st_));
-    if (counted) GIN_CUDA_CHECK(cudaMemcpyAsync(hostTotal, total(), 8, cudaMemcpyDeviceToHost, st_));
+    GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
     checkDone(what);
-    return counted ? size_t(*hostTotal) : 0;
   }
 
   // Waits for the stream; a device error of this rank, or a wait that gave
@@ -934,11 +999,11 @@ class GpuBuffer {
   // settle.
   void finishCombine(uint64_t arrivals, int tokens, int stride, const int* rows, const int32_t* idx,
                      const float* weight, const uint16_t* bias0, const uint16_t* bias1, uint16_t* out,
-                     const char* what) {
+                     const char* what, gpu::SelfRows self = {}) {
     gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, arrivals, failed());
     if (tokens > 0)
       gpu::sumKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, tokens, stride, rows, idx, weight, bias0, bias1,
-                                                                   out);
+                                                                   out, self);
     settle(what);
   }
 };

@@ -78,7 +78,25 @@ struct Layer {
   // token order, entry p at [e * T + p] = t | k << 24, sendCount[e] of them.
   const uint32_t* sendList;
   const uint64_t* sendCount;
+  // Non-null: this call's bf16 tokens [T][H], read from here (the caller's
+  // memory) and stored straight into the peers' rings instead of put from
+  // the x window, which then holds nothing. Only where every peer is
+  // lsa-reachable (a GPU driver sets it when every transport is lsa).
+  const char* xDirect;
 };
+
+// Put token t's row (rowBytes) to `peer`'s window w at `offset`: from the x
+// window, or stored straight from l.xDirect (every peer lsa-reachable).
+template <class Coop>
+GIN_HD void putToken(const Layer& l, gin::Net<>& net, int peer, gin::Window w, size_t offset, size_t t, Coop coop) {
+  const size_t bytes = l.shape.rowBytes();
+  if (l.xDirect != nullptr)
+    gin::lsa::coopCopy(coop, gin::peerPointer(l.dc, gin::teamWorld(l.dc), peer, w, offset), l.xDirect + t * bytes,
+                       bytes);
+  else
+    net.put(gin::teamWorld(l.dc), peer, w, offset, l.x, t * l.shape.tokenBytes(), bytes, gin::None{}, gin::None{},
+            coop);
+}
 
 // ---- normal mode ------------------------------------------------------------
 
@@ -206,8 +224,7 @@ GIN_HD int sendStep(const Layer& l, int c, int d, SendState& s, Coop coop) {
     const auto sub = Split<Coop>::sub(coop);
     net.put(world, d, l.ring, at, l.meta, (t * sh.maxDests() + j) * sh.metaBytes(), sh.metaBytes(), gin::None{},
             gin::None{}, sub);
-    net.put(world, d, l.ring, at + sh.metaBytes(), l.x, t * sh.tokenBytes(), sh.tokenBytes(), gin::None{}, gin::None{},
-            sub);
+    putToken(l, net, d, l.ring, at + sh.metaBytes(), t, sub);
   }
   s.sent += m;
   s.unsignalled += m;
@@ -274,6 +291,37 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, void* recvX, c
   s.got += n;
   s.unfreed += n;
   if (s.unfreed >= uint64_t(sh.batch) || s.got == s.expect) freeSlots(l, src, c, s, coop);
+  return 1;
+}
+
+// Lane (c, me) of a driver that receives its own tokens in place: a step
+// copies the lane's next tokens (one per warp of the coop) straight into
+// this rank's receive list at base + k, where the (me, c) receiver would
+// have copied them out of its ring; no ring, no signal, and that receiver
+// has nothing to do. base: the list's first position for (me, c). Returns
+// 1 while tokens remain, -1 when the lane is done.
+template <class Coop>
+GIN_HD int selfStep(const Layer& l, int c, uint64_t base, SendState& s, void* recvX, char* recvMeta, Coop coop) {
+  const Shape& sh = l.shape;
+  const size_t lane = size_t(c) * size_t(sh.ranks) + size_t(l.dc.rank);
+  const uint64_t total = l.sendCount[lane];
+  if (s.sent == total) return -1;
+  uint64_t m = total - s.sent;
+  if (m > uint64_t(Split<Coop>::count(coop))) m = uint64_t(Split<Coop>::count(coop));
+  const uint64_t i = uint64_t(Split<Coop>::index(coop));
+  if (i < m) {
+    const uint64_t k = s.sent + i;
+    const uint32_t e = l.sendList[lane * sh.laneCap() + size_t(k)];
+    const size_t t = e & 0xffffffu, j = e >> 24, pos = size_t(base + k), bytes = sh.rowBytes();
+    const auto sub = Split<Coop>::sub(coop);
+    gin::lsa::coopCopy(sub, recvMeta + pos * sh.metaBytes(),
+                       gin::localPointer(l.meta, (t * sh.maxDests() + j) * sh.metaBytes()), sh.metaBytes());
+    gin::lsa::coopCopy(sub, static_cast<char*>(recvX) + pos * bytes,
+                       l.xDirect != nullptr ? static_cast<const void*>(l.xDirect + t * bytes)
+                                            : gin::localPointer(l.x, t * sh.tokenBytes()),
+                       bytes);
+  }
+  s.sent += m;
   return 1;
 }
 
@@ -424,7 +472,7 @@ GIN_HD void llDispatchExpert(const Layer& l, int e, int part, int parts, Coop co
     const size_t t = tk & 0xffffffu, k = tk >> 24;
     const size_t at = llSlot(sh, e % L, l.dc.rank, size_t(p));
     net.put(world, d, l.ring, at, l.meta, (t * size_t(sh.topk) + k) * 16, 16, gin::None{}, gin::None{}, coop);
-    net.put(world, d, l.ring, at + 16, l.x, t * sh.tokenBytes(), sh.tokenBytes(), gin::None{}, gin::None{}, coop);
+    putToken(l, net, d, l.ring, at + 16, t, coop);
   }
 }
 
