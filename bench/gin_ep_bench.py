@@ -45,23 +45,26 @@ def profile(name, fn, calls=5):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
     torch.cuda.synchronize()
-    with prof(activities=[ProfilerActivity.CUDA]) as p:
+    with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
     if dist.get_rank() != 0:
         return
-    rows = []
+    gpu, cpu = [], []
     for e in p.key_averages():
         t = getattr(e, "device_time_total", None)
         if t is None:
             t = e.cuda_time_total
-        if t > 0:
-            rows.append((t / calls, e.count / calls, e.key))
-    rows.sort(reverse=True)
-    print(f"-- {name}: GPU time per call, {sum(r[0] for r in rows):.1f} us in all")
-    for t, n, key in rows[:12]:
-        print(f"   {t:9.1f} us  x{n:<5.1f} {key[:90]}")
+        if t > 0 and e.self_cpu_time_total == 0:
+            gpu.append((t / calls, e.count / calls, e.key))
+        if e.self_cpu_time_total > 0:
+            cpu.append((e.self_cpu_time_total / calls, e.count / calls, e.key))
+    for what, rows in (("GPU", gpu), ("host (PyTorch ops, self time)", cpu)):
+        rows.sort(reverse=True)
+        print(f"-- {name}: {what} per call, {sum(r[0] for r in rows):.1f} us in all")
+        for t, n, key in rows[:10]:
+            print(f"   {t:9.1f} us  x{n:<5.1f} {key[:90]}")
 
 
 def nccl_us(send_counts, hidden, iters, dev):
@@ -126,6 +129,12 @@ def main():
     recv_x, handle = state["d"][0], state["d"][4]
     c_us = wall(lambda: buf.combine(recv_x, handle), a.iters)
     if a.profile:
+        # The C++ runtime's call alone, without the Python wrapper's conversions.
+        idx32, wf = idx.int().contiguous(), w.float().contiguous()
+        rt_us = wall(lambda: buf.runtime.dispatch(torch.cuda.current_stream().cuda_stream, x, None, idx32, wf, E, 1),
+                     a.iters)
+        if rank == 0:
+            print(f"-- normal dispatch: {d_us:.1f} us a call, {rt_us:.1f} us of it the runtime's call alone")
         profile("normal dispatch", dispatch)
         profile("normal combine", lambda: buf.combine(recv_x, handle))
     send = per_rank.tolist()

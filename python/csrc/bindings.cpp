@@ -3,6 +3,9 @@
 // on the current device (Array::keep owns the tensor), so the tensors the
 // module returns are ordinary PyTorch tensors. Calls release the GIL while
 // they wait for other ranks.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #include <torch/extension.h>
 
 #include <cmath>
@@ -15,10 +18,13 @@ namespace {
 
 using gin_ep_rt::Array;
 
-// The bytes tensor behind an Array, viewed as `count` values of `type`.
+// An Array as a tensor of `type` and `shape` over its memory (which may
+// start inside the bytes tensor that owns it: several arrays can share
+// one), keeping that owner alive.
 torch::Tensor tensorOf(const Array& a, torch::ScalarType type, std::vector<int64_t> shape) {
   const torch::Tensor& bytes = *static_cast<const torch::Tensor*>(a.keep.get());
-  return bytes.view(type).narrow(0, 0, int64_t(a.count)).view(shape);
+  std::shared_ptr<void> keep = a.keep;
+  return torch::from_blob(a.ptr, shape, [keep](void*) mutable { keep.reset(); }, bytes.options().dtype(type));
 }
 
 void need(const torch::Tensor& t, torch::ScalarType type, int64_t dims, const char* what) {
@@ -144,8 +150,10 @@ class Runtime {
 
   py::tuple out(const gin_ep_rt::Dispatched& d, int H, int K, bool fp8 = false) {
     const int64_t N = int64_t(d.srcRank.count), R = int64_t(std::sqrt(double(d.rankPrefix.size())) + 0.5);
-    torch::Tensor prefix = torch::tensor(d.rankPrefix, torch::dtype(torch::kInt32)).view({R, R}).to(
-        torch::Device(torch::kCUDA, device_));
+    // On the caller's stream (from pageable memory: staged before the call returns).
+    torch::Tensor prefix = torch::empty({R, R}, torch::dtype(torch::kInt32).device(torch::kCUDA, device_));
+    C10_CUDA_CHECK(cudaMemcpyAsync(prefix.data_ptr(), d.rankPrefix.data(), size_t(R * R) * 4, cudaMemcpyHostToDevice,
+                                   c10::cuda::getCurrentCUDAStream(device_).stream()));
     py::object idx = py::none(), w = py::none(), perExpert = py::none();
     if (K > 0) {
       idx = py::cast(tensorOf(d.topkIdx, torch::kInt32, {N, K}));

@@ -77,7 +77,11 @@ class _GinHandle:
         self.topk_weights = topk_weights
 
 
-def _event():
+def _event(async_finish):
+    """As DeepEP's: an event on the current stream with async_finish, else none (gin's calls
+    return when their work is done, so there is nothing to wait for)."""
+    if not async_finish:
+        return EventOverlap()
     e = torch.cuda.Event()
     e.record(torch.cuda.current_stream())
     return EventOverlap(e)
@@ -153,7 +157,7 @@ class Buffer:
         hit = torch.nn.functional.one_hot(ranks, R).bool() & valid.unsqueeze(-1)
         is_token_in_rank = hit.any(dim=1)
         per_rank = is_token_in_rank.sum(dim=0).int()
-        return per_rank, None, per_expert, is_token_in_rank, _event()
+        return per_rank, None, per_expert, is_token_in_rank, _event(async_finish)
 
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
@@ -172,7 +176,7 @@ class Buffer:
             if scales is not None:
                 raise NotImplementedError("gin_ep: a cached dispatch of FP8 x is not implemented yet; pass bf16 x")
             out = self.runtime.cached_dispatch(_stream(), x, handle[-1].capsule)
-            return out[0], None, None, None, handle, _event()
+            return out[0], None, None, None, handle, _event(async_finish)
         if topk_idx is None or topk_weights is None or num_tokens_per_expert is None:
             raise ValueError("gin_ep: dispatch without a handle needs topk_idx, topk_weights and "
                              "num_tokens_per_expert (from get_dispatch_layout)")
@@ -196,7 +200,7 @@ class Buffer:
             per_expert = []
         handle = (prefix, None, None, src_token, is_token_in_rank, None,
                   _GinHandle(gin_handle, topk_idx, topk_weights))
-        return recv_x, recv_idx, recv_w, per_expert, handle, _event()
+        return recv_x, recv_idx, recv_w, per_expert, handle, _event(async_finish)
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                 async_finish=False, allocate_on_comm_stream=False):
@@ -215,7 +219,7 @@ class Buffer:
         if topk_weights is not None:
             idx, w = handle[-1].topk_idx, handle[-1].topk_weights
             combined_w = torch.where(idx >= 0, w.float(), torch.zeros_like(w, dtype=torch.float))
-        return combined, combined_w, _event()
+        return combined, combined_w, _event(async_finish)
 
     # ---- low-latency mode ----------------------------------------------------------------------
 
@@ -238,7 +242,7 @@ class Buffer:
         handle = (src_info, layout, num_max_dispatch_tokens_per_rank, x.size(1), num_experts,
                   _GinHandle(gin_handle))
         hook = (lambda: None) if return_recv_hook else None
-        return recv_x, count, handle, _event(), hook
+        return recv_x, count, handle, _event(async_finish), hook
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False,
                             async_finish=False, return_recv_hook=False, out=None):
@@ -249,7 +253,7 @@ class Buffer:
             out.copy_(combined)
             combined = out
         hook = (lambda: None) if return_recv_hook else None
-        return combined, _event(), hook
+        return combined, _event(async_finish), hook
 
     def get_next_low_latency_combine_buffer(self, handle):
         """A tensor for the experts' outputs ([local experts][ranks x max tokens][hidden] bf16). gin copies

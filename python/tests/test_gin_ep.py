@@ -111,7 +111,9 @@ def check_normal(buf, rank, R, H, E, K, tmax, dev):
         for nb in range(3):
             biases = [torch.full_like(x, 0.25 * (b + 1)) for b in range(nb)]
             bias = None if nb == 0 else (biases[0] if nb == 1 else tuple(biases))
-            combined, _, _ = buf.combine(recv_x, handle, bias=bias)
+            combined, _, ev = buf.combine(recv_x, handle, bias=bias, async_finish=nb == 1)
+            assert (ev.event is not None) == (nb == 1), "an event with async_finish only (DeepEP's EventOverlap)"
+            ev.current_stream_wait()
             ref = x.float() * in_rank.sum(1, keepdim=True).float()
             for b in biases:
                 ref = ref + b.float()

@@ -11,16 +11,20 @@
 // Each call returns once its kernels are done (it synchronizes the stream,
 // as DeepEP's normal dispatch does to learn its receive count). Both modes
 // plan the routing on the GPU (planKernel, llPlanKernel).
-// Phases start with a barrier of every rank after their signals are reset
-// and end with one after their puts are flushed, so the stream work between
-// calls (the caller's experts) never runs while a kernel of the buffer
-// spins. The opening barrier is an all-gather of every rank's token count,
-// first bad expert index and (normal dispatch) what each of its lanes
-// sends, so a bad input or too many tokens fails every rank alike and each
-// rank lays out its receive list on the host (no count exchange on the
-// GPU). Where every peer is lsa, tokens are read from the caller's x
-// (Layer::xDirect, no pack), and a rank's rows to itself go straight into
-// its receive list (selfStep).
+// A dispatch resets its signals and then opens with an all-gather of every
+// rank's token count, first bad expert index and (normal mode) what each of
+// its lanes sends, so a bad input or too many tokens fails every rank alike
+// and each rank lays out its receive list on the host (no count exchange
+// on the GPU). A combine opens at once (its signal was reset by the
+// dispatch or the last combine). A normal dispatch and every combine end
+// with a barrier after their puts are flushed (no rank resets what a peer
+// still signals, or reuses a combine window a peer still reads); a
+// low-latency dispatch needs none (every put to a rank is counted before
+// it returns). Kernels of the buffer never spin while the caller's stream
+// work between calls (its experts) runs. Where every peer is lsa, tokens
+// are read from the caller's x (Layer::xDirect, no pack), and a rank's rows
+// to itself go straight into its receive list (selfStep) and are summed
+// from the combine's input where they are.
 #pragma once
 
 #include <algorithm>
@@ -67,7 +71,14 @@ class DeviceArray {
     }
     p_ = static_cast<T*>(p);
   }
+  // n T's at byte `offset` of `whole`'s memory, which they keep alive (one
+  // allocation for several small arrays).
+  template <class U>
+  DeviceArray(const DeviceArray<U>& whole, size_t offset, size_t n)
+      : keep_(whole.owner()), p_(reinterpret_cast<T*>(reinterpret_cast<char*>(whole.data()) + offset)), n_(n),
+        st_(whole.stream()) {}
   T* data() const { return p_; }
+  cudaStream_t stream() const { return st_; }
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }
   const std::shared_ptr<void>& owner() const { return keep_; }
@@ -493,6 +504,17 @@ class PhaseClock {
   }
 };
 
+// Byte offsets of several arrays in one allocation, each 256-byte aligned.
+struct Parts {
+  size_t bytes = 0;
+  template <class T>
+  size_t add(size_t n) {
+    const size_t at = bytes;
+    bytes += (n * sizeof(T) + 255) / 256 * 256;
+    return at;
+  }
+};
+
 class GpuBuffer {
  public:
   static constexpr int kThreads = 256;
@@ -519,9 +541,10 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
     uint64_t keep = ~0ull;  // keep freed memory in the pool: no trim at a synchronization
     GIN_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
-    // Pinned: the scratch words' copies, then this rank's lane counts
-    // (downloaded) and the receive list's layout (uploaded, as layout_).
-    GIN_CUDA_CHECK(cudaHostAlloc(&host_, 4096 + R * C * 8 + layoutBytes(), cudaHostAllocDefault));
+    // Pinned: the scratch words' copies, this rank's lane counts and its
+    // tokens per local expert (downloaded), the receive list's layout
+    // (uploaded, as layout_).
+    GIN_CUDA_CHECK(cudaHostAlloc(&host_, hostBytes(), cudaHostAllocDefault));
     layout_ = alloc(layoutBytes());
     rs_ = static_cast<RecvState*>(layout_);
     for (int r = 0; r < comm.nRanks(); ++r) allLsa_ = allLsa_ && comm.transportTo(r) == gin::Transport::Lsa;
@@ -600,7 +623,7 @@ class GpuBuffer {
   GpuDispatched dispatchTokens(const uint16_t* x, Fp8Tokens f, const int32_t* topkIdx, const float* topkWeights,
                                int tokens, int expertAlignment) {
     const Shape& sh = l_.shape;
-    const size_t K = size_t(sh.topk), L = size_t(sh.localExperts());
+    const size_t K = size_t(sh.topk), L = size_t(sh.localExperts()), T = size_t(tokens);
     const bool fp8 = f.data != nullptr;
     // Too many tokens: the all-gather every other rank makes in begin()
     // (the same sizes) throws CapacityError on every rank.
@@ -615,12 +638,21 @@ class GpuBuffer {
     GpuDispatched d;
     GpuHandle& h = d.handle;
     h.tokens = tokens;
-    h.rows = deviceArray<int>(size_t(tokens));
-    // The routing, kept for a cached dispatch; the plan is made from it on the GPU.
-    h.topkIdx = deviceArray<int32_t>(size_t(tokens) * K);
-    h.topkWeights = deviceArray<float>(size_t(tokens) * K);
-    copyOn(h.topkIdx.data(), topkIdx, h.topkIdx.size() * 4);
-    copyOn(h.topkWeights.data(), topkWeights, h.topkWeights.size() * 4);
+    // The routing, kept for a cached dispatch (the plan is made from it on
+    // the GPU), the rows per token and where its row to this rank went: one
+    // allocation.
+    {
+      Parts p;
+      const size_t idxAt = p.add<int32_t>(T * K), wAt = p.add<float>(T * K), rowsAt = p.add<int>(T),
+                   selfAt = p.add<int>(T);
+      const DeviceArray<char> slab = deviceArray<char>(p.bytes);
+      h.topkIdx = DeviceArray<int32_t>(slab, idxAt, T * K);
+      h.topkWeights = DeviceArray<float>(slab, wAt, T * K);
+      h.rows = DeviceArray<int>(slab, rowsAt, T);
+      h.selfRow = DeviceArray<int>(slab, selfAt, T);
+    }
+    copyOn(h.topkIdx.data(), topkIdx, T * K * 4);
+    copyOn(h.topkWeights.data(), topkWeights, T * K * 4);
     // Every rank's lane counts came with the opening all-gather: what each
     // (source, channel) sends here lays out the receive list.
     const std::vector<uint64_t> all = startPlanned(x, f, h);
@@ -629,42 +661,51 @@ class GpuBuffer {
     for (size_t src = 0; src < R; ++src)
       for (size_t c = 0; c < C; ++c) h.fromLane[src * C + c] = all[src * R * C + c * R + me];
     const size_t n = layOut(h.fromLane);
+    h.arrivals = *hostWord(2);  // read back by begin()
+    // What the unpack writes, in one allocation (the rows in their own: a
+    // caller may keep them longer than the handle).
+    {
+      Parts p;
+      const size_t srcAt = p.add<int>(n), tokAt = p.add<int>(n), slotAt = p.add<uint32_t>(n),
+                   idxAt = p.add<int32_t>(n * K), wAt = p.add<float>(n * K);
+      const DeviceArray<char> slab = deviceArray<char>(p.bytes);
+      h.srcRank = DeviceArray<int>(slab, srcAt, n);
+      h.srcToken = DeviceArray<int>(slab, tokAt, n);
+      h.slot = DeviceArray<uint32_t>(slab, slotAt, n);
+      d.topkIdx = DeviceArray<int32_t>(slab, idxAt, n * K);
+      d.topkWeights = DeviceArray<float>(slab, wAt, n * K);
+    }
     // bf16 rows are received straight into the returned array; FP8 rows
     // into one of rowBytes each, then split.
+    DeviceArray<char> fp8Rows;
+    if (fp8)
+      fp8Rows = deviceArray<char>(n * sh.rowBytes());
+    else
+      d.x = deviceArray<uint16_t>(n * size_t(sh.hidden));
+    launchDispatch(fp8 ? static_cast<void*>(fp8Rows.data()) : static_cast<void*>(d.x.data()));
     if (fp8) {
-      DeviceArray<char> rows = deviceArray<char>(n * sh.rowBytes());
-      finishDispatch("dispatch", rows.data());
       const size_t H = size_t(sh.hidden);
       d.xFp8 = deviceArray<uint8_t>(n * H);
       d.xScales = deviceArray<float>(n * (H / kFp8Group));
       if (n)
-        gpu::splitFp8Kernel<<<int(std::min<size_t>(n, 1024)), kThreads, 0, st_>>>(l_, rows.data(), int(n),
+        gpu::splitFp8Kernel<<<int(std::min<size_t>(n, 1024)), kThreads, 0, st_>>>(l_, fp8Rows.data(), int(n),
                                                                                    d.xFp8.data(), d.xScales.data());
-    } else {
-      d.x = deviceArray<uint16_t>(n * size_t(sh.hidden));
-      finishDispatch("dispatch", d.x.data());
     }
-    h.arrivals = *hostWord(2);  // read back by begin()
-    clock_.mark("kernels");
-    h.srcRank = deviceArray<int>(n);
-    h.srcToken = deviceArray<int>(n);
-    h.slot = deviceArray<uint32_t>(n);
-    d.topkIdx = deviceArray<int32_t>(n * K);
-    d.topkWeights = deviceArray<float>(n * K);
-    h.selfRow = deviceArray<int>(size_t(tokens));
-    GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, size_t(tokens) * 4, st_));
+    GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, T * 4, st_));
     GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, L * 4, st_));
     if (n)
       gpu::unpackKernel<<<int(std::min<size_t>((n + kThreads - 1) / kThreads, 1024)), kThreads, 0, st_>>>(
           l_, int(n), srcBase(), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), d.topkIdx.data(),
           d.topkWeights.data(), perExpert_, h.selfRow.data());
     GIN_CUDA_CHECK(cudaGetLastError());
-    d.tokensPerExpert.assign(L, 0);
-    download(d.tokensPerExpert.data(), perExpert_, L * 4);
+    // One synchronization: the outcome and the per-expert counts.
+    GIN_CUDA_CHECK(cudaMemcpyAsync(hostPerExpert(), perExpert_, L * 4, cudaMemcpyDeviceToHost, st_));
+    checkDone("dispatch");
+    clock_.mark("kernels+unpack");
+    d.tokensPerExpert.assign(hostPerExpert(), hostPerExpert() + L);
     for (int& c : d.tokensPerExpert) c = (c + expertAlignment - 1) / expertAlignment * expertAlignment;
-    h.tokensFromRank.assign(size_t(sh.ranks), 0);
-    for (size_t i = 0; i < h.fromLane.size(); ++i) h.tokensFromRank[i / size_t(sh.channels)] += int(h.fromLane[i]);
-    clock_.mark("unpack");
+    h.tokensFromRank.assign(R, 0);
+    for (size_t i = 0; i < h.fromLane.size(); ++i) h.tokensFromRank[i / C] += int(h.fromLane[i]);
     // What every rank received from every rank (DeepEP's rank prefix matrix
     // is made from it), from the opening all-gather's counts.
     h.receivedBy.assign(R * R, 0);
@@ -678,6 +719,7 @@ class GpuBuffer {
     clock_.end();
     return d;
   }
+
 
  public:
   // CpuBuffer's cached dispatch: new tokens x [T][H] along the layout of the
@@ -705,7 +747,8 @@ class GpuBuffer {
     // Every position the handle lists is filled once the receivers are done
     // (a rank that passed another dispatch's handle makes them wait, and
     // the wait gives up at the timeout with an error).
-    finishDispatch("cached dispatch", d.x.data());
+    launchDispatch(d.x.data());
+    checkDone("cached dispatch");
     clock_.mark("kernels");
     comm_.bootstrap().barrier();
     clock_.mark("barrier");
@@ -772,7 +815,12 @@ class GpuBuffer {
     gpu::llUnpackKernel<<<int(L * R), kThreads, 0, st_>>>(l_, d.x.data(), d.xFp8.data(), d.xScales.data(),
                                                           h.count.data(), h.range.data(), h.srcToken.data(),
                                                           h.srcK.data());
-    settle("low-latency dispatch");
+    // No closing barrier: once this rank's counts all arrived no peer
+    // signals it for this call (every put is counted), its own puts are
+    // flushed, and the next call's opening all-gather orders its resets
+    // and ring reuse; a combine writes only combine windows, which the last
+    // combine's barrier freed.
+    settle("low-latency dispatch", false);
     return d;
   }
 
@@ -804,7 +852,7 @@ class GpuBuffer {
   PhaseClock clock_{comm_.rank()};
   cudaMemPool_t pool_ = nullptr;
   DeviceAllocator alloc_;
-  void* host_ = nullptr;  // pinned: copies of mem_'s words (failed, -, arrivals, bad index), hostCounts(), hostLayout()
+  void* host_ = nullptr;  // pinned: mem_'s words (failed, -, arrivals, bad), hostCounts(), hostLayout(), hostPerExpert()
   gpu::DeviceAllocs mem_;
   int* perExpert_ = nullptr;
   uint32_t* sendList_ = nullptr;
@@ -823,6 +871,8 @@ class GpuBuffer {
   // Pinned host memory after the words: this rank's lane counts [C][R], the layout's staging.
   uint64_t* hostCounts() const { return reinterpret_cast<uint64_t*>(static_cast<char*>(host_) + 4096); }
   char* hostLayout() const { return reinterpret_cast<char*>(hostCounts() + lanes()); }
+  int* hostPerExpert() const { return reinterpret_cast<int*>(hostLayout() + layoutBytes()); }
+  size_t hostBytes() const { return 4096 + lanes() * 8 + layoutBytes() + size_t(l_.shape.localExperts()) * 4; }
   const uint64_t* srcBase() const {
     return reinterpret_cast<const uint64_t*>(static_cast<char*>(layout_) + lanes() * sizeof(RecvState));
   }
@@ -949,15 +999,14 @@ class GpuBuffer {
 
   // Normal mode after start and layOut(): the dispatch kernel (rows into
   // recvX [rows][rowBytes], metadata into the buffer's list), a flush of
-  // every context, then the outcome.
-  void finishDispatch(const char* what, void* recvX) {
+  // every context, and the outcome's copy to the host (checkDone reads it).
+  void launchDispatch(void* recvX) {
     const Shape& sh = l_.shape;
     gpu::dispatchKernel<<<sh.channels + sh.ranks * sh.channels, kThreads, 0, st_>>>(l_, rs_, recvX, recvMeta_,
                                                                                     failed());
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
-    checkDone(what);
   }
 
   // Waits for the stream; a device error of this rank, or a wait that gave
@@ -970,33 +1019,32 @@ class GpuBuffer {
       throw std::runtime_error(std::string("ep: ") + what + ": a wait gave up on rank " + std::to_string(comm_.rank()));
   }
 
-  // A phase's end: every context flushed, the outcome checked, then a
-  // barrier (nobody resets signals for the next phase while a peer still
-  // signals).
-  void settle(const char* what) {
+  // A phase's end: every context flushed, the outcome checked, then (with
+  // `barrier`) a barrier: no rank reuses what a peer may still read (a
+  // combine window) or resets what a peer may still signal.
+  void settle(const char* what, bool barrier = true) {
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
     checkDone(what);
     clock_.mark("kernels");
-    comm_.bootstrap().barrier();
-    clock_.mark("barrier");
+    if (barrier) {
+      comm_.bootstrap().barrier();
+      clock_.mark("barrier");
+    }
     clock_.end();
   }
 
+  // A combine starts at once: every rank's combine signal is zero and its
+  // combine window read (the dispatch's begin() reset the signal, every
+  // combine resets it after its sum, and a barrier ends both phases).
   void startCombine(const char* call) {
     clock_.start(call);
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
-    gpu::resetKernel<<<1, 32, 0, st_>>>(l_, l_.sig.combine(), l_.sig.combine() + 1);
-    GIN_CUDA_CHECK(cudaGetLastError());
-    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
-    clock_.mark("reset");
-    comm_.bootstrap().barrier();  // every rank's combine signal is zero before rows come back
-    clock_.mark("barrier");
   }
 
   // After the return kernel: wait for `arrivals` rows, sum them into out,
-  // settle.
+  // reset the combine signal for the next combine, settle.
   void finishCombine(uint64_t arrivals, int tokens, int stride, const int* rows, const int32_t* idx,
                      const float* weight, const uint16_t* bias0, const uint16_t* bias1, uint16_t* out,
                      const char* what, gpu::SelfRows self = {}) {
@@ -1004,6 +1052,7 @@ class GpuBuffer {
     if (tokens > 0)
       gpu::sumKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, tokens, stride, rows, idx, weight, bias0, bias1,
                                                                    out, self);
+    gpu::resetKernel<<<1, 32, 0, st_>>>(l_, l_.sig.combine(), l_.sig.combine() + 1);
     settle(what);
   }
 };
