@@ -82,8 +82,6 @@ class DeviceArray {
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }
   const std::shared_ptr<void>& owner() const { return keep_; }
-  // The first n values only (the memory stays as it was made).
-  void shrink(size_t n) { n_ = std::min(n, n_); }
   // The values on the host (waits for the stream).
   std::vector<T> toHost() const {
     std::vector<T> v(n_);
@@ -657,9 +655,18 @@ class GpuBuffer {
     // (source, channel) sends here lays out the receive list.
     const std::vector<uint64_t> all = startPlanned(x, f, h);
     const size_t R = size_t(sh.ranks), C = size_t(sh.channels), me = size_t(comm_.rank());
+    const auto sent = [&](size_t src, size_t c, size_t dst) { return all[(src * C + c) * R + dst]; };
     h.fromLane.assign(R * C, 0);
+    // What every rank receives from every rank (DeepEP's rank prefix matrix
+    // is made from it; row `me` is this rank's tokensFromRank).
+    h.receivedBy.assign(R * R, 0);
     for (size_t src = 0; src < R; ++src)
-      for (size_t c = 0; c < C; ++c) h.fromLane[src * C + c] = all[src * R * C + c * R + me];
+      for (size_t c = 0; c < C; ++c) {
+        h.fromLane[src * C + c] = sent(src, c, me);
+        for (size_t j = 0; j < R; ++j) h.receivedBy[j * R + src] += int(sent(src, c, j));
+      }
+    h.tokensFromRank.assign(h.receivedBy.begin() + std::ptrdiff_t(me * R),
+                            h.receivedBy.begin() + std::ptrdiff_t((me + 1) * R));
     const size_t n = layOut(h.fromLane);
     h.arrivals = *hostWord(2);  // read back by begin()
     // What the unpack writes, in one allocation (the rows in their own: a
@@ -704,14 +711,6 @@ class GpuBuffer {
     clock_.mark("kernels+unpack");
     d.tokensPerExpert.assign(hostPerExpert(), hostPerExpert() + L);
     for (int& c : d.tokensPerExpert) c = (c + expertAlignment - 1) / expertAlignment * expertAlignment;
-    h.tokensFromRank.assign(R, 0);
-    for (size_t i = 0; i < h.fromLane.size(); ++i) h.tokensFromRank[i / C] += int(h.fromLane[i]);
-    // What every rank received from every rank (DeepEP's rank prefix matrix
-    // is made from it), from the opening all-gather's counts.
-    h.receivedBy.assign(R * R, 0);
-    for (size_t src = 0; src < R; ++src)
-      for (size_t c = 0; c < C; ++c)
-        for (size_t j = 0; j < R; ++j) h.receivedBy[j * R + src] += int(all[src * R * C + c * R + j]);
     // The phase's closing barrier: no rank resets signals for its next call
     // while a peer still frees slots of this one.
     comm_.bootstrap().barrier();
@@ -719,7 +718,6 @@ class GpuBuffer {
     clock_.end();
     return d;
   }
-
 
  public:
   // CpuBuffer's cached dispatch: new tokens x [T][H] along the layout of the
