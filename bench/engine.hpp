@@ -304,6 +304,7 @@ class CpuEngine final : public Engine {
   static double seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
   gin::Net<gin::kBackendLsa> net() const { return gin::Net<gin::kBackendLsa>(comm_.devComm(), 0); }
   bool pingPong_(int iters, uint64_t base, uint64_t* ns, int mode) {
+    if (ibgda()) return bench::pingPong<gin::kBackendIbgda>(comm_.devComm(), iters, base, ns, mode);
     return proxy() ? bench::pingPong<gin::kBackendProxy>(comm_.devComm(), iters, base, ns, mode)
                    : bench::pingPong<gin::kBackendLsa>(comm_.devComm(), iters, base, ns, mode);
   }
@@ -372,6 +373,7 @@ class GpuEngine final : public Engine {
     BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::kBackendProxy, gin::CoopWarp>));
     BENCH_CUDA(cudaFuncGetAttributes(&a, putKernel<gin::kBackendProxy, gin::CoopBlock>));
     BENCH_CUDA(cudaFuncGetAttributes(&a, pingKernel<gin::kBackendProxy>));
+    BENCH_CUDA(cudaFuncGetAttributes(&a, pingKernel<gin::kBackendIbgda>));
     BENCH_CUDA(cudaFuncGetAttributes(&a, msgBurstKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, msgLatencyKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, fillKernel));
@@ -476,7 +478,9 @@ class GpuEngine final : public Engine {
   PingResult pingPong(int iters, uint64_t base, int mode) override {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, 2 * sizeof(unsigned long long), stream_));
     const double s = timed([&] {
-      if (proxy())
+      if (ibgda())
+        pingKernel<gin::kBackendIbgda><<<1, 1, 0, stream_>>>(comm_.devComm(), iters, base, mode, scratch_);
+      else if (proxy())
         pingKernel<gin::kBackendProxy><<<1, 1, 0, stream_>>>(comm_.devComm(), iters, base, mode, scratch_);
       else
         pingKernel<gin::kBackendLsa><<<1, 1, 0, stream_>>>(comm_.devComm(), iters, base, mode, scratch_);

@@ -46,8 +46,8 @@ const char* kUsage =
     "                moe (gin::ep dispatch and combine, next to an NCCL send/recv all-to-all)\n"
     "  --transport   lsa (default) or proxy (every peer through the proxy engine; msg-rate\n"
     "                uses it unless told ibgda). With proxy, ranks may share a GPU (--ranks > GPUs)\n"
-    "                ibgda: msg-rate (the WQE post rate into the soft NIC in sink mode) and\n"
-    "                sendrecv (through the soft NIC); GIN_IBGDA_DEVICE picks another NIC\n"
+    "                ibgda: msg-rate (the WQE post rate into the soft NIC in sink mode),\n"
+    "                sendrecv and signal-lat (through the soft NIC); GIN_IBGDA_DEVICE picks another NIC\n"
     "  --ranks N     GPUs: default all visible (one host thread + gin::Comm per GPU);\n"
     "                --emulate: CPU ranks as threads, default 2\n"
     "  --emulate     run CPU ranks (threads) through the same gin device API; also the\n"
@@ -231,11 +231,11 @@ Options parseArgs(int argc, char** argv) {
   }
   if (!haveOp) usageError("no OP given");
   if (o.op == Op::MsgRate && o.transport != "ibgda") o.transport = "proxy";
-  if (o.transport == "ibgda" && o.op != Op::MsgRate && o.op != Op::SendRecv)
+  if (o.transport == "ibgda" && o.op != Op::MsgRate && o.op != Op::SendRecv && o.op != Op::SignalLat)
     usageError(
-        "--transport ibgda measures msg-rate (the post rate into a sink NIC) and sendrecv (through the soft NIC) "
-        "only: no ConnectX device was available to measure put-bw, signal-lat, barrier, allreduce or moe over a "
-        "real NIC");
+        "--transport ibgda measures msg-rate (the post rate into a sink NIC), sendrecv and signal-lat (through the "
+        "soft NIC, or the GPU NIC with GIN_IBGDA_DEVICE=gpu-soft) only: no ConnectX device was available to "
+        "measure put-bw, barrier, allreduce or moe over a real NIC");
   if (o.sizesGiven && o.op != Op::PutBw && o.op != Op::AllReduce && o.op != Op::SendRecv)
     usageError("--sizes applies to put-bw, allreduce and sendrecv");
   if (o.channels && o.op != Op::SendRecv && o.op != Op::Moe) usageError("--channels applies to sendrecv and moe");
@@ -264,7 +264,7 @@ void setTransport(const Options& o, gin::CommConfig* cfg) {
   if (o.contexts) cfg->nContexts = o.contexts;
   if (o.transport == "ibgda") {
     cfg->transport = gin::TransportChoice::Ibgda;
-    // msg-rate measures posting only (sink); sendrecv moves data (the full soft NIC).
+    // msg-rate measures posting only (sink); sendrecv and signal-lat move data (the full soft NIC).
     const auto soft = o.op == Op::MsgRate ? gin::IbgdaConfig::Device::SoftSink : gin::IbgdaConfig::Device::Soft;
     cfg->ibgda.device = gin::env::choice("GIN_IBGDA_DEVICE") ? gin::IbgdaConfig::Device::Auto : soft;
   } else {

@@ -11,6 +11,7 @@
 #include <catch2/catch_session.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -475,48 +476,138 @@ TEST_CASE("GPU ibgda through the Comm: GPU ranks sharing a GPU put to the next r
   putsToNextRank(IbgdaConfig::Device::GpuSoft, {1, 2, 3, 4, 8}, [](int n) { return 96 / n; });
 }
 
-TEST_CASE("GPU ibgda: the GPU NIC answers a bad rkey with a remote access error CQE", "[gpu][ibgda][gpunic]") {
-  if (gputest::hardwareQueues() == 1) {
-    WARN("the GPU NIC refuses CUDA_DEVICE_MAX_CONNECTIONS=1 (its own case checks that)");
-    return;
-  }
+namespace {
+// Rank 0 puts once through the GPU NIC with the remote key of dst (or the
+// local key of src) corrupted where the device code reads it: the NIC
+// answers with ConnectX's error CQE, the flush fails, and the Comm reports
+// `expected` (the syndrome's text).
+void badKeyCase(bool local, const char* expected) {
   CommConfig cfg = nicConfig(IbgdaConfig::Device::GpuSoft);
   cfg.timeoutNs = 5'000'000'000ull;
   REQUIRE_NOTHROW(gputest::runRanksOnStreams(
       1,
       [&](Comm& comm, cudaStream_t st) {
         Window src = comm.allocWindow(1 << 16), dst = comm.allocWindow(1 << 16);
-        // Corrupt the remote key the device code puts into WQEs for dst.
         IbgdaDev id{};
         GPU_CHECK(cudaMemcpy(&id, CommAccess::ibgda(comm)->dev(), sizeof id, cudaMemcpyDeviceToHost));
         WindowDev wd{};
-        GPU_CHECK(cudaMemcpy(&wd, dst.dev, sizeof wd, cudaMemcpyDeviceToHost));
+        GPU_CHECK(cudaMemcpy(&wd, (local ? src : dst).dev, sizeof wd, cudaMemcpyDeviceToHost));
         const uint32_t slot = wd.id % id.maxWindows;
-        IbgdaRemoteKey rk{};
-        GPU_CHECK(cudaMemcpy(&rk, id.windowRemotes + slot, sizeof rk, cudaMemcpyDeviceToHost));
-        rk.rkey ^= 0x5a5a00u;
-        GPU_CHECK(cudaMemcpy(const_cast<IbgdaRemoteKey*>(id.windowRemotes) + slot, &rk, sizeof rk,
-                             cudaMemcpyHostToDevice));
+        if (local) {
+          IbgdaWindowKey k{};
+          GPU_CHECK(cudaMemcpy(&k, id.windows + slot, sizeof k, cudaMemcpyDeviceToHost));
+          k.lkey ^= 0x5a5a00u;
+          GPU_CHECK(cudaMemcpy(id.windows + slot, &k, sizeof k, cudaMemcpyHostToDevice));
+        } else {
+          IbgdaRemoteKey rk{};
+          GPU_CHECK(cudaMemcpy(&rk, id.windowRemotes + slot, sizeof rk, cudaMemcpyDeviceToHost));
+          rk.rkey ^= 0x5a5a00u;
+          GPU_CHECK(cudaMemcpy(const_cast<IbgdaRemoteKey*>(id.windowRemotes) + slot, &rk, sizeof rk,
+                               cudaMemcpyHostToDevice));
+        }
         int* ok = nullptr;
         GPU_CHECK(cudaMallocManaged(&ok, sizeof(int)));
         *ok = -1;
         putOnce<<<1, 64, 0, st>>>(comm.devComm(), dst, src, ok);
         GPU_CHECK(cudaGetLastError());
         GPU_CHECK(cudaStreamSynchronize(st));
-        expect(*ok == 0, "the flush after a put with a bad rkey did not fail");
+        expect(*ok == 0, "the flush after a put with a bad key did not fail");
         bool threw = false;
         try {
           comm.check();
         } catch (const std::exception& e) {
           threw = true;
           const std::string m = e.what();
-          expect(m.find("remote access error") != std::string::npos, "unexpected error: " + m);
+          expect(m.find(expected) != std::string::npos, "unexpected error: " + m);
         }
         expect(threw, "the Comm did not report the error CQE");
         expect(CommAccess::ibgda(comm)->gpuNic()->errors() == 1, "the GPU NIC did not count one error");
         cudaFree(ok);
       },
       cfg));
+}
+
+// Rank 0 posts `posts` puts with SignalInc to rank 1 on context 0 and
+// flushes; rank 1 waits for them all. result[rank]: 1 done, 0 a wait or
+// flush gave up.
+__global__ void postAndWait(DevComm dc, Window dst, Window src, int posts, int* result) {
+  NetI net(dc, 0);
+  bool good;
+  if (dc.rank == 0) {
+    for (int i = 0; i < posts; ++i) net.put(teamWorld(dc), 1, dst, 64 * size_t(i % 64), src, 0, 64, SignalInc{0});
+    good = net.flush(CoopThread{});
+  } else {
+    good = net.waitSignal(CoopThread{}, 0, uint64_t(posts));
+  }
+  result[dc.rank] = good ? 1 : 0;
+}
+}  // namespace
+
+TEST_CASE("GPU ibgda: the GPU NIC answers a bad rkey with a remote access error CQE", "[gpu][ibgda][gpunic]") {
+  if (gputest::hardwareQueues() == 1) {
+    WARN("the GPU NIC refuses CUDA_DEVICE_MAX_CONNECTIONS=1 (its own case checks that)");
+    return;
+  }
+  badKeyCase(false, "remote access error");
+}
+
+TEST_CASE("GPU ibgda: the GPU NIC answers a bad lkey with a local protection error CQE", "[gpu][ibgda][gpunic]") {
+  if (gputest::hardwareQueues() == 1) {
+    WARN("the GPU NIC refuses CUDA_DEVICE_MAX_CONNECTIONS=1 (its own case checks that)");
+    return;
+  }
+  badKeyCase(true, "local protection error");
+}
+
+TEST_CASE("GPU ibgda through the Comm: a soft NIC that stops consuming ends every rank's waits with its error",
+          "[gpu][ibgda][fault]") {
+  if (!gputest::queuesFor(2)) {
+    WARN("2 ranks in one process need 3 hardware queues (tests/gpu/processes.cu runs ranks as processes)");
+    return;
+  }
+  // Rank 0's NIC is paused: its kernel fills the send queue (4 times its
+  // depth), the wait for room gives up after the 2 s timeout, and that
+  // failure stops rank 1's wait for the signals that never come (within a
+  // millisecond or so of the first, not a second timeout later).
+  CommConfig cfg = nicConfig(IbgdaConfig::Device::Soft);
+  cfg.timeoutNs = 2'000'000'000ull;
+  cfg.ibgda.qpDepth = 64;
+  std::vector<std::string> msgs(2);
+  std::vector<double> stopped(2, 0);
+  REQUIRE_NOTHROW(gputest::runRanksOnStreams(
+      2,
+      [&](Comm& comm, cudaStream_t st) {
+        const int me = comm.rank();
+        Window src = comm.allocWindow(1 << 16), dst = comm.allocWindow(1 << 16);
+        IbgdaTransport* ib = CommAccess::ibgda(comm);
+        int* result = nullptr;
+        GPU_CHECK(cudaMallocManaged(&result, 2 * sizeof(int)));
+        result[0] = result[1] = -1;
+        GPU_CHECK(cudaDeviceSynchronize());
+        if (me == 0) gin::test::PauseAccess::pause(ib->nic(), true);
+        comm.bootstrap().barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        postAndWait<<<1, 1, 0, st>>>(comm.devComm(), dst, src, int(4 * ib->config().qpDepth), result);
+        GPU_CHECK(cudaGetLastError());
+        GPU_CHECK(cudaStreamSynchronize(st));
+        stopped[size_t(me)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        expect(result[me] == 0, "rank " + std::to_string(me) + "'s kernel did not give up");
+        try {
+          comm.check();
+        } catch (const std::exception& e) {
+          msgs[size_t(me)] = e.what();
+        }
+        if (me == 0) gin::test::PauseAccess::pause(ib->nic(), false);
+        comm.bootstrap().barrier();
+        cudaFree(result);
+      },
+      cfg));
+  std::printf("NIC stopped: rank 0 out after %.3f s: %s\nrank 1 out after %.3f s: %s\n", stopped[0],
+              msgs[0].c_str(), stopped[1], msgs[1].c_str());
+  CHECK_THAT(msgs[0], Catch::Matchers::ContainsSubstring("ibgda"));
+  CHECK_THAT(msgs[1], Catch::Matchers::ContainsSubstring("because rank 0 failed first"));
+  CHECK(stopped[0] < 2.0 + 3.0);
+  CHECK(stopped[1] < 2.0 + 3.0);
 }
 
 int main(int argc, char** argv) {

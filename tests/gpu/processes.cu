@@ -3,14 +3,27 @@
 // MASTER_ADDR, MASTER_PORT); each rank bootstraps over TCP, maps its peers'
 // windows with CUDA IPC handles, and runs put/signal/barrier kernels.
 // Skips (exit 77) with fewer than 2 GPUs.
+//
+// Over the proxy (GIN_TRANSPORT=proxy: the processes may share GPUs) it then
+// injects faults into 3 GPU ranks whose kernels spin in a put/wait ring:
+// rank 2 killed (SIGKILL) mid-run, and over the tcp wire rank 1 cutting its
+// connection to rank 2. The survivors' kernels must stop, every survivor
+// must report a gin::Error, and within a bound: 10 s where the wire sees the
+// loss (tcp, 20 s wait timeout), the timeout plus 10 s where only a wait can
+// notice (the local wire: one rank times out, its failure stops the others).
+#include <poll.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
+#include "gin/host/test_access.hpp"
 #include "gpu_common.cuh"
 
 extern char** environ;
@@ -37,7 +50,84 @@ __global__ void ring(DevComm dc, Window dst, Window src, size_t bytes, int round
   }
 }
 
+// One thread per rank: put 256 bytes with SignalInc to the next rank, wait
+// for the previous rank's signal to reach the round, for `rounds` rounds;
+// every 64 rounds the round number goes to mapped host memory.
+__global__ void faultRing(DevComm dc, Window w, uint64_t rounds, volatile uint64_t* progress, int* bad) {
+  Net net(dc, 0);
+  const int next = (dc.rank + 1) % dc.nRanks;
+  for (uint64_t r = 1; r <= rounds; ++r) {
+    net.put(teamWorld(dc), next, w, 0, w, 4096, 256, SignalInc{0});
+    if (!net.waitSignal(CoopThread{}, 0, r)) {
+      *bad = 1;
+      return;
+    }
+    if (r % 64 == 0) {
+      *progress = r;
+      __threadfence_system();
+    }
+  }
+}
+
+constexpr int kVictim = 2;
+
+// A rank of the fault cases (GIN_TEST_FAULT=kill or cut). Exit 0: this
+// rank's kernel stopped and its Comm holds an error (survivors), or it is
+// the victim of "cut" and did the same.
+int faultWorker(const std::string& mode) {
+  auto bs = TcpBootstrap::fromEnvironment();
+  CommConfig cfg;
+  cfg.device = DeviceKind::Gpu;
+  cfg.timeoutNs = gputest::suiteTimeoutNs();
+  Comm comm(*bs, cfg);
+  const int me = comm.rank();
+  const int readyFd = std::atoi(std::getenv("GIN_TEST_READY_FD"));
+  Window w = comm.allocWindow(8192);
+  uint64_t* progress = nullptr;
+  int* bad = nullptr;
+  GPU_CHECK(cudaHostAlloc(&progress, sizeof *progress, cudaHostAllocMapped));
+  *progress = 0;
+  GPU_CHECK(cudaMalloc(&bad, sizeof(int)));
+  GPU_CHECK(cudaMemset(bad, 0, sizeof(int)));
+  cudaStream_t st = nullptr;
+  GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  GPU_CHECK(cudaDeviceSynchronize());
+  comm.bootstrap().barrier();
+  faultRing<<<1, 1, 0, st>>>(comm.devComm(), w, uint64_t(1) << 40, progress, bad);
+  GPU_CHECK(cudaGetLastError());
+  bool told = false;
+  cudaError_t q;
+  while ((q = cudaStreamQuery(st)) == cudaErrorNotReady) {
+    if (!told && *static_cast<volatile uint64_t*>(progress) >= 256) {
+      told = true;
+      // The ring runs: now the fault. "kill": the parent kills the victim
+      // when it says so; "cut": rank 1 shuts its tcp send side to rank 2.
+      if (mode == "cut" && me == 1) gin::test::CommAccess::tcpWire(comm)->shutdownSendForTest(kVictim);
+      if ((mode == "kill" && me == kVictim) || (mode == "cut" && me == 1)) {
+        const char b = 1;
+        (void)!write(readyFd, &b, 1);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  int hb = 0;
+  cudaMemcpy(&hb, bad, sizeof hb, cudaMemcpyDeviceToHost);
+  std::string msg;
+  try {
+    comm.check();
+  } catch (const gin::Error& e) {
+    msg = e.what();
+  }
+  std::fprintf(stderr, "rank %d (%s): kernel %s after %llu rounds; %s\n", me, mode.c_str(),
+               q == cudaSuccess ? "ended" : cudaGetErrorString(q), (unsigned long long)*progress,
+               msg.empty() ? "no error recorded" : msg.c_str());
+  std::fflush(stderr);
+  const bool ok = q == cudaSuccess && hb == 1 && !msg.empty();
+  _exit(ok ? 0 : 11);  // not through the Comm's collective teardown: a peer is gone
+}
+
 int worker() {
+  if (const char* f = std::getenv("GIN_TEST_FAULT")) return faultWorker(f);
   auto bs = TcpBootstrap::fromEnvironment();
   CommConfig cfg;
   cfg.device = DeviceKind::Gpu;
@@ -81,6 +171,79 @@ int worker() {
 }
 }  // namespace
 
+// Starts rank r of n as a fresh program (not fork: CUDA state is never
+// shared) with torchrun's variables and `extra`.
+pid_t spawnRank(int r, int n, int port, const std::vector<std::string>& extra) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.push_back("RANK=" + std::to_string(r));
+  env.push_back("LOCAL_RANK=" + std::to_string(r));
+  env.push_back("WORLD_SIZE=" + std::to_string(n));
+  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(n));
+  env.push_back("MASTER_ADDR=127.0.0.1");
+  env.push_back("MASTER_PORT=" + std::to_string(port));
+  env.insert(env.end(), extra.begin(), extra.end());
+  std::vector<char*> envp;
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  char self[] = "/proc/self/exe";
+  char* argv[] = {self, nullptr};
+  pid_t pid = 0;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return -1;
+  return pid;
+}
+
+// One fault case with 3 ranks: true when it passed. `boundS`: the most
+// seconds from the fault to the last survivor's exit.
+bool faultCase(const std::string& mode, uint64_t timeoutMs, double boundS) {
+  using Clock = std::chrono::steady_clock;
+  int ready[2];
+  if (pipe(ready) != 0) return false;
+  const int port = 20000 + int(getpid() % 20000) + (mode == "kill" ? 7 : 8);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 3; ++r)
+    pids.push_back(spawnRank(r, 3, port,
+                             {"GIN_TEST_FAULT=" + mode, "GIN_TEST_READY_FD=" + std::to_string(ready[1]),
+                              "GIN_TIMEOUT_MS=" + std::to_string(timeoutMs)}));
+  close(ready[1]);
+  pollfd p{ready[0], POLLIN, 0};
+  const bool started = poll(&p, 1, 120000) == 1;
+  if (started && mode == "kill") kill(pids[kVictim], SIGKILL);
+  const auto faultAt = Clock::now();
+  std::vector<int> status(3, -1);
+  double last = 0;
+  while (started && Clock::now() - faultAt < std::chrono::duration<double>(boundS + 30)) {
+    bool all = true;
+    for (int r = 0; r < 3; ++r) {
+      int st = 0;
+      if (status[size_t(r)] != -1) continue;
+      if (waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
+        status[size_t(r)] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        last = std::max(last, std::chrono::duration<double>(Clock::now() - faultAt).count());
+      } else {
+        all = false;
+      }
+    }
+    if (all) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int r = 0; r < 3; ++r)
+    if (status[size_t(r)] == -1) {
+      kill(pids[size_t(r)], SIGKILL);
+      waitpid(pids[size_t(r)], nullptr, 0);
+    }
+  close(ready[0]);
+  bool ok = started;
+  for (int r = 0; r < 3; ++r) ok = ok && status[size_t(r)] == (mode == "kill" && r == kVictim ? 128 + SIGKILL : 0);
+  ok = ok && last < boundS;
+  std::printf("fault '%s' (3 processes, %llu ms wait timeout): exit codes %d %d %d, every rank out %.3f s after the "
+              "fault (bound %.0f s): %s\n",
+              mode.c_str(), (unsigned long long)timeoutMs, status[0], status[1], status[2], last, boundS,
+              ok ? "passed" : "FAILED");
+  std::fflush(stdout);
+  return ok;
+}
+
 int main() {
   if (std::getenv("RANK")) {
     try {
@@ -109,21 +272,8 @@ int main() {
     std::vector<pid_t> pids;
     const int port = 20000 + int(getpid() % 20000) + n;
     for (int r = 0; r < n; ++r) {
-      std::vector<std::string> env;
-      for (char** e = environ; *e; ++e) env.emplace_back(*e);
-      env.push_back("RANK=" + std::to_string(r));
-      env.push_back("LOCAL_RANK=" + std::to_string(r));
-      env.push_back("WORLD_SIZE=" + std::to_string(n));
-      env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(n));
-      env.push_back("MASTER_ADDR=127.0.0.1");
-      env.push_back("MASTER_PORT=" + std::to_string(port));
-      std::vector<char*> envp;
-      for (auto& s : env) envp.push_back(s.data());
-      envp.push_back(nullptr);
-      char self[] = "/proc/self/exe";
-      char* argv[] = {self, nullptr};
-      pid_t pid = 0;
-      if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) return 2;
+      const pid_t pid = spawnRank(r, n, port, {});
+      if (pid < 0) return 2;
       pids.push_back(pid);
     }
     for (pid_t pid : pids) {
@@ -132,6 +282,19 @@ int main() {
       if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failures;
     }
     std::printf("%d processes on %d GPU(s): %s\n", n, std::min(n, gpus), failures ? "FAILED" : "passed");
+  }
+  if (shared) {
+    std::fflush(stdout);
+    const char* w = std::getenv("GIN_PROXY_WIRE");
+    if (w && std::string(w) == "tcp") {
+      // The wire notices: well inside the 20 s timeout.
+      failures += !faultCase("kill", 20000, 10);
+      failures += !faultCase("cut", 20000, 10);
+    } else {
+      // Shared memory: a dead peer is noticed by the first wait that times
+      // out (5 s here); its failure ends the others' waits.
+      failures += !faultCase("kill", 5000, 15);
+    }
   }
   return failures ? 1 : 0;
 }

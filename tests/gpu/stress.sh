@@ -22,7 +22,9 @@ b="$build/bench/gin-bench"
 # 32 hardware queues the test programs give themselves; "conns1" runs set
 # CUDA_DEVICE_MAX_CONNECTIONS=1 (what Megatron-LM sets): there the in-process
 # suites run their one-rank cases and tests/gpu/processes.cu runs 2, 3 and 4
-# processes sharing the GPU (docs/design/progress.md says why).
+# processes sharing the GPU (docs/design/progress.md says why); over the proxy
+# it also kills a rank mid-run (and, over tcp, cuts a connection) and checks
+# that every other rank stops with an error, in bounded time.
 cases=(
   "ibgda-comm-1to8|GIN_TIMEOUT_MS=20000|$g/test_gpu_ibgda [comm]"
   "ibgda-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TIMEOUT_MS=20000|$g/test_gpu_ibgda"
@@ -36,6 +38,8 @@ cases=(
   "processes-proxy-tcp-conns1|CUDA_DEVICE_MAX_CONNECTIONS=1 GIN_TRANSPORT=proxy GIN_PROXY_WIRE=tcp|$g/test_gpu_processes"
   "lsa|GIN_TIMEOUT_MS=20000|$g/test_gpu_lsa"
   "allreduce-proxy|GIN_TRANSPORT=proxy GIN_TIMEOUT_MS=20000|$g/test_gpu_allreduce"
+  "allreduce|GIN_TIMEOUT_MS=20000|$g/test_gpu_allreduce"
+  "allreduce-ll|GIN_TIMEOUT_MS=20000|$g/test_gpu_allreduce [ll]"
   "signal-lat-proxy2||$b signal-lat --transport proxy --ranks 2 --no-nccl"
 )
 
