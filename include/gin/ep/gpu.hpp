@@ -324,6 +324,29 @@ inline Shape autoShape(gin::Comm& comm, Shape sh) {
   return sh;
 }
 
+// Launches the dispatch kernel, whose senders and receivers wait on each
+// other, cooperatively (as DeepEP launches its kernels): CUDA starts all of
+// its CTAs at once or refuses the launch, instead of running part of the
+// grid while the rest waits for SMs behind other work (another stream's
+// kernels, a tool that runs CTAs one after another).
+inline void launchDispatchKernel(int grid, int threads, cudaStream_t st, const Layer& l, const RecvState* rs,
+                                 void* recvX, char* recvMeta, int* failed) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(grid));
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.stream = st;
+  cudaLaunchAttribute coop{};
+  coop.id = cudaLaunchAttributeCooperative;
+  coop.val.cooperative = 1;
+  cfg.attrs = &coop;
+  cfg.numAttrs = 1;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, dispatchKernel, l, rs, recvX, recvMeta, failed);
+  if (e != cudaSuccess)
+    throw gin::Error(std::string("moe: the dispatch kernel (") + std::to_string(grid) + " CTAs of " +
+                     std::to_string(threads) + " threads, launched cooperatively: all resident at once) did not "
+                     "launch: " + cudaGetErrorString(e) + "; use fewer channels");
+}
+
 // Grid sizes for a rank (collective: ranks compare GPUs). The dispatch
 // kernel's senders and receivers wait on each other (and on other ranks'
 // CTAs): all C + R x C CTAs must be resident at once, or the layer stalls
@@ -460,7 +483,7 @@ class GpuLayer {
     if (!ll_) {
       gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
       gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), uint64_t(R) * uint64_t(sh.tokens));
-      gpu::dispatchKernel<<<C + R * C, kThreads, 0, st_>>>(l_, rs_, recvX_, recvMeta_, failed());
+      gpu::launchDispatchKernel(C + R * C, kThreads, st_, l_, rs_, recvX_, recvMeta_, failed());
       if (dispatched) GIN_CUDA_CHECK(cudaEventRecord(dispatched, st_));
       gpu::expertCombineKernel<<<combineGrid_, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
       gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());

@@ -1000,8 +1000,8 @@ class GpuBuffer {
   // every context, and the outcome's copy to the host (checkDone reads it).
   void launchDispatch(void* recvX) {
     const Shape& sh = l_.shape;
-    gpu::dispatchKernel<<<sh.channels + sh.ranks * sh.channels, kThreads, 0, st_>>>(l_, rs_, recvX, recvMeta_,
-                                                                                    failed());
+    gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, recvX, recvMeta_,
+                              failed());
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
