@@ -568,7 +568,7 @@ TEST_CASE("GPU ibgda through the Comm: a soft NIC that stops consuming ends ever
   // Rank 0's NIC is paused: its kernel fills the send queue (4 times its
   // depth), the wait for room gives up after the 2 s timeout, and that
   // failure stops rank 1's wait for the signals that never come (within a
-  // millisecond or so of the first, not a second timeout later).
+  // millisecond or so, not after its own timeout of a minute).
   CommConfig cfg = nicConfig(IbgdaConfig::Device::Soft);
   cfg.timeoutNs = 2'000'000'000ull;
   cfg.ibgda.qpDepth = 64;
@@ -587,7 +587,11 @@ TEST_CASE("GPU ibgda through the Comm: a soft NIC that stops consuming ends ever
         if (me == 0) gin::test::PauseAccess::pause(ib->nic(), true);
         comm.bootstrap().barrier();
         const auto t0 = std::chrono::steady_clock::now();
-        postAndWait<<<1, 1, 0, st>>>(comm.devComm(), dst, src, int(4 * ib->config().qpDepth), result);
+        // Rank 1's own wait would give up after a minute: only rank 0's
+        // failure can end it within the bound below.
+        DevComm dc = comm.devComm();
+        if (me == 1) dc.timeoutNs = 60'000'000'000ull;
+        postAndWait<<<1, 1, 0, st>>>(dc, dst, src, int(4 * ib->config().qpDepth), result);
         GPU_CHECK(cudaGetLastError());
         GPU_CHECK(cudaStreamSynchronize(st));
         stopped[size_t(me)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

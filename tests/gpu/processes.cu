@@ -93,7 +93,11 @@ int faultWorker(const std::string& mode) {
   GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   GPU_CHECK(cudaDeviceSynchronize());
   comm.bootstrap().barrier();
-  faultRing<<<1, 1, 0, st>>>(comm.devComm(), w, uint64_t(1) << 40, progress, bad);
+  // Rank 1's device waits give up after a minute only: within the bound it
+  // stops because a wire noticed the fault or another rank's failure says so.
+  DevComm dc = comm.devComm();
+  if (me == 1) dc.timeoutNs = 60'000'000'000ull;
+  faultRing<<<1, 1, 0, st>>>(dc, w, uint64_t(1) << 40, progress, bad);
   GPU_CHECK(cudaGetLastError());
   bool told = false;
   cudaError_t q;
@@ -174,15 +178,19 @@ int worker() {
 // Starts rank r of n as a fresh program (not fork: CUDA state is never
 // shared) with torchrun's variables and `extra`.
 pid_t spawnRank(int r, int n, int port, const std::vector<std::string>& extra) {
+  std::vector<std::string> set = {"RANK=" + std::to_string(r), "LOCAL_RANK=" + std::to_string(r),
+                                  "WORLD_SIZE=" + std::to_string(n), "LOCAL_WORLD_SIZE=" + std::to_string(n),
+                                  "MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + std::to_string(port)};
+  set.insert(set.end(), extra.begin(), extra.end());
+  // The parent's environment without the variables set here (getenv would
+  // return the first of two).
   std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) env.emplace_back(*e);
-  env.push_back("RANK=" + std::to_string(r));
-  env.push_back("LOCAL_RANK=" + std::to_string(r));
-  env.push_back("WORLD_SIZE=" + std::to_string(n));
-  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(n));
-  env.push_back("MASTER_ADDR=127.0.0.1");
-  env.push_back("MASTER_PORT=" + std::to_string(port));
-  env.insert(env.end(), extra.begin(), extra.end());
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e, key = kv.substr(0, kv.find('=') + 1);
+    if (std::none_of(set.begin(), set.end(), [&](const std::string& v) { return v.rfind(key, 0) == 0; }))
+      env.push_back(kv);
+  }
+  env.insert(env.end(), set.begin(), set.end());
   std::vector<char*> envp;
   for (auto& s : env) envp.push_back(s.data());
   envp.push_back(nullptr);

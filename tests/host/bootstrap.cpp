@@ -41,6 +41,8 @@ const char* const kEnvVars[] = {
     "LOCAL_WORLD_SIZE",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "GIN_BOOTSTRAP_PORT",
     "SLURM_PROCID",
     "SLURM_NTASKS",
     "SLURM_NPROCS",
@@ -815,6 +817,26 @@ TEST_CASE("detectLaunch reads torchrun's variables, and they take precedence ove
   CHECK(li.localSize == 2);
   CHECK(li.masterAddr == "10.1.2.3");
   CHECK(li.masterPort == 29500);
+}
+
+TEST_CASE("detectLaunch under torchrun's agent (TORCHELASTIC_RUN_ID) takes MASTER_PORT + 1; GIN_BOOTSTRAP_PORT wins",
+          "[bootstrap][env]") {
+  CleanEnv env;
+  env.set("RANK", "0");
+  env.set("WORLD_SIZE", "2");
+  env.set("MASTER_ADDR", "127.0.0.1");
+  env.set("MASTER_PORT", "29500");
+  env.set("TORCHELASTIC_RUN_ID", "none");
+  CHECK(gin::detectLaunch().masterPort == 29501);  // the agent's TCPStore listens on 29500
+  env.set("GIN_BOOTSTRAP_PORT", "31000");
+  CHECK(gin::detectLaunch().masterPort == 31000);
+  env.set("GIN_BOOTSTRAP_PORT", "70000");
+  CHECK_THROWS_WITH(gin::detectLaunch(), ContainsSubstring("GIN_BOOTSTRAP_PORT"));
+  ::unsetenv("GIN_BOOTSTRAP_PORT");
+  env.set("MASTER_PORT", "65535");
+  CHECK_THROWS_WITH(gin::detectLaunch(), ContainsSubstring("set GIN_BOOTSTRAP_PORT"));
+  ::unsetenv("TORCHELASTIC_RUN_ID");
+  CHECK(gin::detectLaunch().masterPort == 65535);
 }
 
 TEST_CASE(

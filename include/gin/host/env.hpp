@@ -87,6 +87,8 @@ inline constexpr Var kVars[] = {
                  "bound of the bootstrap's collectives; overrides BootstrapConfig::timeoutNs"),
     row::text("GIN_BOOTSTRAP_ADDR", "an IPv4 address or host name", "first non-loopback IPv4 address",
               "address makeUniqueId() advertises"),
+    row::integer("GIN_BOOTSTRAP_PORT", 1, 65535, "MASTER_PORT; MASTER_PORT + 1 under torchrun",
+                 "port rank 0 of a launched job (detectLaunch) listens on; torchrun's agent holds MASTER_PORT"),
     row::integer("GIN_RANK", 0, kMaxRanks, "none",
                  "this process's rank, for detectLaunch() when no other launcher is found (with GIN_NRANKS)"),
     row::integer("GIN_NRANKS", 1, kMaxRanks, "none", "the number of ranks, with GIN_RANK"),

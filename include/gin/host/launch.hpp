@@ -52,7 +52,9 @@ inline std::optional<int> slurmTasksOnNode(const std::string& spec, int node) {
 }
 }  // namespace detail
 
-// torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+// torchrun: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (+ 1 when
+//   TORCHELASTIC_RUN_ID says torchrun's agent runs: it listens on MASTER_PORT itself).
+// Every launcher: GIN_BOOTSTRAP_PORT, when set, is the port instead.
 // Slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE (optional);
 //   address from MASTER_ADDR or SLURM_LAUNCH_NODE_IPADDR; port from MASTER_PORT or 20000 + (SLURM_JOB_ID % 20000).
 // Open MPI: OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE;
@@ -86,8 +88,16 @@ inline LaunchInfo detectLaunch() {
                   " is not below " + (localSizeVar ? localSizeVar : "local size") + "=" +
                   std::to_string(info.localSize) + "; fix the launcher's environment");
   };
-  auto masterPort = [&]() -> std::optional<int> {
-    if (auto p = envVar("MASTER_PORT")) return num("MASTER_PORT", *p, 1, 65535);
+  // GIN_BOOTSTRAP_PORT, else MASTER_PORT (+ `offset`).
+  auto masterPort = [&](int offset = 0) -> std::optional<int> {
+    if (auto p = envVar("GIN_BOOTSTRAP_PORT")) return num("GIN_BOOTSTRAP_PORT", *p, 1, 65535);
+    if (auto p = envVar("MASTER_PORT")) {
+      const int port = num("MASTER_PORT", *p, 1, 65535);
+      if (port + offset > 65535)
+        throw Error("MASTER_PORT=" + *p + ": gin's rendezvous takes MASTER_PORT + " + std::to_string(offset) +
+                    " under torchrun, past 65535; set GIN_BOOTSTRAP_PORT");
+      return port + offset;
+    }
     return std::nullopt;
   };
   auto requireMaster = [&](const std::string& how) {
@@ -108,7 +118,9 @@ inline LaunchInfo detectLaunch() {
     info.source = "torchrun";
     counts("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", *r, *w);
     info.masterAddr = envVar("MASTER_ADDR").value_or("");
-    info.masterPort = masterPort().value_or(0);
+    // torchrun's agent listens on MASTER_PORT itself (its TCPStore, which
+    // the workers join: TORCHELASTIC_USE_AGENT_STORE); rank 0 takes the next.
+    info.masterPort = masterPort(envVar("TORCHELASTIC_RUN_ID") ? 1 : 0).value_or(0);
     requireMaster("set MASTER_ADDR and MASTER_PORT (torchrun sets both)");
     return info;
   }
