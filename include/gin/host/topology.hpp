@@ -17,7 +17,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gin/core/error.hpp"
@@ -55,6 +58,28 @@ inline uint64_t hostId() {
   return fnv1a(id);
 }
 }  // namespace detail
+
+#if GIN_WITH_CUDA
+namespace detail {
+// Enables access from `dev` (current) to `peer` once per process: a second
+// cudaDeviceEnablePeerAccess fails with "already enabled", and clearing that
+// error is itself an error report under compute-sanitizer (one per Comm made
+// after the first). Where the program enabled it before gin did, that one
+// error is cleared here.
+inline void enablePeerAccess(int dev, int peer) {
+  static std::mutex mu;
+  static std::set<std::pair<int, int>> done;
+  std::lock_guard<std::mutex> lk(mu);
+  if (done.count({dev, peer})) return;
+  const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled)
+    (void)cudaGetLastError();
+  else
+    GIN_CUDA_CHECK(e);
+  done.insert({dev, peer});
+}
+}  // namespace detail
+#endif
 
 struct Topology {
   // What every rank tells the others (allGathered as raw bytes).
@@ -255,11 +280,7 @@ struct Topology {
       if (!can)
         throw Error("GPU " + std::to_string(dev) + " cannot access GPU " + std::to_string(peers[size_t(r)].cudaDev) +
                     " by load/store (no NVLink or PCIe peer access); gin's lsa transport needs it");
-      const cudaError_t e = cudaDeviceEnablePeerAccess(peers[size_t(r)].cudaDev, 0);
-      if (e == cudaErrorPeerAccessAlreadyEnabled)
-        (void)cudaGetLastError();
-      else
-        GIN_CUDA_CHECK(e);
+      detail::enablePeerAccess(dev, peers[size_t(r)].cudaDev);
     }
 #else
     (void)bs, (void)cfg, (void)nGpus;
