@@ -23,6 +23,7 @@
 #include <string>
 #include <thread>
 
+#include "../common/processes.hpp"
 #include "gin/host/test_access.hpp"
 #include "gpu_common.cuh"
 
@@ -217,29 +218,9 @@ bool faultCase(const std::string& mode, uint64_t timeoutMs, double boundS) {
   pollfd p{ready[0], POLLIN, 0};
   const bool started = poll(&p, 1, 120000) == 1;
   if (started && mode == "kill") kill(pids[kVictim], SIGKILL);
-  const auto faultAt = Clock::now();
-  std::vector<int> status(3, -1);
+  // Not started within 2 minutes: reaped at once (killed, status 124).
   double last = 0;
-  while (started && Clock::now() - faultAt < std::chrono::duration<double>(boundS + 30)) {
-    bool all = true;
-    for (int r = 0; r < 3; ++r) {
-      int st = 0;
-      if (status[size_t(r)] != -1) continue;
-      if (waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
-        status[size_t(r)] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        last = std::max(last, std::chrono::duration<double>(Clock::now() - faultAt).count());
-      } else {
-        all = false;
-      }
-    }
-    if (all) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  for (int r = 0; r < 3; ++r)
-    if (status[size_t(r)] == -1) {
-      kill(pids[size_t(r)], SIGKILL);
-      waitpid(pids[size_t(r)], nullptr, 0);
-    }
+  const std::vector<int> status = gintest::reap(pids, Clock::now(), started ? boundS + 30 : 0, &last);
   close(ready[0]);
   bool ok = started;
   for (int r = 0; r < 3; ++r) ok = ok && status[size_t(r)] == (mode == "kill" && r == kVictim ? 128 + SIGKILL : 0);

@@ -891,29 +891,8 @@ TEST_CASE("tcp wire (3 processes): a rank killed mid-run gives every other rank 
   pollfd p{ready[0], POLLIN, 0};
   REQUIRE(poll(&p, 1, 30000) == 1);
   kill(pids[kVictim], SIGKILL);
-  const auto killedAt = Clock::now();
-  std::vector<int> status(3, -1);
   double lastExit = 0;
-  while (Clock::now() - killedAt < std::chrono::seconds(40)) {
-    bool all = true;
-    for (int r = 0; r < 3; ++r) {
-      if (status[size_t(r)] != -1) continue;
-      int st = 0;
-      if (waitpid(pids[size_t(r)], &st, WNOHANG) == pids[size_t(r)]) {
-        status[size_t(r)] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (r != kVictim) lastExit = std::chrono::duration<double>(Clock::now() - killedAt).count();
-      } else {
-        all = false;
-      }
-    }
-    if (all) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  for (int r = 0; r < 3; ++r)
-    if (status[size_t(r)] == -1) {
-      kill(pids[size_t(r)], SIGKILL);
-      waitpid(pids[size_t(r)], nullptr, 0);
-    }
+  const std::vector<int> status = gintest::reap(pids, Clock::now(), 40, &lastExit);
   close(ready[0]);
   CHECK(status[kVictim] == 128 + SIGKILL);
   CHECK(status[0] == 0);
