@@ -65,7 +65,8 @@ namespace detail {
 // cudaDeviceEnablePeerAccess fails with "already enabled", and clearing that
 // error is itself an error report under compute-sanitizer (one per Comm made
 // after the first). Where the program enabled it before gin did, that one
-// error is cleared here.
+// error is cleared here; a program that disables it again, or resets the
+// device, between communicators must enable it itself.
 inline void enablePeerAccess(int dev, int peer) {
   static std::mutex mu;
   static std::set<std::pair<int, int>> done;
