@@ -482,6 +482,10 @@ namespace {
 // answers with ConnectX's error CQE, the flush fails, and the Comm reports
 // `expected` (the syndrome's text).
 void badKeyCase(bool local, const char* expected) {
+  if (gputest::hardwareQueues() == 1) {
+    WARN("the GPU NIC refuses CUDA_DEVICE_MAX_CONNECTIONS=1 (its own case checks that)");
+    return;
+  }
   CommConfig cfg = nicConfig(IbgdaConfig::Device::GpuSoft);
   cfg.timeoutNs = 5'000'000'000ull;
   REQUIRE_NOTHROW(gputest::runRanksOnStreams(
@@ -544,18 +548,10 @@ __global__ void postAndWait(DevComm dc, Window dst, Window src, int posts, int* 
 }  // namespace
 
 TEST_CASE("GPU ibgda: the GPU NIC answers a bad rkey with a remote access error CQE", "[gpu][ibgda][gpunic]") {
-  if (gputest::hardwareQueues() == 1) {
-    WARN("the GPU NIC refuses CUDA_DEVICE_MAX_CONNECTIONS=1 (its own case checks that)");
-    return;
-  }
   badKeyCase(false, "remote access error");
 }
 
 TEST_CASE("GPU ibgda: the GPU NIC answers a bad lkey with a local protection error CQE", "[gpu][ibgda][gpunic]") {
-  if (gputest::hardwareQueues() == 1) {
-    WARN("the GPU NIC refuses CUDA_DEVICE_MAX_CONNECTIONS=1 (its own case checks that)");
-    return;
-  }
   badKeyCase(true, "local protection error");
 }
 

@@ -77,10 +77,7 @@ constexpr int kVictim = 2;
 // the victim of "cut" and did the same.
 int faultWorker(const std::string& mode) {
   auto bs = TcpBootstrap::fromEnvironment();
-  CommConfig cfg;
-  cfg.device = DeviceKind::Gpu;
-  cfg.timeoutNs = gputest::suiteTimeoutNs();
-  Comm comm(*bs, cfg);
+  Comm comm(*bs, gputest::gpuConfig());
   const int me = comm.rank();
   const int readyFd = std::atoi(std::getenv("GIN_TEST_READY_FD"));
   Window w = comm.allocWindow(8192);
@@ -134,10 +131,7 @@ int faultWorker(const std::string& mode) {
 int worker() {
   if (const char* f = std::getenv("GIN_TEST_FAULT")) return faultWorker(f);
   auto bs = TcpBootstrap::fromEnvironment();
-  CommConfig cfg;
-  cfg.device = DeviceKind::Gpu;
-  cfg.timeoutNs = gputest::suiteTimeoutNs();
-  Comm comm(*bs, cfg);
+  Comm comm(*bs, gputest::gpuConfig());
   const int me = comm.rank(), n = comm.nRanks(), prev = (me + n - 1) % n;
   if (comm.lsaSize() != n) {
     std::fprintf(stderr, "rank %d: expected all %d ranks in the lsa team, got %d\n", me, n, comm.lsaSize());
