@@ -11,10 +11,14 @@
 #include "../common/fake_verbs.hpp"  // first: defines the ibv_* and mlx5dv_* functions
 
 #define GIN_IBGDA_MLX5 1
+#include <catch2/catch_get_random_seed.hpp>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <cstdlib>
+#include <random>
+#include <set>
+#include <string>
 
 #include "../common/net_checks.hpp"
 #include "gin/host/test_access.hpp"
@@ -38,14 +42,17 @@ void resetFake() {
   fakeverbs::ctl.forceCqeSize = 0;
   fakeverbs::ctl.extraSqFactor = 1;
   fakeverbs::ctl.mlx5Qps = 0;
+  fakeverbs::ctl.devxQps = 0;
+  fakeverbs::ctl.devxFailOpcode = 0;
   fakeverbs::ctl.nicExecuted = 0;
   fakeverbs::ctl.maxMsgBytes = 1u << 30;
 }
 
-CommConfig mlx5Config(uint32_t depth = 64, uint32_t maxWqeBytes = 4096, int nContexts = 2) {
+CommConfig mlx5Config(uint32_t depth = 64, uint32_t maxWqeBytes = 4096, int nContexts = 2, bool devx = false) {
   CommConfig c = gintest::cpuConfig();
   c.transport = TransportChoice::Ibgda;
   c.ibgda.device = IbgdaConfig::Device::Mlx5;
+  c.ibgda.queues = devx ? IbgdaConfig::Queues::Gpu : IbgdaConfig::Queues::Host;
   c.ibgda.qpDepth = depth;
   c.ibgda.maxWqeBytes = maxWqeBytes;
   c.nContexts = nContexts;
@@ -62,6 +69,9 @@ void requireModelClean() {
   CHECK(fakeverbs::mrs.empty());
   CHECK(fakeverbs::pds.empty());
   CHECK(fakeverbs::cqs.empty());
+  CHECK(fakeverbs::umems.empty());
+  CHECK(fakeverbs::uars.empty());
+  CHECK(fakeverbs::devxCqs.empty());
 }
 
 void requireEveryRank(const std::vector<std::string>& msgs, const std::vector<std::string>& parts) {
@@ -198,10 +208,6 @@ TEST_CASE("ibgda on mlx5: a device without host-order atomics, or queues that do
   resetFake();
   fakeverbs::ctl.extraSqFactor = 2;
   requireEveryRank(gintest::rankErrors(2, mlx5Config()), {"send queue of 128 WQEBBs (need exactly qpDepth = 64)"});
-  resetFake();
-  CommConfig gpuQueues = mlx5Config();
-  gpuQueues.ibgda.queues = IbgdaConfig::Queues::Gpu;
-  requireEveryRank(gintest::rankErrors(2, gpuQueues), {"GPU memory", "not written yet"});
   requireModelClean();
 }
 
@@ -240,4 +246,147 @@ TEST_CASE("ibgda on mlx5: maxWqeBytes above the port's max_msg_sz is lowered to 
       1, [](Comm& comm) { expect(comm.devComm().ibgda->maxWqeBytes == 4096, "maxWqeBytes 4096 changed"); },
       mlx5Config(64, 4096)));
   requireModelClean();
+}
+
+// ---- queues = Gpu: DEVX objects on the rank's own memory (host memory on
+// these CPU ranks; GPU memory on GPU ranks, which no ConnectX ran).
+
+CommConfig devxConfig(uint32_t depth = 64, uint32_t maxWqeBytes = 4096, int nContexts = 2) {
+  return mlx5Config(depth, maxWqeBytes, nContexts, true);
+}
+
+TEST_CASE("ibgda on mlx5, queues = Gpu: QPs and CQs made by DEVX commands on one umem; the tables point into it",
+          "[ibgda][mlx5][devx]") {
+  resetFake();
+  gintest::EnvVar noDev("GIN_IB_DEVICE", nullptr);
+  REQUIRE_NOTHROW(runRanks(
+      3,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        IbgdaTransport* t = CommAccess::ibgda(comm);
+        expect(t && t->mlx5() && t->mlx5()->devx(), "no DEVX mlx5 NIC behind the ibgda transport");
+        std::set<const void*> sqs, uarsSeen;
+        for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
+          const uint64_t* uar = nullptr;
+          for (int p = 0; p < comm.nRanks(); ++p) {
+            const IbgdaQpDev* d = ibgda::qpOf(dc, ctx, p);
+            const Mlx5Nic::Queues* q = t->mlx5()->queues(ctx, p);
+            expect(q && d->qpn == q->qpn && d->sq == q->sq && d->cq == q->cq && d->dbrec == q->dbrec &&
+                       d->uar == q->uar && d->cqDbrec == q->cqDbrec,
+                   "IbgdaQpDev does not carry the DEVX queue addresses");
+            expect(d->nWqe == 64 && d->nCqe == 64, "a DEVX QP has qpDepth WQEBBs and a CQ of qpDepth CQEs");
+            expect(uintptr_t(d->sq) % 4096 == 0 && uintptr_t(d->cq) % 4096 == 0, "queues on 4 KiB boundaries");
+            expect(!uar || uar == d->uar, "the QPs of one context share its UAR");
+            uar = d->uar;
+            sqs.insert(d->sq);
+          }
+          uarsSeen.insert(uar);
+        }
+        expect(sqs.size() == size_t(dc.nContexts * comm.nRanks()), "every QP has its own send queue");
+        expect(uarsSeen.size() == size_t(dc.nContexts), "one UAR per context");
+        comm.bootstrap().barrier();
+      },
+      devxConfig()));
+  CHECK(fakeverbs::ctl.devxQps == 3 * 3 * 2);
+  CHECK(fakeverbs::ctl.mlx5Qps == 3 * 3 * 2);
+  requireModelClean();
+}
+
+TEST_CASE("ibgda on mlx5, queues = Gpu: puts of every size arrive whole, signal and counter count",
+          "[ibgda][mlx5][devx]") {
+  resetFake();
+  const int nRanks = GENERATE(1, 2, 3);
+  const size_t bytes = GENERATE(size_t(0), size_t(1), size_t(4096), size_t(70001));
+  CAPTURE(nRanks, bytes);
+  REQUIRE_NOTHROW(runRanks(
+      nRanks, [&](Comm& comm) { gintest::allToAllPut(comm, bytes, 3, 5, bytes + 17); }, devxConfig()));
+  const uint64_t perPut = (bytes + 4095) / 4096 + 1;
+  CHECK(fakeverbs::ctl.nicExecuted == uint64_t(nRanks) * uint64_t(nRanks) * 2 * perPut);
+  CHECK(fakeverbs::ctl.devxQps == uint64_t(nRanks) * uint64_t(nRanks) * 2);
+  requireModelClean();
+}
+
+TEST_CASE("ibgda on mlx5, queues = Gpu: putValue, signals and counters; a small queue wraps; InfiniBand too",
+          "[ibgda][mlx5][devx]") {
+  resetFake();
+  REQUIRE_NOTHROW(runRanks(
+      3,
+      [](Comm& comm) {
+        gintest::putValueAndSignals(comm);
+        Window w = comm.allocWindow(64 * size_t(comm.nRanks()));
+        gintest::putValueWidths(comm, w, 1);
+        comm.bootstrap().barrier();
+        comm.deregisterWindow(w);
+      },
+      devxConfig()));
+  requireModelClean();
+  resetFake();
+  REQUIRE_NOTHROW(runRanks(
+      2, [](Comm& comm) { gintest::signalAfterPayload(comm); }, devxConfig(16, 1024, 3)));
+  requireModelClean();
+  resetFake();
+  fakeverbs::ctl.linkLayer = IBV_LINK_LAYER_INFINIBAND;
+  REQUIRE_NOTHROW(runRanks(
+      2, [](Comm& comm) { gintest::allToAllPut(comm, 100, 0, 0, 7); }, devxConfig()));
+  CHECK(fakeverbs::ctl.devxQps == 2 * 2 * 2);
+  requireModelClean();
+}
+
+TEST_CASE("ibgda on mlx5: GIN_IBGDA_QUEUES=gpu picks the DEVX queues, =host the libmlx5 ones", "[ibgda][mlx5][devx]") {
+  for (const char* v : {"gpu", "host"}) {
+    resetFake();
+    gintest::EnvVar q("GIN_IBGDA_QUEUES", v);
+    CommConfig c = mlx5Config();
+    c.ibgda.queues = IbgdaConfig::Queues::Auto;
+    const bool want = std::string(v) == "gpu";
+    REQUIRE_NOTHROW(runRanks(
+        2,
+        [&](Comm& comm) {
+          expect(CommAccess::ibgda(comm)->mlx5()->devx() == want, std::string("GIN_IBGDA_QUEUES=") + v);
+          gintest::allToAllPut(comm, 64, 0, 0, 3);
+        },
+        c));
+    CHECK(fakeverbs::ctl.devxQps == (want ? 2u * 2 * 2 : 0u));
+    requireModelClean();
+  }
+}
+
+TEST_CASE("ibgda on mlx5, queues = Gpu: a firmware command that fails is an error on every rank, naming it",
+          "[ibgda][mlx5][devx]") {
+  const std::pair<uint32_t, const char*> cmds[] = {
+      {0x400, "DEVX CREATE_CQ"}, {0x500, "DEVX CREATE_QP"}, {0x502, "DEVX RST2INIT_QP"},
+      {0x503, "DEVX INIT2RTR_QP"}, {0x504, "DEVX RTR2RTS_QP"}};
+  for (const auto& [op, name] : cmds) {
+    resetFake();
+    fakeverbs::ctl.devxFailOpcode = op;
+    INFO(name);
+    requireEveryRank(gintest::rankErrors(2, devxConfig()), {name, "status 0x3, syndrome 0x5eed"});
+    requireModelClean();
+  }
+}
+
+TEST_CASE("mlx5 commands: putField/getField store and read fields as the model's bit-by-bit reader does",
+          "[mlx5][devx]") {
+  std::mt19937_64 rng(Catch::getSeed());
+  for (int i = 0; i < 5000; ++i) {
+    mlx5cmd::In a{};
+    for (auto& b : a) b = uint8_t(rng());
+    const mlx5cmd::In before = a;
+    const uint32_t bits = rng() % 8 == 0 ? 64 : 1 + uint32_t(rng() % 32);
+    const uint32_t off = bits == 64 ? 32 * uint32_t(rng() % 66) : 32 * uint32_t(rng() % 68) + uint32_t(rng() % (33 - bits));
+    const uint64_t v = rng() & (bits == 64 ? ~0ull : (1ull << bits) - 1);
+    mlx5cmd::putField(a.data(), {off, bits}, v);
+    INFO("field at bit " << off << ", " << bits << " bits, value " << v);
+    REQUIRE(fakeverbs::fld(a.data(), off, bits) == v);
+    REQUIRE(mlx5cmd::getField(a.data(), {off, bits}) == v);
+    bool othersKept = true;  // every other bit is as it was
+    for (uint32_t b = 0; b < a.size() * 8; ++b)
+      if (b < off || b >= off + bits) othersKept &= fakeverbs::fld(a.data(), b, 1) == fakeverbs::fld(before.data(), b, 1);
+    REQUIRE(othersKept);
+  }
+  // The PRM's own example: the opcode is the first 16 bits, big-endian.
+  mlx5cmd::In c = mlx5cmd::modifyQp(mlx5cmd::kInit2RtrQp, 0xabcdef);
+  CHECK(c[0] == 0x05);
+  CHECK(c[1] == 0x03);
+  CHECK((c[9] == 0xab && c[10] == 0xcd && c[11] == 0xef));  // qpn: bits 0x48..0x5f
 }

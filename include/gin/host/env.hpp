@@ -115,7 +115,8 @@ inline constexpr Var kVars[] = {
                 "ibgda's NIC: the soft NIC (a host thread), the GPU NIC (a kernel; GPU ranks), either one "
                 "only completing, or an mlx5 device"),
     row::choice("GIN_IBGDA_QUEUES", "host,gpu", "CommConfig::ibgda.queues (auto: gpu for the GPU NIC, else host)",
-                "where ibgda's queues live (gpu: the GPU NIC only so far)"),
+                "where ibgda's queues live (gpu: GPU memory, for the GPU NIC and, as DEVX objects, an mlx5 device; "
+                "the soft NIC refuses it)"),
     row::integer("GIN_IBGDA_GPU_NIC_CTAS", 1, 1024, "CommConfig::ibgda.gpuNicCtas (2)",
                  "the GPU NIC's CTAs of 4 warps (each warp serves its share of the QPs)"),
     row::integer("GIN_IBGDA_GPU_NIC_IDLE_US", 0, 3600000000ll, "CommConfig::ibgda.gpuNicIdleUs (10000)",

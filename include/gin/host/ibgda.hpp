@@ -66,7 +66,7 @@ class IbgdaTransport {
     detail::checkIbgdaQueues(queues, device);
     if (device == IbgdaConfig::Device::Mlx5) {
 #if GIN_IBGDA_MLX5
-      startMlx5(dev, transports, nSignalWords, gpu);
+      startMlx5(dev, transports, nSignalWords, gpu, queues == IbgdaConfig::Queues::Gpu);
       return;
 #else
       throw Error(
@@ -383,12 +383,14 @@ class IbgdaTransport {
   // The mlx5 device's QPs, then the same key tables the soft NIC path fills
   // (the device code cannot tell the two apart). Every ibgda peer, lsa
   // member or not, gets a QP.
-  void startMlx5(const DevComm& dev, const std::vector<uint8_t>& transports, uint32_t nSignalWords, bool gpu) {
+  void startMlx5(const DevComm& dev, const std::vector<uint8_t>& transports, uint32_t nSignalWords, bool gpu,
+                 bool devx) {
     std::vector<bool> wanted(transports.size());
     for (size_t p = 0; p < transports.size(); ++p) wanted[p] = transports[p] == uint8_t(Transport::Ibgda);
     Mlx5Nic::Config mc;
     mc.qpDepth = cfg_.qpDepth;
     mc.gpu = gpu;
+    mc.devx = devx;
     mlx5_ = std::make_unique<Mlx5Nic>(bs_, dev.nContexts, wanted, reinterpret_cast<char*>(dev.signals),
                                       uint64_t(nSignalWords) * 8, mc);
     // A WRITE longer than the max_msg_sz of the sending or the receiving

@@ -4,16 +4,24 @@
 // into the GPU and connects the QPs, collectively over the Bootstrap (every
 // failure is voted, so every rank throws the same gin::Error).
 //
+// Two placements of the queues: where libmlx5 puts them (host memory, made
+// with ibv_create_qp and mapped into the GPU), or in the rank's own memory
+// (GPU memory on GPU ranks) as DEVX objects: umem registrations, a UAR per
+// context, and CQs and QPs created and moved to RTS by firmware commands
+// (gin/host/mlx5_devx.hpp), as NVSHMEM's IBGDA does.
+//
 // Not run on ConnectX hardware: none was available. Written to rdma-core 44
 // and the mlx5 PRM, it compiles and its whole set-up runs only against an
-// in-process model of libibverbs/mlx5dv whose hardware is gin's soft NIC
-// (tests/common/fake_verbs.hpp, tests/host/ibgda_mlx5_fake.cpp). What it does
-// step by step, and why signal words stay little-endian under NIC atomics:
-// docs/design/ibgda.md.
+// in-process model of libibverbs/mlx5dv (DEVX included) whose hardware is
+// gin's soft NIC (tests/common/fake_verbs.hpp, tests/host/ibgda_mlx5_fake.cpp).
+// What it does step by step, and why signal words stay little-endian under
+// NIC atomics: docs/design/ibgda.md.
 #pragma once
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <cstring>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -27,6 +35,7 @@
 #include "gin/device/transport/ibgda.hpp"
 #include "gin/host/bootstrap.hpp"
 #include "gin/host/memory.hpp"
+#include "gin/host/mlx5_devx.hpp"
 #include "gin/host/verbs.hpp"
 
 #ifndef GIN_WITH_MLX5
@@ -81,6 +90,9 @@ class Mlx5Nic {
     int gidIndex = -1;   // RoCE GID index; -1: GIN_IB_GID_INDEX, else automatic
     bool gpu = false;    // GPU rank: map the queues into the GPU, windows are GPU memory
     int cudaDevice = -1;
+    // Queues as DEVX objects on the rank's own memory (GPU memory on GPU
+    // ranks; host memory on CPU ranks, which is how the tests reach it).
+    bool devx = false;
   };
   // One QP's NIC-facing memory as the ranks' threads reach it (device
   // pointers on GPU ranks, host pointers on CPU ranks), and its host view.
@@ -123,8 +135,9 @@ class Mlx5Nic {
     // unmap them while libmlx5 still holds the memory, then tear down in
     // dependency order.
     unmapAll();
-    for (Qp& q : qps_) q.qp.reset();
-    for (Qp& q : qps_) q.cq.reset();
+    for (Qp& q : qps_) q.qp.reset(), q.devxQp.reset();
+    for (Qp& q : qps_) q.cq.reset(), q.devxCq.reset();
+    devx_.reset();
     windows_.clear();
     signalMr_.reset();
     scratchMr_.reset();
@@ -138,7 +151,7 @@ class Mlx5Nic {
   // The queues of (ctx, peer), or nullptr when that peer has no QP.
   const Queues* queues(int ctx, int peer) const {
     const Qp& q = qps_.at(size_t(ctx) * size_t(nRanks_) + size_t(peer));
-    return q.qp ? &q.view : nullptr;
+    return q.live ? &q.view : nullptr;
   }
   // Where fetch-adds of QP (ctx, peer) leave the old value (nobody reads it).
   uint64_t scratchAddr(int ctx, int peer) const {
@@ -174,16 +187,45 @@ class Mlx5Nic {
   // The port's largest message (ibv_port_attr::max_msg_sz), 0 when it reports none.
   uint32_t maxMessageBytes() const { return dev_.portAttr.max_msg_sz; }
   int port() const { return dev_.port; }
+  bool devx() const { return cfg_.devx; }
   bool roce() const { return dev_.roce; }
   uint32_t gidIndex() const { return dev_.gidIndex; }
 
  private:
   static constexpr const char* kWho = "ibgda (mlx5)";
+  struct DevxDel {
+    void operator()(mlx5dv_devx_obj* p) const { mlx5dv_devx_obj_destroy(p); }
+    void operator()(mlx5dv_devx_umem* p) const { mlx5dv_devx_umem_dereg(p); }
+    void operator()(mlx5dv_devx_uar* p) const { mlx5dv_devx_free_uar(p); }
+  };
+  template <class T>
+  using DevxOwn = std::unique_ptr<T, DevxDel>;
   struct Qp {
     verbs::Own<ibv_cq> cq;
     verbs::Own<ibv_qp> qp;
+    DevxOwn<mlx5dv_devx_obj> devxCq, devxQp;  // queues = DEVX: these instead
     uint32_t psn = 0;
+    bool live = false;
     Queues view;
+  };
+  // DEVX placement: one allocation holds every QP's send queue and CQ (each
+  // on a 4 KiB boundary) and then the doorbell records (64 bytes apart),
+  // registered as one umem; one UAR per context.
+  struct DevxMemory {
+    void* base = nullptr;  // 4 KiB-aligned start inside the allocation
+    void* alloc = nullptr;
+    size_t bytes = 0;
+    bool gpu = false;
+    DevxOwn<mlx5dv_devx_umem> umem;
+    std::vector<DevxOwn<mlx5dv_devx_uar>> uars;  // [ctx]
+    ~DevxMemory() {
+      umem.reset();
+      uars.clear();
+#if GIN_WITH_CUDA
+      if (gpu && alloc) (void)cudaFree(alloc), (void)cudaGetLastError();
+#endif
+      if (!gpu) std::free(alloc);
+    }
   };
 
   Bootstrap& bs_;
@@ -191,11 +233,13 @@ class Mlx5Nic {
   Config cfg_;
   verbs::Port dev_;
   verbs::Own<ibv_pd> pd_;
-  std::vector<Qp> qps_;  // [ctx * nRanks + peer]
+  std::unique_ptr<DevxMemory> devx_;  // before qps_: a throwing constructor destroys the QPs first
+  std::vector<Qp> qps_;               // [ctx * nRanks + peer]
   HostMappedBuffer scratch_;
   verbs::Own<ibv_mr> scratchMr_, signalMr_;
   std::map<uint32_t, verbs::Own<ibv_mr>> windows_;
   std::vector<IbgdaRemoteKey> signalRemotes_;
+  uint32_t pdn_ = 0, eqn_ = 0;
   // GPU ranks: registered page runs, host base -> (bytes, device base).
   struct Run {
     size_t bytes;
@@ -258,6 +302,7 @@ class Mlx5Nic {
     scratch_ = HostMappedBuffer(cfg_.gpu, nQp * 8 + 8);
     scratchMr_ = verbs::registerMemory(pd_.get(), static_cast<char*>(scratch_.host()), nQp * 8 + 8, false,
                                        IBV_ACCESS_LOCAL_WRITE, cfg_.cudaDevice);
+    if (cfg_.devx) return createQueuesDevx(wanted);
     std::mt19937 rng(std::random_device{}());
     for (int ctx = 0; ctx < nCtx_; ++ctx)
       for (int p = 0; p < nRanks_; ++p) {
@@ -316,7 +361,191 @@ class Mlx5Nic {
         verbs::toInit(
             q.qp.get(), dev_,
             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC, what);
+        q.live = true;
       }
+  }
+
+  // ---- DEVX placement ----
+
+  static constexpr size_t kPage = 4096, kDbrStride = 64;
+  static size_t pageUp(size_t n) { return (n + kPage - 1) & ~(kPage - 1); }
+  size_t sqBytes() const { return size_t(cfg_.qpDepth) * mlx5::kSendWqeBB; }
+  size_t cqBytes() const { return size_t(cfg_.qpDepth) * sizeof(mlx5::Cqe64); }  // nCqe = qpDepth
+  size_t blockBytes() const { return pageUp(sqBytes()) + pageUp(cqBytes()); }
+  size_t dbrOffset(size_t i) const { return blockBytes() * qps_.size() + 2 * kDbrStride * i; }  // QP's; CQ's + 64
+
+  static uint32_t log2u(uint64_t v) {
+    uint32_t l = 0;
+    while ((uint64_t(1) << (l + 1)) <= v) ++l;
+    return l;
+  }
+
+  // Firmware status and syndrome of a failed DEVX command, for the error text.
+  static std::string devxText(int err, const uint8_t* out) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, " (status 0x%x, syndrome 0x%x)", unsigned(mlx5cmd::getField(out, mlx5cmd::kStatus)),
+                  unsigned(mlx5cmd::getField(out, mlx5cmd::kSyndrome)));
+    return verbs::errnoText(err) + buf;
+  }
+
+  // The queue memory (GPU memory on GPU ranks) with every CQE invalid and
+  // owned by software, zeroed doorbell records; one umem over it.
+  void allocDevxMemory() {
+    devx_ = std::make_unique<DevxMemory>();
+    DevxMemory& m = *devx_;
+    m.gpu = cfg_.gpu;
+    m.bytes = dbrOffset(qps_.size());
+    std::vector<uint8_t> image(m.bytes, 0);
+    for (size_t i = 0; i < qps_.size(); ++i)
+      for (uint32_t e = 0; e < cfg_.qpDepth; ++e)
+        image[blockBytes() * i + pageUp(sqBytes()) + e * sizeof(mlx5::Cqe64) + mlx5::kCqeOpOwn] = mlx5::kCqeInitOpOwn;
+    if (m.gpu) {
+#if GIN_WITH_CUDA
+      if (cfg_.cudaDevice >= 0) GIN_CUDA_CHECK(cudaSetDevice(cfg_.cudaDevice));
+      GIN_CUDA_CHECK(cudaMalloc(&m.alloc, m.bytes + kPage));
+      m.base = reinterpret_cast<void*>((uintptr_t(m.alloc) + kPage - 1) & ~uintptr_t(kPage - 1));
+      GIN_CUDA_CHECK(cudaMemcpy(m.base, image.data(), m.bytes, cudaMemcpyHostToDevice));
+#else
+      fail("a GPU rank, but gin was built without the CUDA runtime");
+#endif
+    } else {
+      m.alloc = std::aligned_alloc(kPage, pageUp(m.bytes));
+      if (!m.alloc) fail("out of host memory for the ibgda queues (" + std::to_string(m.bytes) + " bytes)");
+      m.base = m.alloc;
+      std::memcpy(m.base, image.data(), m.bytes);
+    }
+    // The NIC writes CQEs and reads WQEs and doorbell records here.
+    const uint32_t access = IBV_ACCESS_LOCAL_WRITE;
+    std::string dmabufWhy;
+#if GIN_WITH_CUDA
+    if (m.gpu) {
+      // dma-buf first (no kernel module needed); addr is then the offset in the dma-buf.
+      uint64_t offset = 0;
+      const int fd = verbs::dmabufFd(static_cast<char*>(m.base), cfg_.cudaDevice, &offset, &dmabufWhy);
+      if (fd >= 0) {
+        mlx5dv_devx_umem_in in{};
+        in.addr = reinterpret_cast<void*>(uintptr_t(offset));
+        in.size = m.bytes;
+        in.access = access;
+        in.pgsz_bitmap = kPage;
+        in.comp_mask = MLX5DV_UMEM_MASK_DMABUF;
+        in.dmabuf_fd = fd;
+        m.umem.reset(mlx5dv_devx_umem_reg_ex(dev_.ctx.get(), &in));
+        const int e = errno;
+        ::close(fd);
+        if (!m.umem) dmabufWhy = "mlx5dv_devx_umem_reg_ex(dma-buf): " + verbs::errnoText(e);
+      }
+    }
+#endif
+    if (!m.umem) m.umem.reset(mlx5dv_devx_umem_reg(dev_.ctx.get(), m.base, m.bytes, access));
+    if (!m.umem)
+      fail("mlx5dv_devx_umem_reg(" + std::to_string(m.bytes) + " bytes of " + (m.gpu ? "GPU" : "host") +
+           " memory for the ibgda queues) failed: " + verbs::errnoText(errno) +
+           (m.gpu ? " (dma-buf: " + (dmabufWhy.empty() ? std::string("not tried") : dmabufWhy) +
+                        "; without dma-buf GPU memory needs nvidia-peermem)"
+                  : "") +
+           "; GIN_IBGDA_QUEUES=host keeps the queues where libmlx5 puts them");
+    for (int ctx = 0; ctx < nCtx_; ++ctx) {
+      m.uars.emplace_back(mlx5dv_devx_alloc_uar(dev_.ctx.get(), MLX5DV_UAR_ALLOC_TYPE_NC));
+      if (!m.uars.back())
+        fail("mlx5dv_devx_alloc_uar(non-cached) for context " + std::to_string(ctx) +
+             " failed: " + verbs::errnoText(errno) + "; is this device's firmware DEVX-capable?");
+    }
+  }
+
+  void createQueuesDevx(const std::vector<bool>& wanted) {
+    mlx5dv_pd dpd{};
+    mlx5dv_obj po{};
+    po.pd.in = pd_.get();
+    po.pd.out = &dpd;
+    if (const int e = mlx5dv_init_obj(&po, MLX5DV_OBJ_PD)) fail("mlx5dv_init_obj(PD) failed: " + verbs::errnoText(e));
+    pdn_ = dpd.pdn;
+    if (const int e = mlx5dv_devx_query_eqn(dev_.ctx.get(), 0, &eqn_))
+      fail("mlx5dv_devx_query_eqn(0) on " + dev_.name + " failed: " + verbs::errnoText(e) +
+           " (DEVX needs a device opened with DEVX support: mlx5_ib with user-space DEVX, rdma-core 24 or newer)");
+    allocDevxMemory();
+    DevxMemory& m = *devx_;
+    const uint32_t umem = m.umem->umem_id, logDepth = log2u(cfg_.qpDepth);
+    char* base = static_cast<char*>(m.base);
+    std::mt19937 rng(std::random_device{}());
+    for (int ctx = 0; ctx < nCtx_; ++ctx)
+      for (int p = 0; p < nRanks_; ++p) {
+        if (!wanted[size_t(p)]) continue;
+        const size_t i = size_t(ctx) * size_t(nRanks_) + size_t(p);
+        Qp& q = qps_[i];
+        const std::string what = "context " + std::to_string(ctx) + ", peer " + std::to_string(p);
+        mlx5dv_devx_uar* uar = m.uars[size_t(ctx)].get();
+        const size_t sqAt = blockBytes() * i, cqAt = sqAt + pageUp(sqBytes()), dbrAt = dbrOffset(i);
+        uint8_t out[mlx5cmd::kOutBytes] = {};
+        const mlx5cmd::In cin = mlx5cmd::createCq(logDepth, {umem, cqAt}, {umem, dbrAt + kDbrStride}, uar->page_id, eqn_);
+        q.devxCq.reset(mlx5dv_devx_obj_create(dev_.ctx.get(), cin.data(), cin.size(), out, sizeof out));
+        if (!q.devxCq) fail("DEVX CREATE_CQ for " + what + " failed: " + devxText(errno, out));
+        const uint32_t cqn = uint32_t(mlx5cmd::getField(out, mlx5cmd::cq::kCqn));
+        std::memset(out, 0, sizeof out);
+        const mlx5cmd::In qin = mlx5cmd::createQp(pdn_, cqn, logDepth, {umem, sqAt}, {umem, dbrAt}, uar->page_id);
+        q.devxQp.reset(mlx5dv_devx_obj_create(dev_.ctx.get(), qin.data(), qin.size(), out, sizeof out));
+        if (!q.devxQp) fail("DEVX CREATE_QP for " + what + " failed: " + devxText(errno, out));
+        q.psn = rng() & 0xffffff;
+        Queues& v = q.view;
+        v.qpn = uint32_t(mlx5cmd::getField(out, mlx5cmd::qp::kQpn));
+        v.nWqe = v.nCqe = cfg_.qpDepth;
+        v.sq = reinterpret_cast<uint8_t*>(base + sqAt);
+        v.cq = reinterpret_cast<mlx5::Cqe64*>(base + cqAt);
+        v.dbrec = reinterpret_cast<uint32_t*>(base + dbrAt);
+        v.cqDbrec = reinterpret_cast<uint32_t*>(base + dbrAt + kDbrStride);
+        v.uar = reinterpret_cast<uint64_t*>(map(uar->reg_addr, 8, true));  // the doorbell register
+        devxModify(q, mlx5cmd::rst2Init(v.qpn, uint32_t(dev_.port)), "RST2INIT", what);
+        q.live = true;
+      }
+  }
+
+  void devxModify(Qp& q, const mlx5cmd::In& in, const char* step, const std::string& what) {
+    uint8_t out[mlx5cmd::kOutBytes] = {};
+    if (mlx5dv_devx_obj_modify(q.devxQp.get(), in.data(), in.size(), out, sizeof out))
+      fail(std::string("DEVX ") + step + "_QP for " + what + " failed: " + devxText(errno, out) +
+           (dev_.roce && std::string(step) == "INIT2RTR" ? "; on RoCE check GIN_IB_GID_INDEX (show_gids)" : ""));
+  }
+
+  // INIT -> RTR -> RTS towards r, the same connection verbs::toRts makes.
+  // RoCE: the peer's MAC comes from an address handle (libmlx5 resolves it).
+  void devxToRts(Qp& q, const verbs::RcAddress& r, const std::string& what) {
+    if (r.linkLayer != dev_.portAttr.link_layer)
+      fail(what + " is on a different link layer (InfiniBand vs Ethernet)");
+    mlx5cmd::Path p;
+    p.remoteQpn = r.qpn;
+    p.rcvPsn = r.psn;
+    p.mtu = uint32_t(std::min<int>(dev_.portAttr.active_mtu, r.mtu));
+    p.logMsgMax = dev_.portAttr.max_msg_sz ? log2u(dev_.portAttr.max_msg_sz) : 30;
+    p.logRraMax = log2u(uint64_t(std::clamp(dev_.devAttr.max_qp_rd_atom, 1, 16)));
+    p.port = uint32_t(dev_.port);
+    if (dev_.roce) {
+      ibv_ah_attr aa{};
+      aa.is_global = 1;
+      std::memcpy(aa.grh.dgid.raw, r.gid, 16);
+      aa.grh.sgid_index = uint8_t(dev_.gidIndex);
+      aa.grh.hop_limit = 64;
+      aa.port_num = uint8_t(dev_.port);
+      std::unique_ptr<ibv_ah, int (*)(ibv_ah*)> ah(ibv_create_ah(pd_.get(), &aa), ibv_destroy_ah);
+      if (!ah)
+        fail("ibv_create_ah (to learn the MAC of " + what + ") failed: " + verbs::errnoText(errno) +
+             "; on RoCE check GIN_IB_GID_INDEX (show_gids)");
+      mlx5dv_ah dah{};
+      mlx5dv_obj o{};
+      o.ah.in = ah.get();
+      o.ah.out = &dah;
+      if (const int e = mlx5dv_init_obj(&o, MLX5DV_OBJ_AH)) fail("mlx5dv_init_obj(AH) failed: " + verbs::errnoText(e));
+      p.grh = true;
+      std::memcpy(p.rmac, dah.av->rmac, 6);
+      std::memcpy(p.rgid, r.gid, 16);
+      p.srcAddrIndex = dev_.gidIndex;
+      p.hopLimit = 64;
+      p.udpSport = 0xc000u | ((q.view.qpn ^ r.qpn) & 0x3fffu);  // RoCE v2 source port: entropy for ECMP
+    } else {
+      p.rlid = r.lid;
+    }
+    devxModify(q, mlx5cmd::init2Rtr(q.view.qpn, p), "INIT2RTR", what);
+    devxModify(q, mlx5cmd::rtr2Rts(q.view.qpn, q.psn, log2u(uint64_t(std::clamp(dev_.devAttr.max_qp_init_rd_atom, 1, 16)))),
+               "RTR2RTS", what);
   }
 
   // What the device code assumes of the queues (gin/device/transport/ibgda.hpp).
@@ -361,7 +590,11 @@ class Mlx5Nic {
         (void)cudaGetLastError();
         fail(std::string("cudaHostRegister(") + (io ? "the UAR page, IoMemory" : "a queue buffer") + ", " +
              std::to_string(e - x) + " bytes) failed: " + cudaGetErrorString(r) +
-             (io ? " (the GPU must be able to reach the NIC's BAR: same PCIe root or peer-to-peer allowed)" : ""));
+             (io ? ". The GPU must be able to write the NIC's doorbell page (its BAR): the NVIDIA driver allows "
+                   "that with the registry setting PeerMappingOverride=1 (options nvidia "
+                   "NVreg_RegistryDwords=\"PeerMappingOverride=1;\"), and the GPU and the NIC must be allowed "
+                   "peer-to-peer over PCIe; otherwise use GIN_TRANSPORT=proxy"
+                 : ""));
       }
       void* d = nullptr;
       GIN_CUDA_CHECK(cudaHostGetDevicePointer(&d, reinterpret_cast<void*>(x), 0));
@@ -391,9 +624,9 @@ class Mlx5Nic {
     for (int ctx = 0; ctx < nCtx_; ++ctx)
       for (int p = 0; p < nRanks_; ++p) {
         const Qp& q = qps_[size_t(ctx) * size_t(nRanks_) + size_t(p)];
-        if (q.qp)
+        if (q.live)
           all[size_t(me_) * row + size_t(ctx) * size_t(nRanks_) + size_t(p)] =
-              verbs::localAddress(dev_, q.qp->qp_num, q.psn);
+              verbs::localAddress(dev_, q.view.qpn, q.psn);
       }
     bs_.allGather(all.data(), sizeof(verbs::RcAddress) * row);
     std::string err;
@@ -401,11 +634,14 @@ class Mlx5Nic {
       for (int ctx = 0; ctx < nCtx_; ++ctx)
         for (int p = 0; p < nRanks_; ++p) {
           Qp& q = qps_[size_t(ctx) * size_t(nRanks_) + size_t(p)];
-          if (!q.qp) continue;
+          if (!q.live) continue;
           const verbs::RcAddress& r = all[size_t(p) * row + size_t(ctx) * size_t(nRanks_) + size_t(me_)];
           const std::string what = "context " + std::to_string(ctx) + ", peer " + std::to_string(p);
           if (!r.qpn) fail("rank " + std::to_string(p) + " has no ibgda QP towards this rank (" + what + ")");
-          verbs::toRts(q.qp.get(), dev_, r, q.psn, what);
+          if (cfg_.devx)
+            devxToRts(q, r, what);
+          else
+            verbs::toRts(q.qp.get(), dev_, r, q.psn, what);
         }
     } catch (const std::exception& e) {
       err = verbs::ownText(e);
