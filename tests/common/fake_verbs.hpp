@@ -824,7 +824,8 @@ extern "C" {
 mlx5dv_devx_obj* mlx5dv_devx_obj_create(ibv_context* ctx, const void* in, size_t inlen, void* out, size_t outlen) {
   std::lock_guard<std::recursive_mutex> lk(mu);
   std::memset(out, 0, outlen);
-  if (inlen < 0x880 / 8 || outlen < 16) return badAttr("DEVX create: command buffers too short"), errno = EINVAL, nullptr;
+  if (inlen < 0x880 / 8 || outlen < 16)
+    return badAttr("DEVX create: command buffers too short"), errno = EINVAL, nullptr;
   const uint32_t op = uint32_t(fld(in, 0, 16));
   if (ctl.devxFailOpcode == op) {
     setFld(out, 0, 8, 0x3);
@@ -896,7 +897,8 @@ int mlx5dv_devx_umem_dereg(mlx5dv_devx_umem* um) {
 }
 mlx5dv_devx_uar* mlx5dv_devx_alloc_uar(ibv_context* ctx, uint32_t flags) {
   std::lock_guard<std::recursive_mutex> lk(mu);
-  if (flags != MLX5DV_UAR_ALLOC_TYPE_NC) badAttr("a UAR for GPU doorbells must be non-cached (MLX5DV_UAR_ALLOC_TYPE_NC)");
+  if (flags != MLX5DV_UAR_ALLOC_TYPE_NC)
+    badAttr("a UAR for GPU doorbells must be non-cached (MLX5DV_UAR_ALLOC_TYPE_NC)");
   auto* u = new Uar;
   u->ctx = ctx;
   u->page.reset(new uint64_t[512]());

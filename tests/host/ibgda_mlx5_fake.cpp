@@ -373,7 +373,8 @@ TEST_CASE("mlx5 commands: putField/getField store and read fields as the model's
     for (auto& b : a) b = uint8_t(rng());
     const mlx5cmd::In before = a;
     const uint32_t bits = rng() % 8 == 0 ? 64 : 1 + uint32_t(rng() % 32);
-    const uint32_t off = bits == 64 ? 32 * uint32_t(rng() % 66) : 32 * uint32_t(rng() % 68) + uint32_t(rng() % (33 - bits));
+    const uint32_t off =
+        bits == 64 ? 32 * uint32_t(rng() % 66) : 32 * uint32_t(rng() % 68) + uint32_t(rng() % (33 - bits));
     const uint64_t v = rng() & (bits == 64 ? ~0ull : (1ull << bits) - 1);
     mlx5cmd::putField(a.data(), {off, bits}, v);
     INFO("field at bit " << off << ", " << bits << " bits, value " << v);
@@ -381,7 +382,8 @@ TEST_CASE("mlx5 commands: putField/getField store and read fields as the model's
     REQUIRE(mlx5cmd::getField(a.data(), {off, bits}) == v);
     bool othersKept = true;  // every other bit is as it was
     for (uint32_t b = 0; b < a.size() * 8; ++b)
-      if (b < off || b >= off + bits) othersKept &= fakeverbs::fld(a.data(), b, 1) == fakeverbs::fld(before.data(), b, 1);
+      if (b < off || b >= off + bits)
+        othersKept &= fakeverbs::fld(a.data(), b, 1) == fakeverbs::fld(before.data(), b, 1);
     REQUIRE(othersKept);
   }
   // The PRM's own example: the opcode is the first 16 bits, big-endian.

@@ -477,7 +477,8 @@ class Mlx5Nic {
         mlx5dv_devx_uar* uar = m.uars[size_t(ctx)].get();
         const size_t sqAt = blockBytes() * i, cqAt = sqAt + pageUp(sqBytes()), dbrAt = dbrOffset(i);
         uint8_t out[mlx5cmd::kOutBytes] = {};
-        const mlx5cmd::In cin = mlx5cmd::createCq(logDepth, {umem, cqAt}, {umem, dbrAt + kDbrStride}, uar->page_id, eqn_);
+        const mlx5cmd::In cin =
+            mlx5cmd::createCq(logDepth, {umem, cqAt}, {umem, dbrAt + kDbrStride}, uar->page_id, eqn_);
         q.devxCq.reset(mlx5dv_devx_obj_create(dev_.ctx.get(), cin.data(), cin.size(), out, sizeof out));
         if (!q.devxCq) fail("DEVX CREATE_CQ for " + what + " failed: " + devxText(errno, out));
         const uint32_t cqn = uint32_t(mlx5cmd::getField(out, mlx5cmd::cq::kCqn));
@@ -544,8 +545,8 @@ class Mlx5Nic {
       p.rlid = r.lid;
     }
     devxModify(q, mlx5cmd::init2Rtr(q.view.qpn, p), "INIT2RTR", what);
-    devxModify(q, mlx5cmd::rtr2Rts(q.view.qpn, q.psn, log2u(uint64_t(std::clamp(dev_.devAttr.max_qp_init_rd_atom, 1, 16)))),
-               "RTR2RTS", what);
+    const uint32_t logSraMax = log2u(uint64_t(std::clamp(dev_.devAttr.max_qp_init_rd_atom, 1, 16)));
+    devxModify(q, mlx5cmd::rtr2Rts(q.view.qpn, q.psn, logSraMax), "RTR2RTS", what);
   }
 
   // What the device code assumes of the queues (gin/device/transport/ibgda.hpp).
