@@ -71,14 +71,23 @@ class Runtime {
     return out(d, H, K, scales.has_value());
   }
 
-  py::tuple cachedDispatch(uint64_t stream, const torch::Tensor& x, const py::capsule& handle) {
-    need(x, torch::kBFloat16, 2, "x");
+  // x bf16, or e4m3 with its scales (the rows then come back as the pair).
+  py::tuple cachedDispatch(uint64_t stream, const torch::Tensor& x, const std::optional<torch::Tensor>& scales,
+                           const py::capsule& handle) {
+    need(x, scales ? torch::kFloat8_e4m3fn : torch::kBFloat16, 2, "x");
+    const int H = int(x.size(1));
+    if (scales) {
+      need(*scales, torch::kFloat32, 2, "x's scales");
+      if (H % 128 != 0 || scales->size(0) != x.size(0) || scales->size(1) != H / 128)
+        throw std::invalid_argument("gin_ep: FP8 x needs a hidden size that is a multiple of 128 and scales of "
+                                    "tokens x hidden / 128 floats");
+    }
     gin_ep_rt::Dispatched d;
     {
       py::gil_scoped_release nogil;
-      d = rt_.cachedDispatch(stream, x.data_ptr(), handleOf(handle));
+      d = rt_.cachedDispatch(stream, x.data_ptr(), scales ? scales->data_ptr<float>() : nullptr, handleOf(handle));
     }
-    return out(d, int(x.size(1)), 0);
+    return out(d, H, 0, scales.has_value());
   }
 
   torch::Tensor combine(uint64_t stream, const torch::Tensor& y, const py::capsule& handle,

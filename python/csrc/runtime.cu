@@ -165,14 +165,18 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScal
   return out;
 }
 
-Dispatched Runtime::cachedDispatch(uintptr_t stream, const void* x, const std::shared_ptr<void>& handle) {
+Dispatched Runtime::cachedDispatch(uintptr_t stream, const void* x, const float* xScales,
+                                   const std::shared_ptr<void>& handle) {
   State& s = *s_;
   const auto* h = static_cast<const NormalHandle*>(handle.get());
   if (!h || !s.buf || s.ll) throw std::invalid_argument("gin_ep: a cached dispatch needs a handle of this buffer's dispatch");
   s.follow(stream);
-  gin::ep::GpuDispatched d = s.buf->dispatch(static_cast<const uint16_t*>(x), h->h);
+  gin::ep::GpuDispatched d =
+      xScales ? s.buf->dispatch(gin::ep::Fp8Tokens{static_cast<const uint8_t*>(x), xScales}, h->h)
+              : s.buf->dispatch(static_cast<const uint16_t*>(x), h->h);
   Dispatched out;
-  out.x = arrayOf(d.x);
+  out.x = xScales ? arrayOf(d.xFp8) : arrayOf(d.x);
+  out.xScales = arrayOf(d.xScales);
   out.rankPrefix = h->rankPrefix;
   out.srcRank = arrayOf(h->h.srcRank);
   out.srcToken = arrayOf(h->h.srcToken);

@@ -68,7 +68,8 @@ class Runtime {
   // none), weights [T][K] float.
   Dispatched dispatch(uintptr_t stream, const void* x, const float* xScales, const int32_t* idx,
                       const float* weights, int tokens, int hidden, int experts, int topk, int expertAlignment);
-  Dispatched cachedDispatch(uintptr_t stream, const void* x, const std::shared_ptr<void>& handle);
+  // x bf16, or e4m3 bytes when xScales is given.
+  Dispatched cachedDispatch(uintptr_t stream, const void* x, const float* xScales, const std::shared_ptr<void>& handle);
   Array combine(uintptr_t stream, const void* y, const std::shared_ptr<void>& handle, const void* bias0,
                 const void* bias1);
 

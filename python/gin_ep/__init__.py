@@ -172,10 +172,8 @@ class Buffer:
                 raise ValueError("gin_ep: FP8 x is (float8_e4m3fn [tokens][hidden], float32 [tokens][hidden / 128])")
         if previous_event is not None:
             previous_event.current_stream_wait()
-        if handle is not None:
-            if scales is not None:
-                raise NotImplementedError("gin_ep: a cached dispatch of FP8 x is not implemented yet; pass bf16 x")
-            out = self.runtime.cached_dispatch(_stream(), x, handle[-1].capsule)
+        if handle is not None:  # a cached dispatch: bf16 or FP8 x along the handle's layout
+            out = self.runtime.cached_dispatch(_stream(), x, scales, handle[-1].capsule)
             return out[0], None, None, None, handle, _event(async_finish)
         if topk_idx is None or topk_weights is None or num_tokens_per_expert is None:
             raise ValueError("gin_ep: dispatch without a handle needs topk_idx, topk_weights and "

@@ -8,7 +8,7 @@ the visible GPUs round-robin). Every rank regenerates every rank's inputs
   weights; tokens per local expert (aligned); the rank prefix matrix;
 - combine (experts = identity, 0/1/2 biases) against the float reference,
   calc_diff below 1e-5 (DeepEP's measure);
-- a cached dispatch of new tokens along the handle;
+- a cached dispatch of new tokens along the handle (bf16, and FP8 along an FP8 handle);
 - a third normal round in which rank 0 brings more tokens than any rank
   before (every rank makes a bigger buffer in the same call);
 - low-latency dispatch (rows per local expert in source order, counts,
@@ -176,6 +176,21 @@ def check_fp8(buf, rank, R, H, E, K, tmax, dev):
     ref = x.float() * in_rank.sum(1, keepdim=True).float()
     if x.numel():
         assert calc_diff(combined.float(), ref) < 1e-3, "combine of dequantized FP8 rows"
+
+    # A cached dispatch of new FP8 tokens along the FP8 handle: bytes and scales in the handle's order.
+    fp8b = [to_fp8(make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 47)[0]) for r in range(R)]
+    data2, scales2 = (t.to(dev) for t in fp8b[rank])
+    (recv2, rscales2), _, _, _, _, _ = buf.dispatch((data2, scales2), handle=handle)
+    src_rank = torch.repeat_interleave(torch.arange(R), torch.tensor([len([1 for t in range(inputs[r][1].size(0))
+                                       if any(int(e) >= 0 and int(e) // L == rank for e in inputs[r][1][t])])
+                                       for r in range(R)]))
+    src_tok = handle[3].cpu()
+    assert recv2.dtype == torch.float8_e4m3fn and recv2.shape == (N, H) and rscales2.shape == (N, H // 128)
+    if N:
+        want = torch.stack([fp8b[int(src_rank[i])][0][int(src_tok[i])] for i in range(N)])
+        wants = torch.stack([fp8b[int(src_rank[i])][1][int(src_tok[i])] for i in range(N)])
+        assert torch.equal(recv2.cpu().view(torch.uint8), want.view(torch.uint8)), "cached FP8 rows"
+        assert torch.equal(rscales2.cpu(), wants), "cached FP8 scales"
 
 
 def check_low_latency_fp8(buf, rank, R, H, E, K, tmax, dev):

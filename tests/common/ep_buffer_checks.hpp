@@ -366,6 +366,32 @@ void checkFp8Rounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 2)
       }
     }
     expect(calcDiff(got, want) < 1e-3, where + "combine of the dequantized rows");
+    // A cached dispatch of new FP8 tokens along this handle, and one along
+    // the handle of a bf16 dispatch of the same routing: the bytes of every
+    // row and its scales, in the handle's order.
+    std::vector<gin::ep::Inputs> f2;
+    for (int r = 0; r < R; ++r) {
+      gin::ep::Shape s = sh;
+      s.tokens = tokensOf(c, r, round);
+      f2.push_back(fp8Of(gin::ep::makeInputs(s, r, 700 + uint64_t(round)), H));
+    }
+    const auto dBf16 = buf.dispatch(all[size_t(me)], 1);
+    for (const auto* hp : {&d.handle, &dBf16.handle}) {
+      const auto d2 = buf.dispatch(f2[size_t(me)].xFp8, f2[size_t(me)].xScales, *hp);
+      const size_t n = hp->srcRank.size();
+      const std::string at = where + (hp == &d.handle ? "cached FP8 dispatch: " : "cached FP8 on a bf16 handle: ");
+      expect(d2.x.empty() && d2.xFp8.size() == n * H && d2.xScales.size() == n * G, at + "sizes");
+      for (size_t row = 0; row < n; ++row) {
+        const auto& src = f2[size_t(hp->srcRank[row])];
+        const size_t t = size_t(hp->srcToken[row]);
+        expect(std::equal(d2.xFp8.begin() + std::ptrdiff_t(row * H), d2.xFp8.begin() + std::ptrdiff_t(row * H + H),
+                          src.xFp8.begin() + std::ptrdiff_t(t * H)) &&
+                   std::equal(d2.xScales.begin() + std::ptrdiff_t(row * G),
+                              d2.xScales.begin() + std::ptrdiff_t(row * G + G),
+                              src.xScales.begin() + std::ptrdiff_t(t * G)),
+               at + "row " + std::to_string(row) + " differs");
+      }
+    }
   }
 }
 

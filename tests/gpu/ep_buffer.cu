@@ -90,6 +90,17 @@ class HostFace {
     d.handle = face(g.handle);
     return d;
   }
+  Dispatched dispatch(const std::vector<uint8_t>& xFp8, const std::vector<float>& xScales, const Handle& h) {
+    auto x = up(xFp8);
+    auto s = up(xScales);
+    gin::ep::GpuDispatched g = buf_.dispatch(gin::ep::Fp8Tokens{x.data(), s.data()}, h.gpu);
+    gintest::expect(g.x.empty() && g.topkIdx.empty(), "an FP8 cached dispatch returns FP8 rows and no top-k");
+    Dispatched d;
+    d.xFp8 = g.xFp8.toHost();
+    d.xScales = g.xScales.toHost();
+    d.handle = face(g.handle);
+    return d;
+  }
   std::vector<uint16_t> combine(const uint16_t* y, const Handle& h, const uint16_t* b0 = nullptr,
                                 const uint16_t* b1 = nullptr) {
     const size_t H = size_t(sh_.hidden), T = size_t(h.tokens);

@@ -189,29 +189,23 @@ class CpuBuffer {
   // dispatch. Returns the rows in that dispatch's order and its handle;
   // topkIdx, topkWeights and tokensPerExpert stay empty (DeepEP: None).
   Dispatched dispatch(const std::vector<uint16_t>& x, const Handle& h) {
-    const size_t H = size_t(l_.shape.hidden), T = size_t(h.tokens), n = h.srcRank.size();
-    if (ll_)
-      throw std::invalid_argument("ep: dispatch on a low-latency buffer; build the buffer with lowLatency = false");
-    if (T > size_t(maxTokens_) || x.size() != T * H || h.sent.rows.size() != T)
-      throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer and x of its " +
-                                  std::to_string(h.tokens) + " tokens x hidden values");
-    l_.shape.tokens = int(T);
+    checkCached(x.size(), size_t(h.tokens) * size_t(l_.shape.hidden), h, "x of its ", " tokens x hidden values");
+    l_.shape.tokens = h.tokens;
     l_.shape.fp8 = false;
-    Plan p = h.sent;
-    p.x = packTokens(l_.shape, x.data());
-    startLayer(comm_, l_, p);
-    std::vector<int> srcOf;
-    std::vector<uint64_t> fromLane = h.fromLane;
-    const size_t got = size_t(dispatchNormalCpu(comm_, l_, p, size_t(l_.shape.ranks) * size_t(maxTokens_),
-                                                recvX_.data(), recvMeta_.data(), srcOf, fromLane, true));
-    settleLayer(comm_, l_);
-    if (got != n)
-      failLayer(comm_, "a cached dispatch received " + std::to_string(got) + " rows, its handle " + std::to_string(n) +
-                           ": every rank must pass a handle of the same dispatch");
-    Dispatched d;
-    d.handle = h;
-    d.x.assign(recvX_.begin(), recvX_.begin() + std::ptrdiff_t(n * H));
-    return d;
+    return cachedDispatch(packTokens(l_.shape, x.data()), h);
+  }
+  // The same with FP8 tokens (xFp8 [T][H] e4m3, xScales [T][H / 128]; every
+  // rank passes FP8): the rows come back as xFp8 and xScales, byte for byte.
+  // The handle may come from a bf16 or an FP8 dispatch (the layout is the
+  // same).
+  Dispatched dispatch(const std::vector<uint8_t>& xFp8, const std::vector<float>& xScales, const Handle& h) {
+    const size_t T = size_t(h.tokens), H = size_t(l_.shape.hidden);
+    checkFp8Hidden(true, l_.shape.hidden, "dispatch");
+    checkCached(xFp8.size(), T * H, h, "FP8 x of its ", " tokens x hidden bytes");
+    checkCached(xScales.size(), T * (H / size_t(kFp8Group)), h, "FP8 scales of its ", " tokens x hidden / 128 floats");
+    l_.shape.tokens = h.tokens;
+    l_.shape.fp8 = true;
+    return cachedDispatch(packFp8Tokens(l_.shape, xFp8.data(), xScales.data()), h);
   }
 
   // y: [N][H] bf16, one row per row of the dispatch that made `h`, in its
@@ -357,6 +351,37 @@ class CpuBuffer {
   // This rank's combine window from byte offset `at`, as bf16 rows.
   const uint16_t* combineRows(size_t at) const {
     return static_cast<const uint16_t*>(comm_.localPointer(l_.combine, at));
+  }
+
+  void checkCached(size_t got, size_t want, const Handle& h, const char* what, const char* unit) const {
+    if (ll_)
+      throw std::invalid_argument("ep: dispatch on a low-latency buffer; build the buffer with lowLatency = false");
+    if (h.tokens > maxTokens_ || got != want || h.sent.rows.size() != size_t(h.tokens))
+      throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer and " +
+                                  std::string(what) + std::to_string(h.tokens) + unit);
+  }
+
+  // A cached dispatch of tokens packed for l_.shape (tokens and fp8 set).
+  Dispatched cachedDispatch(std::vector<char> packed, const Handle& h) {
+    const size_t H = size_t(l_.shape.hidden), n = h.srcRank.size();
+    Plan p = h.sent;
+    p.x = std::move(packed);
+    startLayer(comm_, l_, p);
+    std::vector<int> srcOf;
+    std::vector<uint64_t> fromLane = h.fromLane;
+    const size_t got = size_t(dispatchNormalCpu(comm_, l_, p, size_t(l_.shape.ranks) * size_t(maxTokens_),
+                                                recvX_.data(), recvMeta_.data(), srcOf, fromLane, true));
+    settleLayer(comm_, l_);
+    if (got != n)
+      failLayer(comm_, "a cached dispatch received " + std::to_string(got) + " rows, its handle " + std::to_string(n) +
+                           ": every rank must pass a handle of the same dispatch");
+    Dispatched d;
+    d.handle = h;
+    if (l_.shape.fp8)
+      splitFp8Rows(n, d.xFp8, d.xScales);
+    else
+      d.x.assign(recvX_.begin(), recvX_.begin() + std::ptrdiff_t(n * H));
+    return d;
   }
 
   // The first n received FP8 rows (rowBytes each) as [n][H] e4m3 and [n][H / 128] scales.

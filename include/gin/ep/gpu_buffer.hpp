@@ -690,14 +690,7 @@ class GpuBuffer {
     else
       d.x = deviceArray<uint16_t>(n * size_t(sh.hidden));
     launchDispatch(fp8 ? static_cast<void*>(fp8Rows.data()) : static_cast<void*>(d.x.data()));
-    if (fp8) {
-      const size_t H = size_t(sh.hidden);
-      d.xFp8 = deviceArray<uint8_t>(n * H);
-      d.xScales = deviceArray<float>(n * (H / kFp8Group));
-      if (n)
-        gpu::splitFp8Kernel<<<int(std::min<size_t>(n, 1024)), kThreads, 0, st_>>>(l_, fp8Rows.data(), int(n),
-                                                                                   d.xFp8.data(), d.xScales.data());
-    }
+    if (fp8) splitFp8(d, fp8Rows, n);
     GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, T * 4, st_));
     GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, L * 4, st_));
     if (n)
@@ -724,35 +717,11 @@ class GpuBuffer {
   // dispatch that made `h` (every rank passes a handle of the same
   // dispatch). Returns the rows in that dispatch's order and its handle;
   // topkIdx, topkWeights and tokensPerExpert stay empty.
-  GpuDispatched dispatch(const uint16_t* x, const GpuHandle& h) {
-    const Shape& sh = l_.shape;
-    const int R = sh.ranks, C = sh.channels;
-    checkCall(false, h.tokens, "dispatch");
-    if (h.topkIdx.size() != size_t(h.tokens) * size_t(sh.topk) || h.rows.size() != size_t(h.tokens) ||
-        h.fromLane.size() != size_t(R) * size_t(C))
-      throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer");
-    clock_.start("cached dispatch");
-    l_.shape.tokens = h.tokens;
-    l_.shape.fp8 = false;
-    l_.xDirect = allLsa_ ? reinterpret_cast<const char*>(x) : nullptr;
-    // The receive list as the handle's dispatch laid it out.
-    if (layOut(h.fromLane) != h.received())
-      throw std::invalid_argument("ep: a cached dispatch was given a handle that no dispatch of this buffer made");
-    GpuDispatched d;
-    d.handle = h;
-    d.x = deviceArray<uint16_t>(h.received() * size_t(sh.hidden));
-    startPlanned(x, Fp8Tokens{}, h);
-    // Every position the handle lists is filled once the receivers are done
-    // (a rank that passed another dispatch's handle makes them wait, and
-    // the wait gives up at the timeout with an error).
-    launchDispatch(d.x.data());
-    checkDone("cached dispatch");
-    clock_.mark("kernels");
-    comm_.bootstrap().barrier();
-    clock_.mark("barrier");
-    clock_.end();
-    return d;
-  }
+  GpuDispatched dispatch(const uint16_t* x, const GpuHandle& h) { return cachedDispatch(x, Fp8Tokens{}, h); }
+  // The same with FP8 tokens (every rank passes FP8): the rows come back as
+  // xFp8 and xScales, byte for byte. The handle may come from a bf16 or an
+  // FP8 dispatch (the layout is the same).
+  GpuDispatched dispatch(Fp8Tokens x, const GpuHandle& h) { return cachedDispatch(nullptr, x, h); }
 
   // CpuBuffer::combine with device arrays: y [N][H] bf16 in the dispatch's
   // row order, bias0/bias1 [T][H] bf16 or null. Returns [T][H] bf16.
@@ -919,6 +888,54 @@ class GpuBuffer {
       throw std::invalid_argument(std::string("ep: ") + call + " of " + std::to_string(tokens) +
                                   " tokens; the buffer takes at most " + std::to_string(maxTokens_) +
                                   " (Shape::tokens)");
+  }
+
+  GpuDispatched cachedDispatch(const uint16_t* x, Fp8Tokens f, const GpuHandle& h) {
+    const Shape& sh = l_.shape;
+    const int R = sh.ranks, C = sh.channels;
+    const bool fp8 = f.data != nullptr;
+    checkCall(false, h.tokens, "dispatch");
+    checkFp8Hidden(fp8, sh.hidden, "dispatch");
+    if (h.topkIdx.size() != size_t(h.tokens) * size_t(sh.topk) || h.rows.size() != size_t(h.tokens) ||
+        h.fromLane.size() != size_t(R) * size_t(C))
+      throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer");
+    clock_.start("cached dispatch");
+    l_.shape.tokens = h.tokens;
+    l_.shape.fp8 = fp8;
+    l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;
+    // The receive list as the handle's dispatch laid it out.
+    const size_t n = layOut(h.fromLane);
+    if (n != h.received())
+      throw std::invalid_argument("ep: a cached dispatch was given a handle that no dispatch of this buffer made");
+    GpuDispatched d;
+    d.handle = h;
+    DeviceArray<char> fp8Rows;
+    if (fp8)
+      fp8Rows = deviceArray<char>(n * sh.rowBytes());
+    else
+      d.x = deviceArray<uint16_t>(n * size_t(sh.hidden));
+    startPlanned(x, f, h);
+    // Every position the handle lists is filled once the receivers are done
+    // (a rank that passed another dispatch's handle makes them wait, and
+    // the wait gives up at the timeout with an error).
+    launchDispatch(fp8 ? static_cast<void*>(fp8Rows.data()) : static_cast<void*>(d.x.data()));
+    if (fp8) splitFp8(d, fp8Rows, n);
+    checkDone("cached dispatch");
+    clock_.mark("kernels");
+    comm_.bootstrap().barrier();
+    clock_.mark("barrier");
+    clock_.end();
+    return d;
+  }
+
+  // n received FP8 rows (rowBytes each) into d.xFp8 [n][H] and d.xScales [n][H / 128].
+  void splitFp8(GpuDispatched& d, const DeviceArray<char>& rows, size_t n) {
+    const size_t H = size_t(l_.shape.hidden);
+    d.xFp8 = deviceArray<uint8_t>(n * H);
+    d.xScales = deviceArray<float>(n * (H / kFp8Group));
+    if (n)
+      gpu::splitFp8Kernel<<<int(std::min<size_t>(n, 1024)), kThreads, 0, st_>>>(l_, rows.data(), int(n), d.xFp8.data(),
+                                                                                 d.xScales.data());
   }
 
   // Normal mode's start: the plan made on the GPU from the handle's routing
