@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -24,8 +25,10 @@ namespace gin {
 class ShmSegment {
  public:
   ShmSegment() = default;
-  // Named "/gin.<kind><pid>.<random>" (kind: "" or e.g. "bootstrap.").
-  static ShmSegment create(size_t bytes, const std::string& kind = "") {
+  // Named "/gin.<kind><pid>.<random>" (kind: "" or e.g. "bootstrap."). With
+  // `reserve`, every page is allocated now: a full /dev/shm is this Error, not
+  // a SIGBUS at the first store that needs a page.
+  static ShmSegment create(size_t bytes, const std::string& kind = "", bool reserve = false) {
     std::random_device rd;
     const uint64_t tag = (uint64_t(rd()) << 32) ^ rd();
     ShmSegment s;
@@ -34,8 +37,8 @@ class ShmSegment {
     if (fd < 0)
       throw Error("shm_open(" + s.name_ + ") failed: " + std::strerror(errno) + "; is /dev/shm mounted and writable?");
     s.owner_ = true;
-    if (::ftruncate(fd, off_t(bytes)) != 0) {
-      const int e = errno;
+    const int e = ::ftruncate(fd, off_t(bytes)) != 0 ? errno : reserve ? ::posix_fallocate(fd, 0, off_t(bytes)) : 0;
+    if (e != 0) {
       ::close(fd);
       ::shm_unlink(s.name_.c_str());
       throw Error("cannot size shared memory segment to " + std::to_string(bytes) + " bytes: " + std::strerror(e) +
@@ -49,6 +52,13 @@ class ShmSegment {
     s.name_ = name;
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
     if (fd < 0) throw Error("cannot open peer's shared memory segment " + name + ": " + std::strerror(errno));
+    // Mapping past its end would turn the first access into a SIGBUS.
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size < off_t(bytes)) {
+      ::close(fd);
+      throw Error("shared memory segment " + name + " is smaller than the " + std::to_string(bytes) +
+                  " bytes expected; it is not the one this peer made");
+    }
     s.map(fd, bytes);
     return s;
   }
