@@ -93,18 +93,24 @@ class BootstrapShm {
   const ShmCall& call(int rank, uint64_t seq) const { return slot(rank, seq).call; }
   const void* payload(int rank, uint64_t seq) const { return slot(rank, seq).payload; }
 
-  // The first failure recorded wins; later ones keep their own message.
-  void markFailed(const std::string& text) {
+  // A rank gave up in call `seq` (the first failure recorded wins; later
+  // ones keep their own message).
+  struct Failure {
+    uint64_t seq;
+    std::string text;
+  };
+  void markFailed(uint64_t seq, const std::string& text) {
     Header* h = header();
     uint32_t free = 0;
     if (!h->failClaim.compare_exchange_strong(free, 1, std::memory_order_acq_rel)) return;
+    h->failSeq = seq;
     std::snprintf(h->failText, sizeof h->failText, "%s", text.c_str());
     h->failPublished.store(1, std::memory_order_release);
   }
-  std::optional<std::string> failure() const {
+  std::optional<Failure> failure() const {
     const Header* h = header();
     if (h->failPublished.load(std::memory_order_acquire) == 0) return std::nullopt;
-    return std::string(h->failText);
+    return Failure{h->failSeq, h->failText};
   }
 
  private:
@@ -118,6 +124,7 @@ class BootstrapShm {
     char name[116];
     alignas(64) std::atomic<uint32_t> failClaim;
     std::atomic<uint32_t> failPublished;
+    uint64_t failSeq;
     char failText[kFailureTextBytes];
   };
   struct alignas(64) Arrival {

@@ -201,7 +201,7 @@ class TcpBootstrap final : public Bootstrap {
   // recorded wins), so ranks waiting there stop at once.
   [[noreturn]] void fail(const std::string& why) {
     failure_ = why;
-    if (shm_) shm_.markFailed("rank " + std::to_string(rank_) + ": " + why);
+    if (shm_) shm_.markFailed(seq_, "rank " + std::to_string(rank_) + ": " + why);
     throw Error(me() + why);
   }
 
@@ -219,7 +219,7 @@ class TcpBootstrap final : public Bootstrap {
   // Rank 0 failing: tell every connected rank, then close our sending side so
   // each reads the reason followed by a clean end of stream.
   [[noreturn]] void failAll(const std::string& why) {
-    if (shm_) shm_.markFailed("rank 0: " + why);
+    if (shm_) shm_.markFailed(seq_, "rank 0: " + why);
     for (size_t p = 1; p < peers_.size(); ++p) {
       if (!peers_[p]) continue;
       sendAbort(peers_[p].get(), why);
@@ -231,7 +231,7 @@ class TcpBootstrap final : public Bootstrap {
   // A bad argument on one rank must not leave the others waiting out the timeout.
   [[noreturn]] void localFailure(const std::string& call, const std::string& what) {
     const std::string why = call + ": " + (what.rfind("gin: ", 0) == 0 ? what.substr(5) : what);
-    if (shm_) shm_.markFailed("rank " + std::to_string(rank_) + " failed in " + why);
+    if (shm_) shm_.markFailed(seq_, "rank " + std::to_string(rank_) + " failed in " + why);
     if (rank_ == 0) failAll("rank 0 failed in " + why);
     if (root_) sendAbort(root_.get(), why);
     fail(why);
@@ -447,7 +447,9 @@ class TcpBootstrap final : public Bootstrap {
   // calls agree, in the same order, so all of them throw the same mismatch.
   // The wait spins a few microseconds, then yields, then sleeps in short
   // steps, and stops for a failure recorded in the segment, a closed or
-  // aborting connection (looked at every millisecond), or the deadline.
+  // aborting connection (looked at every millisecond), or the deadline. A
+  // failure recorded in this call also fails it where every rank arrived: the
+  // rank that gave up (at the deadline, say) had arrived too.
   void meet(uint32_t op, uint64_t seq, uint64_t size, int root, const void* payload, size_t len) {
     shm_.arrive(rank_, detail::ShmCall{op, root, seq, size}, payload, len);
     const auto start = Clock::now();
@@ -456,8 +458,7 @@ class TcpBootstrap final : public Bootstrap {
     detail::IdleBackoff idle(kSpinPolls, kYieldPolls, kSleepUs);
     int missing = 0;
     while ((missing = shm_.firstMissing(seq, missing)) < nRanks_) {
-      if (auto why = shm_.failure(); why && shm_.firstMissing(seq, missing) < nRanks_)
-        failShared(detail::callText(op, seq, size, root) + " aborted: " + *why);
+      stopIfFailed(op, seq, size, root);
       idle.wait();
       const auto now = Clock::now();
       if (now >= nextLook) {
@@ -483,10 +484,18 @@ class TcpBootstrap final : public Bootstrap {
                    " while rank 0 called " + detail::callText(first.op, first.seq, first.size, first.root) +
                    "; every rank must call the same collectives in the same order with the same sizes");
     }
+    stopIfFailed(op, seq, size, root);
   }
   static constexpr auto kLookEvery = std::chrono::milliseconds(1);
   // About 5 us of spinning, then about a millisecond of yielding, then 20 us sleeps.
   static constexpr uint32_t kSpinPolls = 100, kYieldPolls = 1000, kSleepUs = 20;
+
+  // A failure recorded in call `seq` or before (one recorded in a later call
+  // means this one completed: the next call reports it).
+  void stopIfFailed(uint32_t op, uint64_t seq, uint64_t size, int root) {
+    if (auto f = shm_.failure(); f && f->seq <= seq)
+      failShared(detail::callText(op, seq, size, root) + " aborted: " + f->text);
+  }
 
   // Rank 0 tells the connected ranks too, as on the TCP path.
   [[noreturn]] void failShared(const std::string& why) {
@@ -510,8 +519,12 @@ class TcpBootstrap final : public Bootstrap {
   }
 
   void lookAtConnections(uint32_t op, uint64_t seq, uint64_t size, int root) {
-    const auto complete = [&] { return shm_.firstMissing(seq, 0) == nRanks_; };
     const auto call = [&] { return detail::callText(op, seq, size, root); };
+    // A failure recorded meanwhile is the cause; a peer leaving is its consequence.
+    const auto complete = [&] {
+      stopIfFailed(op, seq, size, root);
+      return shm_.firstMissing(seq, 0) == nRanks_;
+    };
     int err = 0;
     if (rank_ != 0) {
       const Line line = peekLine(root_.get(), &err);
