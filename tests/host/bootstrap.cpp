@@ -900,8 +900,12 @@ TEST_CASE(
     SharedArea sh;
     const gin::UniqueId id = loopbackId();
     const uint64_t seed = Catch::getSeed() + 1000u + static_cast<uint64_t>(n);
-    const Workload w{seed, {0, 1, 3, 4093, kSlot - 1, kSlot, kSlot + 1, 3 * kSlot + 5}, {0, 1, 61, kSlot, kSlot + 1},
-                     6, &sh->counter, 0};
+    const Workload w{seed,
+                     {0, 1, 3, 4093, kSlot - 1, kSlot, kSlot + 1, 3 * kSlot + 5},
+                     {0, 1, 61, kSlot, kSlot + 1},
+                     6,
+                     &sh->counter,
+                     0};
     // Mostly small calls, as the expert-parallel buffers make them; now and then one over TCP.
     const std::vector<size_t> sizes = {0, 1, 1, 3, 8, 8, 8, 61, 1000, 4093, 4096, kSlot, kSlot + 1, 100'001};
     const auto codes = forkRanks(
@@ -969,8 +973,9 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("TCP in shared memory: a bad argument on one rank mid-sequence fails every other rank promptly with its reason",
-          "[bootstrap][tcp][shm][failure]") {
+TEST_CASE(
+    "TCP in shared memory: a bad argument on one rank mid-sequence fails every other rank promptly with its reason",
+    "[bootstrap][tcp][shm][failure]") {
   CleanEnv env;
   constexpr int n = 3;
   for (int bad : {2, 0}) {

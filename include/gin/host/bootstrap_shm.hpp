@@ -141,9 +141,7 @@ class BootstrapShm {
   }
   char* base() const { return static_cast<char*>(seg_.data()); }
   Header* header() const { return reinterpret_cast<Header*>(base()); }
-  std::atomic<uint64_t>& arrival(int rank) const {
-    return reinterpret_cast<Arrival*>(base() + kArrivalsAt)[rank].seq;
-  }
+  std::atomic<uint64_t>& arrival(int rank) const { return reinterpret_cast<Arrival*>(base() + kArrivalsAt)[rank].seq; }
   Slot& slot(int rank, uint64_t seq) const {
     Slot* slots = reinterpret_cast<Slot*>(base() + kArrivalsAt + static_cast<size_t>(nRanks_) * sizeof(Arrival));
     return slots[2 * static_cast<size_t>(rank) + (seq & 1)];

@@ -415,9 +415,11 @@ class TcpBootstrap final : public Bootstrap {
            "; is another program using this port?");
     std::string name(h.length, '\0');
     if (const auto r = detail::recvAll(root_.get(), name.data(), name.size(), replyDeadline); r.kind != detail::Io::Ok)
-      fail("rank 0 at " + where() + (r.kind == detail::Io::Timeout ? " stopped sending its welcome midway"
-                                     : " closed the connection during the rendezvous (" + detail::errnoText(r.err) +
-                                           "); it failed or exited: look at its output"));
+      fail("rank 0 at " + where() +
+           (r.kind == detail::Io::Timeout
+                ? " stopped sending its welcome midway"
+                : " closed the connection during the rendezvous (" + detail::errnoText(r.err) +
+                      "); it failed or exited: look at its output"));
     if (name.empty()) return;
     unsigned char mapped = 0, all = 0;
     try {
