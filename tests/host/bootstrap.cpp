@@ -7,6 +7,9 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include "../common/processes.hpp"
+
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -14,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <new>
 #include <optional>
@@ -62,6 +66,8 @@ const char* const kEnvVars[] = {
     "GIN_LOCAL_SIZE",
     "GIN_BOOTSTRAP_TIMEOUT_MS",
     "GIN_BOOTSTRAP_ADDR",
+    "GIN_BOOTSTRAP_SHM",
+    "GIN_HOST_ID",
 };
 
 class CleanEnv {
@@ -553,8 +559,8 @@ TEST_CASE(
       const int rank = n - 1 - i;
       if (rank == 0) std::this_thread::sleep_for(100ms);
       gin::TcpBootstrap b(id, rank, n, timeoutMs(10'000));
-      if (b.rank() != rank || b.nRanks() != n || b.sameProcessGroup()) {
-        note(sh.get(), i, "wrong rank()/nRanks()/sameProcessGroup()");
+      if (b.rank() != rank || b.nRanks() != n || b.sameProcessGroup() || !b.sharedMemory()) {
+        note(sh.get(), i, "wrong rank()/nRanks()/sameProcessGroup()/sharedMemory()");
         return 1;
       }
       const std::string e = exercise(b, w);
@@ -776,6 +782,319 @@ TEST_CASE(
         rank == 2 ? std::vector<std::string>{"allGather #1 (bytesPerRank 8): allGather: data is null"}
                   : std::vector<std::string>{"rank 2 failed in allGather #1", "data is null"},
         2.0);
+  });
+  INFO(report(codes, sh.get()));
+  CHECK(codes == std::vector<int>{kOk, kOk, kOk});
+}
+
+// =============================================================================
+// TCP ranks on one host: the collectives meet in shared memory
+// =============================================================================
+
+namespace {
+
+// The bootstrap segments of the job whose rank 0 listens on `port` that are
+// still in /dev/shm (rank 0 names them "gin.bootstrap.<port>.<pid>.<random>").
+std::vector<std::string> shmLeft(int port) {
+  std::vector<std::string> left;
+  const std::string prefix = "gin.bootstrap." + std::to_string(port) + ".";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) left.push_back(e.path().filename().string());
+  return left;
+}
+
+// A long random sequence of all three collectives with sizes from `sizes`
+// (the same on every rank), checked against the reference patterns. Each rank
+// also sleeps at its own random moments, so ranks run ahead of each other by
+// up to a call and the two slots of every rank are both in use.
+std::string exerciseMixed(gin::Bootstrap& b, uint64_t seed, int nOps, const std::vector<size_t>& sizes) {
+  const int N = b.nRanks();
+  std::mt19937_64 rng(seed);
+  std::mt19937_64 jitter(seed ^ mix(static_cast<uint64_t>(b.rank()) + 1));
+  uint64_t tag = 1u << 20;
+  for (int i = 0; i < nOps; ++i) {
+    const auto op = rng() % 3;
+    const size_t n = sizes[rng() % sizes.size()];
+    const int root = static_cast<int>(rng() % static_cast<uint64_t>(N));
+    if (jitter() % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(jitter() % 300));
+    std::string e;
+    if (op == 0) e = checkedAllGather(b, n, seed, ++tag);
+    if (op == 1) e = checkedBroadcast(b, n, root, seed, ++tag);
+    if (op == 2) b.barrier();
+    if (!e.empty()) return e + " (mixed op " + std::to_string(i) + ")";
+  }
+  return {};
+}
+
+constexpr size_t kSlot = gin::detail::BootstrapShm::kSlotBytes;
+
+}  // namespace
+
+TEST_CASE(
+    "TCP ranks on one host meet in shared memory; GIN_BOOTSTRAP_SHM=0 on any rank, or ranks that claim "
+    "different hosts (GIN_HOST_ID), keep every rank on TCP, and both paths give the right data",
+    "[bootstrap][tcp][shm]") {
+  CleanEnv env;
+  struct Case {
+    const char* name;
+    std::function<void(int)> setEnv;  // in the child, before the bootstrap
+    bool shm;
+  };
+  const std::vector<Case> cases = {
+      {"default", [](int) {}, true},
+      {"GIN_BOOTSTRAP_SHM=1", [](int) { ::setenv("GIN_BOOTSTRAP_SHM", "1", 1); }, true},
+      {"GIN_BOOTSTRAP_SHM=0 everywhere", [](int) { ::setenv("GIN_BOOTSTRAP_SHM", "0", 1); }, false},
+      {"GIN_BOOTSTRAP_SHM=0 on rank 1",
+       [](int r) {
+         if (r == 1) ::setenv("GIN_BOOTSTRAP_SHM", "0", 1);
+       },
+       false},
+      {"GIN_BOOTSTRAP_SHM=0 on rank 0",
+       [](int r) {
+         if (r == 0) ::setenv("GIN_BOOTSTRAP_SHM", "0", 1);
+       },
+       false},
+      {"rank 2 on another host by GIN_HOST_ID",
+       [](int r) {
+         if (r == 2) ::setenv("GIN_HOST_ID", "elsewhere", 1);
+       },
+       false},
+  };
+  constexpr int n = 3;
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    SharedArea sh;
+    const gin::UniqueId id = loopbackId();
+    const Workload w{Catch::getSeed() + 11u, {0, 1, 7, kSlot, kSlot + 1}, {0, 5, kSlot + 3}, 4, &sh->counter, 100};
+    const auto codes = forkRanks(n, sh.get(), [&](int rank) {
+      ::unsetenv("GIN_HOST_ID");
+      c.setEnv(rank);
+      gin::TcpBootstrap b(id, rank, n, timeoutMs(10'000));
+      if (b.sharedMemory() != c.shm) {
+        note(sh.get(), rank, "sharedMemory() is " + std::to_string(b.sharedMemory()));
+        return 1;
+      }
+      const std::string e = exercise(b, w);
+      note(sh.get(), rank, e);
+      return e.empty() ? 0 : 1;
+    });
+    INFO(report(codes, sh.get()));
+    CHECK(codes == std::vector<int>{0, 0, 0});
+    CHECK(shmLeft(portOf(id)) == std::vector<std::string>{});
+  }
+  // One rank has nothing to share; a malformed switch is an error naming it.
+  CHECK_FALSE(gin::TcpBootstrap("", 0, 0, 1).sharedMemory());
+  env.set("GIN_BOOTSTRAP_SHM", "yes");
+  CHECK_THROWS_WITH(gin::TcpBootstrap("", 0, 0, 1),
+                    ContainsSubstring("GIN_BOOTSTRAP_SHM=\"yes\"") && ContainsSubstring("0 or 1"));
+}
+
+TEST_CASE(
+    "TCP in shared memory with 1, 2, 3, 5 processes: allGather, broadcast and barrier match the reference "
+    "for sizes 0, 1, odd, the slot's 64 KiB and beyond it (over TCP), mixed in one run, ranks racing ahead",
+    "[bootstrap][tcp][shm]") {
+  CleanEnv env;
+  for (int n : {1, 2, 3, 5}) {
+    CAPTURE(n);
+    SharedArea sh;
+    const gin::UniqueId id = loopbackId();
+    const uint64_t seed = Catch::getSeed() + 1000u + static_cast<uint64_t>(n);
+    const Workload w{seed,
+                     {0, 1, 3, 4093, kSlot - 1, kSlot, kSlot + 1, 3 * kSlot + 5},
+                     {0, 1, 61, kSlot, kSlot + 1},
+                     6,
+                     &sh->counter,
+                     0};
+    // Mostly small calls, as the expert-parallel buffers make them; now and then one over TCP.
+    const std::vector<size_t> sizes = {0, 1, 1, 3, 8, 8, 8, 61, 1000, 4093, 4096, kSlot, kSlot + 1, 100'001};
+    const auto codes = forkRanks(
+        n, sh.get(),
+        [&](int rank) {
+          gin::TcpBootstrap b(id, rank, n, timeoutMs(20'000));
+          if (b.sharedMemory() != (n > 1)) {
+            note(sh.get(), rank, "sharedMemory() is " + std::to_string(b.sharedMemory()));
+            return 1;
+          }
+          std::string e = exercise(b, w);
+          if (e.empty()) e = exerciseMixed(b, seed, 1500, sizes);
+          note(sh.get(), rank, e);
+          return e.empty() ? 0 : 1;
+        },
+        60s);
+    INFO(report(codes, sh.get()));
+    for (int c : codes) CHECK(c == 0);
+    CHECK(shmLeft(portOf(id)) == std::vector<std::string>{});
+  }
+}
+
+TEST_CASE(
+    "TCP in shared memory: mismatched calls make every rank throw, naming both calls, also when one size "
+    "is beyond the slot",
+    "[bootstrap][tcp][shm][failure]") {
+  CleanEnv env;
+  constexpr int n = 3;
+  struct Case {
+    const char* name;
+    std::function<void(gin::Bootstrap&, std::vector<char>&)> call;
+    std::string phrase;
+  };
+  const std::vector<Case> cases = {
+      {"bytesPerRank 8 and 16",
+       [](gin::Bootstrap& b, std::vector<char>& buf) { b.allGather(buf.data(), b.rank() == 1 ? 16 : 8); },
+       "rank 1 called allGather #2 (bytesPerRank 16) while rank 0 called allGather #2 (bytesPerRank 8)"},
+      {"bytesPerRank 8 and one beyond the slot",
+       [](gin::Bootstrap& b, std::vector<char>& buf) { b.allGather(buf.data(), b.rank() == 2 ? 100'000 : 8); },
+       "rank 2 called allGather #2 (bytesPerRank 100000) while rank 0 called allGather #2 (bytesPerRank 8)"},
+      {"a broadcast beyond the slot against barriers",
+       [](gin::Bootstrap& b, std::vector<char>& buf) {
+         if (b.rank() == 0)
+           b.broadcast(buf.data(), 70'000, 0);
+         else
+           b.barrier();
+       },
+       "rank 1 called barrier #2 while rank 0 called broadcast #2 (bytes 70000, root 0)"},
+      {"broadcast roots", [](gin::Bootstrap& b, std::vector<char>& buf) { b.broadcast(buf.data(), 4, b.rank() / 2); },
+       "rank 2 called broadcast #2 (bytes 4, root 1) while rank 0 called broadcast #2 (bytes 4, root 0)"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    SharedArea sh;
+    const gin::UniqueId id = loopbackId();
+    const auto codes = forkRanks(n, sh.get(), [&](int rank) {
+      gin::TcpBootstrap b(id, rank, n, timeoutMs(5000));
+      if (!b.sharedMemory()) return 1;
+      b.barrier();
+      std::vector<char> buf(n * 100'000);
+      return expectError(sh.get(), rank, [&] { c.call(b, buf); }, {c.phrase}, 2.0);
+    });
+    INFO(report(codes, sh.get()));
+    CHECK(codes == std::vector<int>{kOk, kOk, kOk});
+  }
+}
+
+TEST_CASE(
+    "TCP in shared memory: a bad argument on one rank mid-sequence fails every other rank promptly with its reason",
+    "[bootstrap][tcp][shm][failure]") {
+  CleanEnv env;
+  constexpr int n = 3;
+  for (int bad : {2, 0}) {
+    for (bool late : {false, true}) {
+      CAPTURE(bad, late);
+      SharedArea sh;
+      const gin::UniqueId id = loopbackId();
+      const auto codes = forkRanks(n, sh.get(), [&](int rank) {
+        gin::TcpBootstrap b(id, rank, n, timeoutMs(10'000));
+        if (!b.sharedMemory()) return 1;
+        std::vector<uint64_t> buf(n);
+        for (int i = 0; i < 20; ++i) {
+          buf[static_cast<size_t>(rank)] = static_cast<uint64_t>(rank * 1000 + i);
+          b.allGather(buf.data(), sizeof(uint64_t));
+          for (int p = 0; p < n; ++p)
+            if (buf[static_cast<size_t>(p)] != static_cast<uint64_t>(p * 1000 + i)) return 1;
+        }
+        // Late: the others are already waiting in the call when the bad one arrives.
+        if (late && rank == bad) std::this_thread::sleep_for(200ms);
+        const std::vector<std::string> phrases =
+            rank == bad ? std::vector<std::string>{"allGather #21 (bytesPerRank 8): allGather: data is null"}
+                        : std::vector<std::string>{"rank " + std::to_string(bad) + " failed in allGather #21",
+                                                   "data is null"};
+        const int code = expectError(
+            sh.get(), rank, [&] { b.allGather(rank == bad ? nullptr : buf.data(), sizeof(uint64_t)); }, phrases,
+            2.0);
+        if (code != kOk) return code;
+        try {
+          b.barrier();
+        } catch (const gin::Error& e) {
+          return std::string(e.what()).find("unusable after an earlier failure") != std::string::npos ? kOk : 9;
+        }
+        return 10;
+      });
+      INFO(report(codes, sh.get()));
+      CHECK(codes == std::vector<int>{kOk, kOk, kOk});
+    }
+  }
+}
+
+TEST_CASE(
+    "TCP in shared memory: a rank process that is killed makes every other rank throw, naming it, long before "
+    "the timeout; the segment was gone from /dev/shm since the rendezvous",
+    "[bootstrap][tcp][shm][failure]") {
+  CleanEnv env;
+  constexpr int n = 4;
+  for (int victim : {2, 0}) {
+    CAPTURE(victim);
+    SharedArea sh;
+    const gin::UniqueId id = loopbackId();
+    const int port = portOf(id);
+    const std::string phrase = victim == 0 ? std::string("lost the connection to rank 0")
+                                           : "rank " + std::to_string(victim) + " closed its connection";
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    std::fflush(nullptr);
+    std::vector<pid_t> pids;
+    for (int rank = 0; rank < n; ++rank) {
+      const pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        ::close(ready[0]);
+        int code = 1;
+        try {
+          gin::TcpBootstrap b(id, rank, n, timeoutMs(30'000));
+          uint64_t x[n] = {};
+          code = !b.sharedMemory() ? 1
+                                   : expectError(
+                                         sh.get(), rank,
+                                         [&] {
+                                           for (int k = 1; k <= 10'000'000; ++k) {  // the victim dies long before
+                                             b.barrier();
+                                             x[rank] = static_cast<uint64_t>(k);
+                                             b.allGather(x, sizeof x[0]);
+                                             if (k == 200 && rank == victim) (void)!::write(ready[1], "x", 1);
+                                           }
+                                         },
+                                         {phrase}, 30.0);
+        } catch (const std::exception& e) {
+          note(sh.get(), rank, std::string("unexpected: ") + e.what());
+          code = 100;
+        }
+        ::_exit(code);
+      }
+      pids.push_back(pid);
+    }
+    ::close(ready[1]);
+    pollfd p{ready[0], POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 30'000) == 1);
+    // Every rank mapped the segment long ago; its name must be gone already.
+    CHECK(shmLeft(port) == std::vector<std::string>{});
+    ::kill(pids[static_cast<size_t>(victim)], SIGKILL);
+    double lastS = 0;
+    const auto status = gintest::reap(pids, Clock::now(), 25, &lastS);
+    ::close(ready[0]);
+    INFO(report(status, sh.get()));
+    for (int r = 0; r < n; ++r) CHECK(status[static_cast<size_t>(r)] == (r == victim ? 128 + SIGKILL : kOk));
+    CHECK(lastS < 3.0);  // the 30 s timeout was not waited out
+    CHECK(shmLeft(port) == std::vector<std::string>{});
+  }
+}
+
+TEST_CASE(
+    "TCP in shared memory: a rank that does not arrive makes the others throw at the timeout naming it, "
+    "and the late rank learns why when it comes",
+    "[bootstrap][tcp][shm][failure]") {
+  CleanEnv env;
+  SharedArea sh;
+  const gin::UniqueId id = loopbackId();
+  const auto codes = forkRanks(3, sh.get(), [&](int rank) {
+    gin::TcpBootstrap b(id, rank, 3, timeoutMs(500));
+    if (!b.sharedMemory()) return 1;
+    b.barrier();
+    if (rank == 2) {
+      std::this_thread::sleep_for(1500ms);
+      return expectError(sh.get(), rank, [&] { b.barrier(); }, {"rank 2 of 3 did not join barrier #2"}, 0.2);
+    }
+    return expectError(
+        sh.get(), rank, [&] { b.barrier(); }, {"rank 2 of 3 did not join barrier #2 within 0.5 s"}, 1.5, 0.45);
   });
   INFO(report(codes, sh.get()));
   CHECK(codes == std::vector<int>{kOk, kOk, kOk});

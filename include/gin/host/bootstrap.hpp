@@ -12,7 +12,7 @@
 // This header includes all of it; the pieces, one job each:
 //   bootstrap_base.hpp       the abstract Bootstrap, BootstrapConfig, shared helpers
 //   bootstrap_inprocess.hpp  InProcessGroup / InProcessBootstrap
-//   bootstrap_tcp.hpp        TcpBootstrap
+//   bootstrap_tcp.hpp        TcpBootstrap (frames: bootstrap_frame.hpp; one host: bootstrap_shm.hpp)
 //   unique_id.hpp            UniqueId, makeUniqueId()
 //   launch.hpp               LaunchInfo, detectLaunch()
 //   socket.hpp, deadline.hpp, env.hpp  sockets, deadlines, environment variables

@@ -44,7 +44,7 @@ inline std::string rankList(const std::vector<int>& ranks) {
   return s;
 }
 
-enum FrameOp : uint32_t { kHello = 1, kWelcome, kAllGather, kBroadcast, kBarrier, kAbort };
+enum FrameOp : uint32_t { kHello = 1, kWelcome, kAllGather, kBroadcast, kBarrier, kAbort, kShmCheck };
 
 inline std::string opText(uint32_t op) {
   switch (op) {
@@ -54,6 +54,7 @@ inline std::string opText(uint32_t op) {
     case kBroadcast: return "broadcast";
     case kBarrier: return "barrier";
     case kAbort: return "abort";
+    case kShmCheck: return "shared-memory check";
   }
   return "op " + std::to_string(op);
 }

@@ -2,13 +2,18 @@
 // star through rank 0, found through a UniqueId or the launcher's environment
 // (detectLaunch). Frames (bootstrap_frame.hpp) are checked and every wait has a
 // deadline; a failure on any rank reaches every rank with a message naming who
-// and where.
+// and where. When every rank is on one host, the collectives meet in shared
+// memory instead (bootstrap_shm.hpp), keeping the same checks and messages.
 #pragma once
 
 #include "gin/core/error.hpp"
 #include "gin/host/bootstrap_base.hpp"
 #include "gin/host/bootstrap_frame.hpp"
+#include "gin/host/bootstrap_shm.hpp"
 #include "gin/host/deadline.hpp"
+#include "gin/host/env.hpp"
+#include "gin/host/host_id.hpp"
+#include "gin/host/idle.hpp"
 #include "gin/host/launch.hpp"
 #include "gin/host/socket.hpp"
 #include "gin/host/unique_id.hpp"
@@ -17,6 +22,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -37,6 +43,16 @@ namespace gin {
 // That keeps the whole protocol in one place and gives rank 0 the full picture
 // when something goes wrong, which it then sends to every rank. After any
 // failure the object is unusable: later calls throw the same error.
+//
+// Shared-memory path: when every rank is on one host (same hostId() and IPC
+// namespace; rank 0 decides at the rendezvous, and only if every rank mapped
+// its segment) and GIN_BOOTSTRAP_SHM is not 0, a collective is "publish the
+// call in my slot, wait until every rank published the same call, copy".
+// Calls of more than BootstrapShm::kSlotBytes per rank meet there too (so a
+// mismatch is still seen), then move their data over TCP. The connections
+// stay open: a waiting rank looks at them about every millisecond, so a rank
+// that exits, crashes or aborts is noticed, and a rank that fails records why
+// in the segment, which every waiting rank reads at once.
 class TcpBootstrap final : public Bootstrap {
  public:
   TcpBootstrap(const UniqueId& id, int rank, int nRanks, BootstrapConfig cfg = {})
@@ -49,14 +65,15 @@ class TcpBootstrap final : public Bootstrap {
     if (rank < 0 || rank >= nRanks)
       throw Error("TcpBootstrap: rank " + std::to_string(rank) + " is outside 0.." + std::to_string(nRanks - 1));
     timeoutNs_ = detail::bootstrapTimeoutNs(cfg);
+    const bool shmWanted = env::flag("GIN_BOOTSTRAP_SHM").value_or(true);
     if (nRanks == 1) return;  // alone: nothing to meet
     if (port < 1 || port > 65535)
       throw Error("TcpBootstrap: port " + std::to_string(port) + " is outside 1..65535; set MASTER_PORT");
     if (addr.empty()) throw Error("TcpBootstrap: the rendezvous address is empty; set MASTER_ADDR");
     if (rank == 0)
-      acceptPeers();
+      acceptPeers(shmWanted ? shmKey() : std::string());
     else
-      joinRoot();
+      joinRoot(shmWanted ? shmKey() : std::string());
   }
 
   // From detectLaunch(): torchrun/Slurm/Open MPI variables.
@@ -73,6 +90,8 @@ class TcpBootstrap final : public Bootstrap {
   bool sameProcessGroup() const override { return false; }
   const std::string& address() const { return addr_; }  // of the rendezvous (rank 0)
   int port() const { return port_; }
+  // The collectives meet in shared memory (every rank on one host; GIN_BOOTSTRAP_SHM).
+  bool sharedMemory() const { return static_cast<bool>(shm_); }
 
   // Our end of the connection to rank 0 (rank 0: its end of a peer's
   // connection), i.e. the interface the other ranks already reach us on.
@@ -99,6 +118,15 @@ class TcpBootstrap final : public Bootstrap {
     }
     if (nRanks_ == 1) return;
     char* bytes = static_cast<char*>(data);
+    if (shm_) {
+      const bool inSlots = n <= detail::BootstrapShm::kSlotBytes;
+      meet(detail::kAllGather, seq, n, -1, bytes + static_cast<size_t>(rank_) * n, inSlots ? n : 0);
+      if (inSlots) {
+        for (int p = 0; p < nRanks_ && n > 0; ++p)
+          if (p != rank_) std::memcpy(bytes + static_cast<size_t>(p) * n, shm_.payload(p, seq), n);
+        return;
+      }
+    }
     if (rank_ == 0) {
       collect(
           detail::kAllGather, seq, n, -1, [&](int) { return n; },
@@ -119,6 +147,14 @@ class TcpBootstrap final : public Bootstrap {
       localFailure(detail::callText(detail::kBroadcast, seq, bytes, root), e.what());
     }
     if (nRanks_ == 1) return;
+    if (shm_) {
+      const bool inSlots = bytes <= detail::BootstrapShm::kSlotBytes;
+      meet(detail::kBroadcast, seq, bytes, root, data, inSlots && rank_ == root ? bytes : 0);
+      if (inSlots) {
+        if (rank_ != root && bytes > 0) std::memcpy(data, shm_.payload(root, seq), bytes);
+        return;
+      }
+    }
     if (rank_ == 0) {
       collect(
           detail::kBroadcast, seq, bytes, root, [&](int p) { return p == root ? bytes : size_t{0}; },
@@ -135,6 +171,7 @@ class TcpBootstrap final : public Bootstrap {
   void barrier() override {
     const uint64_t seq = begin();
     if (nRanks_ == 1) return;
+    if (shm_) return meet(detail::kBarrier, seq, 0, -1, nullptr, 0);
     if (rank_ == 0) {
       collect(
           detail::kBarrier, seq, 0, -1, [](int) { return size_t{0}; }, [](int) -> void* { return nullptr; });
@@ -160,8 +197,11 @@ class TcpBootstrap final : public Bootstrap {
     return ++seq_;
   }
 
+  // Every failure is also recorded in the shared segment (the first one
+  // recorded wins), so ranks waiting there stop at once.
   [[noreturn]] void fail(const std::string& why) {
     failure_ = why;
+    if (shm_) shm_.markFailed(seq_, "rank " + std::to_string(rank_) + ": " + why);
     throw Error(me() + why);
   }
 
@@ -179,6 +219,7 @@ class TcpBootstrap final : public Bootstrap {
   // Rank 0 failing: tell every connected rank, then close our sending side so
   // each reads the reason followed by a clean end of stream.
   [[noreturn]] void failAll(const std::string& why) {
+    if (shm_) shm_.markFailed(seq_, "rank 0: " + why);
     for (size_t p = 1; p < peers_.size(); ++p) {
       if (!peers_[p]) continue;
       sendAbort(peers_[p].get(), why);
@@ -190,6 +231,7 @@ class TcpBootstrap final : public Bootstrap {
   // A bad argument on one rank must not leave the others waiting out the timeout.
   [[noreturn]] void localFailure(const std::string& call, const std::string& what) {
     const std::string why = call + ": " + (what.rfind("gin: ", 0) == 0 ? what.substr(5) : what);
+    if (shm_) shm_.markFailed(seq_, "rank " + std::to_string(rank_) + " failed in " + why);
     if (rank_ == 0) failAll("rank 0 failed in " + why);
     if (root_) sendAbort(root_.get(), why);
     fail(why);
@@ -197,7 +239,21 @@ class TcpBootstrap final : public Bootstrap {
 
   // ---- rendezvous ----
 
-  void acceptPeers() {
+  // Ranks whose keys are equal can map one POSIX shared memory segment: the
+  // same host (hostId(): host name and boot id, or GIN_HOST_ID) and the same
+  // IPC namespace. Empty: not this rank (unreadable, or GIN_BOOTSTRAP_SHM=0).
+  static std::string shmKey() {
+    char ns[128] = {};
+    if (::readlink("/proc/self/ns/ipc", ns, sizeof ns - 1) <= 0) return {};
+    try {
+      return std::to_string(detail::hostId()) + " " + ns;
+    } catch (const Error&) {
+      return {};  // the communicator reports a bad GIN_HOST_ID; the bootstrap just uses TCP
+    }
+  }
+  static constexpr uint64_t kMaxShmText = 256;  // a hello's key, a welcome's segment name
+
+  void acceptPeers(const std::string& shmKey) {
     const auto deadline = detail::deadlineAfter(timeoutNs_);
     sockaddr_in sa = detail::resolveIpv4(addr_, port_, "rendezvous address");
     detail::Socket ls = detail::tcpSocket();
@@ -222,6 +278,7 @@ class TcpBootstrap final : public Bootstrap {
 
     peers_.resize(static_cast<size_t>(nRanks_));
     std::vector<std::string> from(static_cast<size_t>(nRanks_));
+    bool sameHost = true;
     int connected = 0;
     while (connected < nRanks_ - 1) {
       if (detail::pollOne(ls.get(), POLLIN, deadline) == 0) {
@@ -244,10 +301,12 @@ class TcpBootstrap final : public Bootstrap {
       // A process that connects and dies before saying hello is simply not counted;
       // if it was a rank, the missing-rank message will name it.
       if (detail::recvAll(s.get(), &h, sizeof h, deadline).kind != detail::Io::Ok) continue;
-      if (h.magic != detail::kFrameMagic || h.op != detail::kHello)
+      if (h.magic != detail::kFrameMagic || h.op != detail::kHello || h.length > kMaxShmText)
         failAll("a process at " + peerText + " connected to the rendezvous " + where() + " but sent " +
                 detail::frameText(h) + " instead of a gin bootstrap hello (magic " +
                 detail::hexText(detail::kFrameMagic) + "); is another program using this port?");
+      std::string key(h.length, '\0');
+      if (detail::recvAll(s.get(), key.data(), key.size(), deadline).kind != detail::Io::Ok) continue;
       const int r = h.sender;
       std::string why;
       if (h.size != static_cast<uint64_t>(nRanks_))
@@ -270,20 +329,41 @@ class TcpBootstrap final : public Bootstrap {
       }
       peers_[static_cast<size_t>(r)] = std::move(s);
       from[static_cast<size_t>(r)] = peerText;
+      sameHost = sameHost && key == shmKey;
       ++connected;
     }
-    // Everyone is here: only now do the others learn the job is complete.
+    if (sameHost && !shmKey.empty()) {
+      try {
+        shm_ = detail::BootstrapShm::create(nRanks_, port_);
+      } catch (const Error&) {
+        // No room in /dev/shm, or none at all: the TCP path serves.
+      }
+    }
+    // Everyone is here: only now do the others learn the job is complete, and
+    // the segment to map if there is one.
+    const std::string name = shm_ ? shm_.name() : std::string();
     for (int p = 1; p < nRanks_; ++p) {
       const auto r = detail::sendFrame(peers_[static_cast<size_t>(p)].get(),
-                                       header(detail::kWelcome, 0, 0, static_cast<uint64_t>(nRanks_), -1), nullptr,
-                                       detail::deadlineAfter(timeoutNs_));
+                                       header(detail::kWelcome, 0, name.size(), static_cast<uint64_t>(nRanks_), -1),
+                                       name.data(), detail::deadlineAfter(timeoutNs_));
       if (r.kind != detail::Io::Ok)
         failAll("rank " + std::to_string(p) + " closed its connection during the rendezvous at " + where() + " (" +
                 detail::errnoText(r.err) + "); its process exited or failed: look at its output");
     }
+    if (!shm_) return;
+    // Every rank says whether it mapped the segment; the name goes now, so a
+    // crash from here on leaves nothing in /dev/shm; all or none use it.
+    std::vector<unsigned char> mapped(static_cast<size_t>(nRanks_), 0);
+    collect(
+        detail::kShmCheck, 0, 1, -1, [](int) { return size_t{1}; },
+        [&](int p) -> void* { return &mapped[static_cast<size_t>(p)]; });
+    shm_.unlink();
+    const unsigned char all = std::all_of(mapped.begin() + 1, mapped.end(), [](unsigned char m) { return m == 1; });
+    answer(detail::kShmCheck, 0, 1, -1, [&](int) { return std::pair<const void*, size_t>{&all, 1}; });
+    if (!all) shm_.reset();
   }
 
-  void joinRoot() {
+  void joinRoot(const std::string& shmKey) {
     const auto deadline = detail::deadlineAfter(timeoutNs_);
     const sockaddr_in sa = detail::resolveIpv4(addr_, port_, "rendezvous address");
     int lastErr = 0;
@@ -306,8 +386,9 @@ class TcpBootstrap final : public Bootstrap {
       backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
     }
     detail::setNoDelay(root_.get());
-    const auto hello = header(detail::kHello, 0, 0, static_cast<uint64_t>(nRanks_), -1);
-    const auto sent = detail::sendFrame(root_.get(), hello, nullptr, detail::deadlineAfter(timeoutNs_));
+    const std::string key = shmKey.substr(0, kMaxShmText);
+    const auto hello = header(detail::kHello, 0, key.size(), static_cast<uint64_t>(nRanks_), -1);
+    const auto sent = detail::sendFrame(root_.get(), hello, key.data(), detail::deadlineAfter(timeoutNs_));
     if (sent.kind != detail::Io::Ok) {
       if (auto why = detail::abortReasonIfAny(root_.get(), timeoutNs_); !why.empty())
         fail("rendezvous at " + where() + " aborted by rank 0: " + why);
@@ -329,9 +410,26 @@ class TcpBootstrap final : public Bootstrap {
       fail("rendezvous at " + where() +
            " aborted by rank 0: " + detail::readAbortText(root_.get(), h.length, replyDeadline));
     if (h.magic != detail::kFrameMagic || h.op != detail::kWelcome || h.sender != 0 ||
-        h.size != static_cast<uint64_t>(nRanks_) || h.length != 0)
+        h.size != static_cast<uint64_t>(nRanks_) || h.length > kMaxShmText)
       fail("expected a welcome from rank 0 at " + where() + " but received " + detail::frameText(h) +
            "; is another program using this port?");
+    std::string name(h.length, '\0');
+    if (const auto r = detail::recvAll(root_.get(), name.data(), name.size(), replyDeadline); r.kind != detail::Io::Ok)
+      fail("rank 0 at " + where() +
+           (r.kind == detail::Io::Timeout
+                ? " stopped sending its welcome midway"
+                : " closed the connection during the rendezvous (" + detail::errnoText(r.err) +
+                      "); it failed or exited: look at its output"));
+    if (name.empty()) return;
+    unsigned char mapped = 0, all = 0;
+    try {
+      shm_ = detail::BootstrapShm::open(name, nRanks_);
+      mapped = 1;
+    } catch (const Error&) {
+      // Another mount of /dev/shm (a container), or no room: all ranks use TCP.
+    }
+    call(detail::kShmCheck, 0, 1, -1, &mapped, 1, &all, 1);
+    if (!all) shm_.reset();
   }
 
   // Connecting to a local port nobody listens on can, rarely, pair the socket with
@@ -342,6 +440,120 @@ class TcpBootstrap final : public Bootstrap {
     if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &la) != 0) return false;
     if (::getpeername(fd, reinterpret_cast<sockaddr*>(&b), &lb) != 0) return false;
     return a.sin_port == b.sin_port && a.sin_addr.s_addr == b.sin_addr.s_addr;
+  }
+
+  // ---- collectives in shared memory ----
+
+  // Publish this rank's call (with `len` payload bytes) and wait until every
+  // rank has published its call number `seq`; then every rank checks that the
+  // calls agree, in the same order, so all of them throw the same mismatch.
+  // The wait spins a few microseconds, then yields, then sleeps in short
+  // steps, and stops for a failure recorded in the segment, a closed or
+  // aborting connection (looked at every millisecond), or the deadline. A
+  // failure recorded in this call also fails it where every rank arrived: the
+  // rank that gave up (at the deadline, say) had arrived too.
+  void meet(uint32_t op, uint64_t seq, uint64_t size, int root, const void* payload, size_t len) {
+    shm_.arrive(rank_, detail::ShmCall{op, root, seq, size}, payload, len);
+    const auto start = Clock::now();
+    const auto deadline = start + std::chrono::nanoseconds(timeoutNs_);
+    auto nextLook = start + kLookEvery;
+    detail::IdleBackoff idle(kSpinPolls, kYieldPolls, kSleepUs);
+    int missing = 0;
+    while ((missing = shm_.firstMissing(seq, missing)) < nRanks_) {
+      stopIfFailed(op, seq, size, root);
+      idle.wait();
+      const auto now = Clock::now();
+      if (now >= nextLook) {
+        lookAtConnections(op, seq, size, root);
+        nextLook = now + kLookEvery;
+      }
+      if (now >= deadline && shm_.firstMissing(seq, missing) < nRanks_) {
+        std::vector<int> late;
+        for (int p = missing; p < nRanks_; ++p)
+          if (shm_.firstMissing(seq, p) == p) late.push_back(p);
+        failShared(detail::rankList(late) + " of " + std::to_string(nRanks_) + " did not join " +
+                   detail::callText(op, seq, size, root) + " within " + timeoutText() + " (rank " +
+                   std::to_string(rank_) +
+                   " waited in shared memory); it is stuck, or calling a different collective; raise "
+                   "GIN_BOOTSTRAP_TIMEOUT_MS if it is just slow");
+      }
+    }
+    const detail::ShmCall& first = shm_.call(0, seq);
+    for (int p = 0; p < nRanks_; ++p) {
+      const detail::ShmCall& c = shm_.call(p, seq);
+      if (c.op != first.op || c.seq != seq || c.size != first.size || c.root != first.root)
+        failShared("rank " + std::to_string(p) + " called " + detail::callText(c.op, c.seq, c.size, c.root) +
+                   " while rank 0 called " + detail::callText(first.op, first.seq, first.size, first.root) +
+                   "; every rank must call the same collectives in the same order with the same sizes");
+    }
+    stopIfFailed(op, seq, size, root);
+  }
+  static constexpr auto kLookEvery = std::chrono::milliseconds(1);
+  // About 5 us of spinning, then about a millisecond of yielding, then 20 us sleeps.
+  static constexpr uint32_t kSpinPolls = 100, kYieldPolls = 1000, kSleepUs = 20;
+
+  // A failure recorded in call `seq` or before (one recorded in a later call
+  // means this one completed: the next call reports it).
+  void stopIfFailed(uint32_t op, uint64_t seq, uint64_t size, int root) {
+    if (auto f = shm_.failure(); f && f->seq <= seq)
+      failShared(detail::callText(op, seq, size, root) + " aborted: " + f->text);
+  }
+
+  // Rank 0 tells the connected ranks too, as on the TCP path.
+  [[noreturn]] void failShared(const std::string& why) {
+    if (rank_ == 0) failAll(why);
+    fail(why);
+  }
+
+  // While the ranks meet in shared memory nothing but an abort or the end of
+  // the stream arrives on a connection, except a peer's frame of this call's
+  // TCP step once it is past the meeting. A peer that is gone fails the call
+  // unless the call is complete (it arrived, then exited): the next one reports it.
+  enum class Line { Quiet, Frame, Abort, Closed };
+  static Line peekLine(int fd, int* err) {
+    FrameHeader h{};
+    const ssize_t k = ::recv(fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+    *err = k < 0 ? errno : 0;
+    if (k < 0) return *err == EAGAIN || *err == EWOULDBLOCK || *err == EINTR ? Line::Quiet : Line::Closed;
+    if (k == 0) return Line::Closed;
+    if (static_cast<size_t>(k) < sizeof h) return Line::Quiet;
+    return h.magic == detail::kFrameMagic && h.op == detail::kAbort ? Line::Abort : Line::Frame;
+  }
+
+  void lookAtConnections(uint32_t op, uint64_t seq, uint64_t size, int root) {
+    const auto call = [&] { return detail::callText(op, seq, size, root); };
+    // A failure recorded meanwhile is the cause; a peer leaving is its consequence.
+    const auto complete = [&] {
+      stopIfFailed(op, seq, size, root);
+      return shm_.firstMissing(seq, 0) == nRanks_;
+    };
+    int err = 0;
+    if (rank_ != 0) {
+      const Line line = peekLine(root_.get(), &err);
+      if (line == Line::Quiet || line == Line::Frame || complete()) return;
+      if (line == Line::Abort)
+        fail(call() + " aborted by rank 0: " + detail::abortReasonIfAny(root_.get(), timeoutNs_));
+      fail("lost the connection to rank 0 at " + where() + " during " + call() + " (" + detail::errnoText(err) +
+           "); rank 0's process exited or crashed: look at its output");
+    }
+    std::vector<pollfd> pfds;
+    for (int p = 1; p < nRanks_; ++p) pfds.push_back(pollfd{peers_[static_cast<size_t>(p)].get(), POLLIN, 0});
+    if (::poll(pfds.data(), pfds.size(), 0) <= 0) return;
+    for (int p = 1; p < nRanks_; ++p) {
+      const int fd = pfds[static_cast<size_t>(p - 1)].fd;
+      if (pfds[static_cast<size_t>(p - 1)].revents == 0) continue;
+      const Line line = peekLine(fd, &err);
+      if (line == Line::Quiet || line == Line::Frame || complete()) continue;
+      const std::string who = "rank " + std::to_string(p);
+      if (line == Line::Abort) {
+        const auto deadline = detail::deadlineAfter(std::min<uint64_t>(timeoutNs_, 1'000'000'000ull));
+        FrameHeader h{};
+        detail::recvAll(fd, &h, sizeof h, deadline);
+        failAll(who + " failed in " + detail::readAbortText(fd, h.length, deadline));
+      }
+      failAll(who + " closed its connection during " + call() + " (" + detail::errnoText(err) +
+              "); its process exited or crashed: look at its output");
+    }
   }
 
   // ---- collectives, rank 0's side ----
@@ -473,6 +685,7 @@ class TcpBootstrap final : public Bootstrap {
   std::string failure_;
   std::vector<detail::Socket> peers_;  // rank 0: one per rank (index 0 unused)
   detail::Socket root_;                // other ranks: the connection to rank 0
+  detail::BootstrapShm shm_;           // mapped when the collectives meet in shared memory
 };
 
 }  // namespace gin

@@ -85,6 +85,9 @@ inline constexpr Var kVars[] = {
     // --- bootstrap and launch
     row::integer("GIN_BOOTSTRAP_TIMEOUT_MS", 1, kMaxTimeoutMs, "BootstrapConfig::timeoutNs (60000)",
                  "bound of the bootstrap's collectives; overrides BootstrapConfig::timeoutNs"),
+    row::flag("GIN_BOOTSTRAP_SHM", "1",
+              "0: TcpBootstrap's collectives always go over TCP; 1: through shared memory when every rank is on "
+              "one host"),
     row::text("GIN_BOOTSTRAP_ADDR", "an IPv4 address or host name", "first non-loopback IPv4 address",
               "address makeUniqueId() advertises"),
     row::integer("GIN_BOOTSTRAP_PORT", 1, 65535, "MASTER_PORT; MASTER_PORT + 1 under torchrun",
