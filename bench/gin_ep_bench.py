@@ -10,7 +10,9 @@ low-latency dispatch/combine in µs, each next to torch.distributed's
 all_to_all_single (NCCL) moving the same bytes per peer in the same run.
 gin_ep's calls return when their work is done (they synchronize their
 stream and the ranks), so their time is host wall time per call; NCCL's is
-CUDA-event time per call. Medians over --iters calls after 3 warm-up calls.
+given both ways: CUDA-event time per call (its GPU time alone) and host wall
+time measured as gin_ep's is (from the Python call to a synchronize), with
+gin_ep's ratio to each. Medians over --iters calls after 3 warm-up calls.
 --profile: rank 0 also prints, per call, the GPU time of each kernel and
 copy (torch.profiler over 5 more calls, µs per call), to see where a
 call's time goes.
@@ -68,7 +70,8 @@ def profile(name, fn, calls=5):
 
 
 def nccl_us(send_counts, hidden, iters, dev):
-    """all_to_all_single of send_counts[r] bf16 rows of `hidden` to rank r (µs per call)."""
+    """all_to_all_single of send_counts[r] bf16 rows of `hidden` to rank r: (GPU µs per call between
+    CUDA events, host wall µs per call timed as gin_ep's calls are: from the call to a synchronize)."""
     R = len(send_counts)
     recv_counts = torch.tensor(send_counts, device=dev)
     gathered = [torch.zeros_like(recv_counts) for _ in range(R)]
@@ -87,7 +90,7 @@ def nccl_us(send_counts, hidden, iters, dev):
         torch.cuda.synchronize()
         if i >= 3:
             times.append(ev[0].elapsed_time(ev[1]) * 1e3)
-    return statistics.median(times)
+    return statistics.median(times), wall(lambda: dist.all_to_all_single(out, inp, recv, send_counts), iters)
 
 
 def main():
@@ -167,10 +170,14 @@ def main():
         print(f"gin_ep vs NCCL all_to_all_single, {R} ranks, {torch.cuda.get_device_name()}, hidden {H}, "
               f"top-{K} of {E} experts; normal {a.tokens} tokens/rank, low-latency {a.ll_tokens}; "
               f"transports to ranks 0..{R - 1}: {transports}")
-        print(f"{'call':24s} {'gin_ep us':>10s} {'GB/s':>8s} {'NCCL us':>9s} {'GB/s':>8s} {'gin/NCCL':>9s}")
-    for name, us, b, nus in rows:
+        print("gin_ep: host wall time per call (the call returns synchronized); NCCL: GPU time between CUDA "
+              "events, and host wall time timed as gin_ep's (call to synchronize)")
+        print(f"{'call':24s} {'gin_ep us':>10s} {'GB/s':>8s} {'NCCL us':>9s} {'GB/s':>8s} {'gin/NCCL':>9s} "
+              f"{'NCCL wall':>10s} {'gin/wall':>9s}")
+    for name, us, b, (nus, nwall) in rows:
         if rank == 0:
-            print(f"{name:24s} {us:10.1f} {b / us / 1e3:8.1f} {nus:9.1f} {b / nus / 1e3:8.1f} {us / nus:9.2f}")
+            print(f"{name:24s} {us:10.1f} {b / us / 1e3:8.1f} {nus:9.1f} {b / nus / 1e3:8.1f} {us / nus:9.2f} "
+                  f"{nwall:10.1f} {us / nwall:9.2f}")
     dist.destroy_process_group()
 
 

@@ -106,17 +106,17 @@ class Runtime {
 
   // Returns (x, count, range, src_token, handle); with useFp8 x is (e4m3 [L][R * Tmax][H], scales
   // [L][R * Tmax][H / 128] over memory laid out [L][H / 128][R * Tmax], as DeepEP's).
-  py::tuple lowLatencyDispatch(uint64_t stream, const torch::Tensor& x, const torch::Tensor& idx,
-                               const torch::Tensor& w, int maxTokens, int experts, int ranks, bool useFp8) {
+  // (The top-k weights are the combine's: a dispatch does not take them.)
+  py::tuple lowLatencyDispatch(uint64_t stream, const torch::Tensor& x, const torch::Tensor& idx, int maxTokens,
+                               int experts, int ranks, bool useFp8) {
     need(x, torch::kBFloat16, 2, "x");
     need(idx, torch::kInt32, 2, "topk_idx (as int32)");
-    need(w, torch::kFloat32, 2, "topk_weights");
     const int T = int(x.size(0)), H = int(x.size(1)), K = int(idx.size(1));
+    if (idx.size(0) != T) throw std::invalid_argument("gin_ep: x and topk_idx must have the same number of tokens");
     gin_ep_rt::LlDispatched d;
     {
       py::gil_scoped_release nogil;
-      d = rt_.lowLatencyDispatch(stream, x.data_ptr(), idx.data_ptr<int32_t>(), w.data_ptr<float>(), T, maxTokens,
-                                 H, experts, K, useFp8);
+      d = rt_.lowLatencyDispatch(stream, x.data_ptr(), idx.data_ptr<int32_t>(), T, maxTokens, H, experts, K, useFp8);
     }
     const int64_t L = experts / ranks, rows = int64_t(ranks) * maxTokens;
     py::object recv = useFp8 ? py::object(py::make_tuple(

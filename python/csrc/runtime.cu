@@ -194,15 +194,14 @@ Array Runtime::combine(uintptr_t stream, const void* y, const std::shared_ptr<vo
                                 static_cast<const uint16_t*>(bias1)));
 }
 
-LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const int32_t* idx, const float* weights,
-                                         int tokens, int maxTokens, int hidden, int experts, int topk,
-                                         bool useFp8) {
+LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const int32_t* idx, int tokens,
+                                         int maxTokens, int hidden, int experts, int topk, bool useFp8) {
   State& s = *s_;
   if (s.buf && s.shape.tokens != maxTokens) s.buf.reset();  // the packed layout is per maxTokens
   gin::ep::GpuBuffer& buf = s.bufferFor(maxTokens, hidden, experts, topk);
   s.follow(stream);
   auto h = std::make_shared<gin::ep::GpuLlDispatched>(
-      buf.lowLatencyDispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, useFp8));
+      buf.lowLatencyDispatch(static_cast<const uint16_t*>(x), idx, nullptr, tokens, useFp8));
   LlDispatched out;
   out.x = useFp8 ? arrayOf(h->xFp8) : arrayOf(h->x);
   out.xScales = arrayOf(h->xScales);

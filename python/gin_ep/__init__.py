@@ -231,9 +231,8 @@ class Buffer:
         if use_fp8 and (round_scale or use_ue8m0):
             raise NotImplementedError("gin_ep: FP8 with round_scale or use_ue8m0 is not implemented yet; gin's "
                                       "scales are amax / 448 in float32")
-        weights = torch.zeros(topk_idx.shape, dtype=torch.float, device=topk_idx.device)
         recv_x, count, layout, src_info, gin_handle = self.runtime.low_latency_dispatch(
-            _stream(), x, topk_idx.int().contiguous(), weights, num_max_dispatch_tokens_per_rank, num_experts,
+            _stream(), x, topk_idx.int().contiguous(), num_max_dispatch_tokens_per_rank, num_experts,
             self.group_size, use_fp8)
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats += count
