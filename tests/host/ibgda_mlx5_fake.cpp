@@ -122,21 +122,29 @@ TEST_CASE("ibgda on mlx5: a QP per (context, peer) from the device; the tables p
   requireModelClean();
 }
 
+// The data-path cases run with both placements: the queues libmlx5 made
+// (host memory) and DEVX objects on the rank's own memory (queues = Gpu;
+// host memory on these CPU ranks).
 TEST_CASE("ibgda on mlx5: puts of every size arrive whole, signal and counter count", "[ibgda][mlx5]") {
   resetFake();
+  const bool devx = GENERATE(false, true);
   const int nRanks = GENERATE(1, 2, 3);
   const size_t bytes = GENERATE(size_t(0), size_t(1), size_t(4096), size_t(70001));
-  CAPTURE(nRanks, bytes);
+  CAPTURE(devx, nRanks, bytes);
   REQUIRE_NOTHROW(runRanks(
-      nRanks, [&](Comm& comm) { gintest::allToAllPut(comm, bytes, 3, 5, bytes + 17); }, mlx5Config()));
+      nRanks, [&](Comm& comm) { gintest::allToAllPut(comm, bytes, 3, 5, bytes + 17); },
+      mlx5Config(64, 4096, 2, devx)));
   // Every put is its payload WQEs (4096 bytes each) and a signal WQE, per context and peer.
   const uint64_t perPut = (bytes + 4095) / 4096 + 1;
   CHECK(fakeverbs::ctl.nicExecuted == uint64_t(nRanks) * uint64_t(nRanks) * 2 * perPut);
+  CHECK(fakeverbs::ctl.devxQps == (devx ? uint64_t(nRanks) * uint64_t(nRanks) * 2 : 0));
   requireModelClean();
 }
 
 TEST_CASE("ibgda on mlx5: putValue of every width, SignalInc/Add/Set (host-order words), counters", "[ibgda][mlx5]") {
   resetFake();
+  const bool devx = GENERATE(false, true);
+  CAPTURE(devx);
   REQUIRE_NOTHROW(runRanks(
       3,
       [](Comm& comm) {
@@ -146,14 +154,17 @@ TEST_CASE("ibgda on mlx5: putValue of every width, SignalInc/Add/Set (host-order
         comm.bootstrap().barrier();
         comm.deregisterWindow(w);
       },
-      mlx5Config()));
+      mlx5Config(64, 4096, 2, devx)));
+  CHECK(fakeverbs::ctl.devxQps == (devx ? 3u * 3 * 2 : 0u));
   requireModelClean();
 }
 
 TEST_CASE("ibgda on mlx5: a waiter that sees the signal sees the payload; a small queue wraps", "[ibgda][mlx5]") {
   resetFake();
+  const bool devx = GENERATE(false, true);
+  CAPTURE(devx);
   REQUIRE_NOTHROW(runRanks(
-      2, [](Comm& comm) { gintest::signalAfterPayload(comm); }, mlx5Config(16, 1024, 3)));
+      2, [](Comm& comm) { gintest::signalAfterPayload(comm); }, mlx5Config(16, 1024, 3, devx)));
   requireModelClean();
 }
 
@@ -213,6 +224,8 @@ TEST_CASE("ibgda on mlx5: a device without host-order atomics, or queues that do
 
 TEST_CASE("ibgda on mlx5: InfiniBand addressing (LID, no GRH) connects too", "[ibgda][mlx5]") {
   resetFake();
+  const bool devx = GENERATE(false, true);
+  CAPTURE(devx);
   fakeverbs::ctl.linkLayer = IBV_LINK_LAYER_INFINIBAND;
   REQUIRE_NOTHROW(runRanks(
       2,
@@ -220,7 +233,8 @@ TEST_CASE("ibgda on mlx5: InfiniBand addressing (LID, no GRH) connects too", "[i
         expect(!CommAccess::ibgda(comm)->mlx5()->roce(), "InfiniBand expected");
         gintest::allToAllPut(comm, 100, 0, 0, 7);
       },
-      mlx5Config()));
+      mlx5Config(64, 4096, 2, devx)));
+  CHECK(fakeverbs::ctl.devxQps == (devx ? 2u * 2 * 2 : 0u));
   requireModelClean();
 }
 
@@ -289,46 +303,6 @@ TEST_CASE("ibgda on mlx5, queues = Gpu: QPs and CQs made by DEVX commands on one
       devxConfig()));
   CHECK(fakeverbs::ctl.devxQps == 3 * 3 * 2);
   CHECK(fakeverbs::ctl.mlx5Qps == 3 * 3 * 2);
-  requireModelClean();
-}
-
-TEST_CASE("ibgda on mlx5, queues = Gpu: puts of every size arrive whole, signal and counter count",
-          "[ibgda][mlx5][devx]") {
-  resetFake();
-  const int nRanks = GENERATE(1, 2, 3);
-  const size_t bytes = GENERATE(size_t(0), size_t(1), size_t(4096), size_t(70001));
-  CAPTURE(nRanks, bytes);
-  REQUIRE_NOTHROW(runRanks(
-      nRanks, [&](Comm& comm) { gintest::allToAllPut(comm, bytes, 3, 5, bytes + 17); }, devxConfig()));
-  const uint64_t perPut = (bytes + 4095) / 4096 + 1;
-  CHECK(fakeverbs::ctl.nicExecuted == uint64_t(nRanks) * uint64_t(nRanks) * 2 * perPut);
-  CHECK(fakeverbs::ctl.devxQps == uint64_t(nRanks) * uint64_t(nRanks) * 2);
-  requireModelClean();
-}
-
-TEST_CASE("ibgda on mlx5, queues = Gpu: putValue, signals and counters; a small queue wraps; InfiniBand too",
-          "[ibgda][mlx5][devx]") {
-  resetFake();
-  REQUIRE_NOTHROW(runRanks(
-      3,
-      [](Comm& comm) {
-        gintest::putValueAndSignals(comm);
-        Window w = comm.allocWindow(64 * size_t(comm.nRanks()));
-        gintest::putValueWidths(comm, w, 1);
-        comm.bootstrap().barrier();
-        comm.deregisterWindow(w);
-      },
-      devxConfig()));
-  requireModelClean();
-  resetFake();
-  REQUIRE_NOTHROW(runRanks(
-      2, [](Comm& comm) { gintest::signalAfterPayload(comm); }, devxConfig(16, 1024, 3)));
-  requireModelClean();
-  resetFake();
-  fakeverbs::ctl.linkLayer = IBV_LINK_LAYER_INFINIBAND;
-  REQUIRE_NOTHROW(runRanks(
-      2, [](Comm& comm) { gintest::allToAllPut(comm, 100, 0, 0, 7); }, devxConfig()));
-  CHECK(fakeverbs::ctl.devxQps == 2 * 2 * 2);
   requireModelClean();
 }
 
