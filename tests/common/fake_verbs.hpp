@@ -910,12 +910,13 @@ mlx5dv_devx_uar* mlx5dv_devx_alloc_uar(ibv_context* ctx, uint32_t flags) {
 }
 void mlx5dv_devx_free_uar(mlx5dv_devx_uar* u) {
   std::lock_guard<std::recursive_mutex> lk(mu);
+  const uint32_t page = u->page_id;  // u lives inside the Uar deleted below
   for (auto& [n, q] : qps)
-    if (q->dsq && q->uarPage == u->page_id) return badAttr("UAR freed under a live QP");
+    if (q->dsq && q->uarPage == page) return badAttr("UAR freed under a live QP");
   for (auto& [n, c] : devxCqs)
-    if (c->uarPage == u->page_id) return badAttr("UAR freed under a live CQ");
-  delete uars[u->page_id];
-  uars.erase(u->page_id);
+    if (c->uarPage == page) return badAttr("UAR freed under a live CQ");
+  delete uars[page];
+  uars.erase(page);
 }
 int mlx5dv_devx_query_eqn(ibv_context*, uint32_t vector, uint32_t* eqn) {
   if (vector != 0) return EINVAL;
