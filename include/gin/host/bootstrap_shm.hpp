@@ -11,6 +11,7 @@
 // is, after every rank finished reading seq.
 #pragma once
 
+#include "gin/core/atomic.hpp"
 #include "gin/core/error.hpp"
 #include "gin/host/shm_segment.hpp"
 
@@ -78,6 +79,7 @@ class BootstrapShm {
     Slot& s = slot(rank, c.seq);
     s.call = c;
     if (len > 0) std::memcpy(s.payload, payload, len);
+    tsanPublishToPeers();  // what ThreadSanitizer cannot see across processes (gin/core/atomic.hpp)
     arrival(rank).store(c.seq, std::memory_order_release);
   }
 
@@ -85,6 +87,7 @@ class BootstrapShm {
   int firstMissing(uint64_t seq, int from) const {
     for (; from < nRanks_; ++from)
       if (arrival(from).load(std::memory_order_acquire) < seq) return from;
+    tsanHeardFromPeers();
     return from;
   }
 

@@ -189,6 +189,7 @@ class TcpReceiver {
         return lostInFrame(r, errno);
       }
       if (k == 0) return lostInFrame(r, 0);
+      tsanHeardFromPeers();  // the sender's process may have published through shared memory (gin/core/atomic.hpp)
       if (inHeader) {
         p.hdrGot += size_t(k);
         if (p.hdrGot < sizeof(TcpFrame)) continue;
