@@ -97,22 +97,6 @@ inline MemoryOrder tsanWrite(MemoryOrder o) {
   return o == MemoryOrder::Relaxed ? MemoryOrder::Release : o == MemoryOrder::Acquire ? MemoryOrder::AcqRel : o;
 }
 #endif
-// ThreadSanitizer sees no ordering through memory shared between processes.
-// It does order every socket send before every later receive in the process
-// (one sync object for all sockets), which gave the bootstrap's TCP
-// collectives their edge to whatever arrives from a peer that saw them. The
-// bootstrap's shared-memory collectives (host/bootstrap_shm.hpp) publish with
-// atomics instead, so they release here, and a receiver of frames from other
-// processes (host/tcp_receiver.hpp) acquires here: a write made before a
-// collective happens before one made for a peer that saw it. No-ops without TSan.
-#if GIN_TSAN
-inline char tsanCrossProcess;
-inline void tsanPublishToPeers() { __tsan_release(&tsanCrossProcess); }
-inline void tsanHeardFromPeers() { __tsan_acquire(&tsanCrossProcess); }
-#else
-inline void tsanPublishToPeers() {}
-inline void tsanHeardFromPeers() {}
-#endif
 #else
 __device__ __forceinline__ constexpr cuda::memory_order toCuda(MemoryOrder o) {
   return o == MemoryOrder::Relaxed   ? cuda::memory_order_relaxed
@@ -170,6 +154,23 @@ GIN_PTX_RED(redRelaxedSys, "relaxed.sys")
 GIN_PTX_RED(redReleaseGpu, "release.gpu")
 GIN_PTX_RED(redRelaxedGpu, "relaxed.gpu")
 #undef GIN_PTX_RED
+#endif
+// ThreadSanitizer sees no ordering through memory shared between processes.
+// It does order every socket send before every later receive in the process
+// (one sync object for all sockets), which gave the bootstrap's TCP
+// collectives their edge to whatever arrives from a peer that saw them. The
+// bootstrap's shared-memory collectives (host/bootstrap_shm.hpp) publish with
+// atomics instead, so they release here, and a receiver of frames from other
+// processes (host/tcp_receiver.hpp) acquires here: a write made before a
+// collective happens before one made for a peer that saw it. No-ops without TSan
+// (and in nvcc's device pass, which parses the host code that calls them).
+#if GIN_TSAN
+inline char tsanCrossProcess;
+inline void tsanPublishToPeers() { __tsan_release(&tsanCrossProcess); }
+inline void tsanHeardFromPeers() { __tsan_acquire(&tsanCrossProcess); }
+#else
+inline void tsanPublishToPeers() {}
+inline void tsanHeardFromPeers() {}
 #endif
 }  // namespace detail
 
