@@ -84,16 +84,18 @@ void requireEveryRank(const std::vector<std::string>& msgs, const std::vector<st
 
 }  // namespace
 
-TEST_CASE("ibgda on mlx5: a QP per (context, peer) from the device; the tables point at what mlx5dv_init_obj gave",
-          "[ibgda][mlx5]") {
+TEST_CASE("ibgda on mlx5: a QP per (context, peer); the tables point at the queues libmlx5 or the DEVX commands made",
+          "[ibgda][mlx5][devx]") {
   resetFake();
+  const bool devx = GENERATE(false, true);
+  CAPTURE(devx);
   gintest::EnvVar noDev("GIN_IB_DEVICE", nullptr);
   REQUIRE_NOTHROW(runRanks(
       3,
-      [](Comm& comm) {
+      [devx](Comm& comm) {
         const DevComm dc = comm.devComm();
         IbgdaTransport* t = CommAccess::ibgda(comm);
-        expect(t && t->mlx5(), "no mlx5 NIC behind the ibgda transport");
+        expect(t && t->mlx5() && t->mlx5()->devx() == devx, "no mlx5 NIC with this placement behind the transport");
         expect(t->mlx5()->deviceName() == "fake0" && t->mlx5()->roce() && t->mlx5()->gidIndex() == 3,
                "device fake0, RoCE, the v2 IPv4 GID (index 3)");
         bool threw = false;
@@ -103,22 +105,36 @@ TEST_CASE("ibgda on mlx5: a QP per (context, peer) from the device; the tables p
           threw = true;
         }
         expect(threw, "nic() on an mlx5 transport must say there is no soft NIC");
-        for (int ctx = 0; ctx < dc.nContexts; ++ctx)
+        std::set<const void*> sqs, uarsSeen;
+        for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
+          const uint64_t* uar = nullptr;
           for (int p = 0; p < comm.nRanks(); ++p) {
             const IbgdaQpDev* d = ibgda::qpOf(dc, ctx, p);
             const Mlx5Nic::Queues* q = t->mlx5()->queues(ctx, p);
             expect(q && d->qpn == q->qpn && d->sq == q->sq && d->cq == q->cq && d->dbrec == q->dbrec &&
                        d->uar == q->uar && d->cqDbrec == q->cqDbrec,
-                   "IbgdaQpDev does not carry the mlx5dv queue addresses");
-            expect(d->nWqe == 64 && d->nCqe == 128, "nWqe is qpDepth; the CQ is what the device gave (128)");
+                   "IbgdaQpDev does not carry the queue addresses");
+            // libmlx5 makes a CQ of cqe + 1 rounded up (128); DEVX ones hold qpDepth CQEs.
+            expect(d->nWqe == 64 && d->nCqe == (devx ? 64u : 128u), "nWqe is qpDepth; nCqe what the CQ holds");
             expect(d->scratchLkey == t->mlx5()->scratchLkey(), "scratch lkey");
+            if (devx) {
+              expect(uintptr_t(d->sq) % 4096 == 0 && uintptr_t(d->cq) % 4096 == 0, "queues on 4 KiB boundaries");
+              expect(!uar || uar == d->uar, "the QPs of one context share its UAR");
+            }
+            uar = d->uar;
+            sqs.insert(d->sq);
           }
+          uarsSeen.insert(uar);
+        }
+        expect(sqs.size() == size_t(dc.nContexts * comm.nRanks()), "every QP has its own send queue");
+        if (devx) expect(uarsSeen.size() == size_t(dc.nContexts), "one UAR per context");
         for (int p = 0; p < comm.nRanks(); ++p)
           expect(dc.ibgda->signalRemotes[p].rkey != 0 && dc.ibgda->signalRemotes[p].addr != 0, "signal remote key");
         comm.bootstrap().barrier();
       },
-      mlx5Config()));
+      mlx5Config(64, 4096, 2, devx)));
   CHECK(fakeverbs::ctl.mlx5Qps == 3 * 3 * 2);
+  CHECK(fakeverbs::ctl.devxQps == (devx ? 3u * 3 * 2 : 0u));
   requireModelClean();
 }
 
@@ -267,43 +283,6 @@ TEST_CASE("ibgda on mlx5: maxWqeBytes above the port's max_msg_sz is lowered to 
 
 CommConfig devxConfig(uint32_t depth = 64, uint32_t maxWqeBytes = 4096, int nContexts = 2) {
   return mlx5Config(depth, maxWqeBytes, nContexts, true);
-}
-
-TEST_CASE("ibgda on mlx5, queues = Gpu: QPs and CQs made by DEVX commands on one umem; the tables point into it",
-          "[ibgda][mlx5][devx]") {
-  resetFake();
-  gintest::EnvVar noDev("GIN_IB_DEVICE", nullptr);
-  REQUIRE_NOTHROW(runRanks(
-      3,
-      [](Comm& comm) {
-        const DevComm dc = comm.devComm();
-        IbgdaTransport* t = CommAccess::ibgda(comm);
-        expect(t && t->mlx5() && t->mlx5()->devx(), "no DEVX mlx5 NIC behind the ibgda transport");
-        std::set<const void*> sqs, uarsSeen;
-        for (int ctx = 0; ctx < dc.nContexts; ++ctx) {
-          const uint64_t* uar = nullptr;
-          for (int p = 0; p < comm.nRanks(); ++p) {
-            const IbgdaQpDev* d = ibgda::qpOf(dc, ctx, p);
-            const Mlx5Nic::Queues* q = t->mlx5()->queues(ctx, p);
-            expect(q && d->qpn == q->qpn && d->sq == q->sq && d->cq == q->cq && d->dbrec == q->dbrec &&
-                       d->uar == q->uar && d->cqDbrec == q->cqDbrec,
-                   "IbgdaQpDev does not carry the DEVX queue addresses");
-            expect(d->nWqe == 64 && d->nCqe == 64, "a DEVX QP has qpDepth WQEBBs and a CQ of qpDepth CQEs");
-            expect(uintptr_t(d->sq) % 4096 == 0 && uintptr_t(d->cq) % 4096 == 0, "queues on 4 KiB boundaries");
-            expect(!uar || uar == d->uar, "the QPs of one context share its UAR");
-            uar = d->uar;
-            sqs.insert(d->sq);
-          }
-          uarsSeen.insert(uar);
-        }
-        expect(sqs.size() == size_t(dc.nContexts * comm.nRanks()), "every QP has its own send queue");
-        expect(uarsSeen.size() == size_t(dc.nContexts), "one UAR per context");
-        comm.bootstrap().barrier();
-      },
-      devxConfig()));
-  CHECK(fakeverbs::ctl.devxQps == 3 * 3 * 2);
-  CHECK(fakeverbs::ctl.mlx5Qps == 3 * 3 * 2);
-  requireModelClean();
 }
 
 TEST_CASE("ibgda on mlx5: GIN_IBGDA_QUEUES=gpu picks the DEVX queues, =host the libmlx5 ones", "[ibgda][mlx5][devx]") {
