@@ -19,6 +19,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
@@ -374,11 +375,7 @@ class Mlx5Nic {
   size_t blockBytes() const { return pageUp(sqBytes()) + pageUp(cqBytes()); }
   size_t dbrOffset(size_t i) const { return blockBytes() * qps_.size() + 2 * kDbrStride * i; }  // QP's; CQ's + 64
 
-  static uint32_t log2u(uint64_t v) {
-    uint32_t l = 0;
-    while ((uint64_t(1) << (l + 1)) <= v) ++l;
-    return l;
-  }
+  static uint32_t log2u(uint64_t v) { return uint32_t(std::bit_width(v) - 1); }  // v >= 1
 
   // Firmware status and syndrome of a failed DEVX command, for the error text.
   static std::string devxText(int err, const uint8_t* out) {
@@ -517,14 +514,15 @@ class Mlx5Nic {
     p.rcvPsn = r.psn;
     p.mtu = uint32_t(std::min<int>(dev_.portAttr.active_mtu, r.mtu));
     p.logMsgMax = dev_.portAttr.max_msg_sz ? log2u(dev_.portAttr.max_msg_sz) : 30;
-    p.logRraMax = log2u(uint64_t(std::clamp(dev_.devAttr.max_qp_rd_atom, 1, 16)));
+    p.logRraMax = log2u(uint64_t(verbs::rcRdAtomics(dev_.devAttr.max_qp_rd_atom)));
+    p.minRnrNak = verbs::kRcMinRnrTimer;
     p.port = uint32_t(dev_.port);
     if (dev_.roce) {
       ibv_ah_attr aa{};
       aa.is_global = 1;
       std::memcpy(aa.grh.dgid.raw, r.gid, 16);
       aa.grh.sgid_index = uint8_t(dev_.gidIndex);
-      aa.grh.hop_limit = 64;
+      aa.grh.hop_limit = verbs::kRcHopLimit;
       aa.port_num = uint8_t(dev_.port);
       std::unique_ptr<ibv_ah, int (*)(ibv_ah*)> ah(ibv_create_ah(pd_.get(), &aa), ibv_destroy_ah);
       if (!ah)
@@ -539,14 +537,16 @@ class Mlx5Nic {
       std::memcpy(p.rmac, dah.av->rmac, 6);
       std::memcpy(p.rgid, r.gid, 16);
       p.srcAddrIndex = dev_.gidIndex;
-      p.hopLimit = 64;
+      p.hopLimit = verbs::kRcHopLimit;
       p.udpSport = 0xc000u | ((q.view.qpn ^ r.qpn) & 0x3fffu);  // RoCE v2 source port: entropy for ECMP
     } else {
       p.rlid = r.lid;
     }
     devxModify(q, mlx5cmd::init2Rtr(q.view.qpn, p), "INIT2RTR", what);
-    const uint32_t logSraMax = log2u(uint64_t(std::clamp(dev_.devAttr.max_qp_init_rd_atom, 1, 16)));
-    devxModify(q, mlx5cmd::rtr2Rts(q.view.qpn, q.psn, logSraMax), "RTR2RTS", what);
+    const uint32_t logSraMax = log2u(uint64_t(verbs::rcRdAtomics(dev_.devAttr.max_qp_init_rd_atom)));
+    devxModify(q,
+               mlx5cmd::rtr2Rts(q.view.qpn, q.psn, logSraMax, verbs::kRcTimeout, verbs::kRcRetry, verbs::kRcRnrRetry),
+               "RTR2RTS", what);
   }
 
   // What the device code assumes of the queues (gin/device/transport/ibgda.hpp).

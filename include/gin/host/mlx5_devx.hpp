@@ -228,6 +228,7 @@ struct Path {
   uint32_t mtu = 0;        // IB encoding (1 = 256 ... 5 = 4096)
   uint32_t logMsgMax = 0;  // log2 of the largest message
   uint32_t logRraMax = 0;  // log2 of the RDMA reads/atomics a peer may have in flight here
+  uint32_t minRnrNak = 0;  // min_rnr_nak (ibv's min_rnr_timer encoding)
   uint32_t port = 0;
   bool grh = false;  // RoCE: GRH with the fields below; InfiniBand: the LID
   uint16_t rlid = 0;
@@ -243,7 +244,7 @@ inline In init2Rtr(uint32_t qpn, const Path& p) {
   putField(in.data(), qp::kRemoteQpn, p.remoteQpn);
   putField(in.data(), qp::kNextRcvPsn, p.rcvPsn);
   putField(in.data(), qp::kLogRraMax, p.logRraMax);
-  putField(in.data(), qp::kMinRnrNak, 12);  // as ibv_modify_qp's min_rnr_timer 12 (gin posts no SEND)
+  putField(in.data(), qp::kMinRnrNak, p.minRnrNak);
   putField(in.data(), qp::kVhcaPort, p.port);
   if (p.grh) {
     putField(in.data(), qp::kGrh, 1);
@@ -258,15 +259,16 @@ inline In init2Rtr(uint32_t qpn, const Path& p) {
   return in;
 }
 
-// RTR2RTS: transport retries as ibv's path does (timeout 14: 67 ms each, 7
-// of them; RNR retried forever), up to 2^logSraMax reads/atomics in flight.
-inline In rtr2Rts(uint32_t qpn, uint32_t sendPsn, uint32_t logSraMax) {
+// RTR2RTS: up to 2^logSraMax reads/atomics in flight, the ack timeout
+// (4.096 us * 2^ackTimeout), transport and RNR retry counts (IB encodings).
+inline In rtr2Rts(uint32_t qpn, uint32_t sendPsn, uint32_t logSraMax, uint32_t ackTimeout, uint32_t retry,
+                  uint32_t rnrRetry) {
   In in = modifyQp(kRtr2RtsQp, qpn);
   putField(in.data(), qp::kNextSendPsn, sendPsn);
   putField(in.data(), qp::kLogSraMax, logSraMax);
-  putField(in.data(), qp::kRetryCount, 7);
-  putField(in.data(), qp::kRnrRetry, 7);
-  putField(in.data(), qp::kAckTimeout, 14);
+  putField(in.data(), qp::kRetryCount, retry);
+  putField(in.data(), qp::kRnrRetry, rnrRetry);
+  putField(in.data(), qp::kAckTimeout, ackTimeout);
   return in;
 }
 

@@ -282,9 +282,15 @@ inline void toInit(ibv_qp* qp, const Port& d, int access, const std::string& wha
     throw Error("ibv_modify_qp(INIT) for " + what + " failed: " + errnoText(errno));
 }
 
-// INIT -> RTR -> RTS towards `r`. Up to 16 RDMA reads/atomics in flight each
-// way (clamped to the device); a dead peer is an error completion after about
-// 0.5 s of transport retries; RNR retries forever (callers bound their waits).
+// The RC connection every gin QP makes (toRts below, and the mlx5 NIC's DEVX
+// commands, gin/host/ibgda_mlx5.hpp): up to 16 RDMA reads/atomics in flight
+// each way (clamped to the device); a dead peer is an error completion after
+// about 0.5 s of transport retries (timeout 4.096 us * 2^14 = 67 ms, 7
+// retries); RNR retries forever (callers bound their waits), 0.64 ms apart.
+inline constexpr uint8_t kRcTimeout = 14, kRcRetry = 7, kRcRnrRetry = 7, kRcMinRnrTimer = 12, kRcHopLimit = 64;
+inline int rcRdAtomics(int deviceMax) { return std::clamp(deviceMax, 1, 16); }
+
+// INIT -> RTR -> RTS towards `r` (the connection above).
 inline void toRts(ibv_qp* qp, const Port& d, const RcAddress& r, uint32_t sqPsn, const std::string& what) {
   if (r.linkLayer != d.portAttr.link_layer)
     throw Error(what + " is on a different link layer (InfiniBand vs Ethernet)");
@@ -293,15 +299,15 @@ inline void toRts(ibv_qp* qp, const Port& d, const RcAddress& r, uint32_t sqPsn,
   a.path_mtu = ibv_mtu(std::min<int>(d.portAttr.active_mtu, r.mtu));
   a.dest_qp_num = r.qpn;
   a.rq_psn = r.psn;
-  a.max_dest_rd_atomic = uint8_t(std::clamp(d.devAttr.max_qp_rd_atom, 1, 16));
-  a.min_rnr_timer = 12;  // 0.64 ms before a sender retries a SEND that found no receive posted
+  a.max_dest_rd_atomic = uint8_t(rcRdAtomics(d.devAttr.max_qp_rd_atom));
+  a.min_rnr_timer = kRcMinRnrTimer;
   a.ah_attr.port_num = uint8_t(d.port);
   a.ah_attr.dlid = r.lid;
   if (d.roce) {
     a.ah_attr.is_global = 1;
     std::memcpy(a.ah_attr.grh.dgid.raw, r.gid, 16);
     a.ah_attr.grh.sgid_index = uint8_t(d.gidIndex);
-    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.grh.hop_limit = kRcHopLimit;
   }
   if (ibv_modify_qp(qp, &a,
                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -310,11 +316,11 @@ inline void toRts(ibv_qp* qp, const Port& d, const RcAddress& r, uint32_t sqPsn,
                 (d.roce ? "; on RoCE check GIN_IB_GID_INDEX (show_gids)" : ""));
   ibv_qp_attr b{};
   b.qp_state = IBV_QPS_RTS;
-  b.timeout = 14;   // 4.096 us * 2^14 = 67 ms per transport retry ...
-  b.retry_cnt = 7;  // ... 7 retries: a dead peer is an error completion after ~0.5 s
-  b.rnr_retry = 7;  // RNR: retry indefinitely (a busy receiver); callers' timeouts bound it
+  b.timeout = kRcTimeout;
+  b.retry_cnt = kRcRetry;
+  b.rnr_retry = kRcRnrRetry;  // 7: indefinitely
   b.sq_psn = sqPsn;
-  b.max_rd_atomic = uint8_t(std::clamp(d.devAttr.max_qp_init_rd_atom, 1, 16));
+  b.max_rd_atomic = uint8_t(rcRdAtomics(d.devAttr.max_qp_init_rd_atom));
   if (ibv_modify_qp(qp, &b,
                     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
                         IBV_QP_MAX_QP_RD_ATOMIC))
