@@ -8,11 +8,16 @@ DeepEP's figures: normal dispatch/combine in µs and GB/s (the bytes this
 rank sends: one bf16 row per (token, destination rank), as DeepEP counts),
 low-latency dispatch/combine in µs, each next to torch.distributed's
 all_to_all_single (NCCL) moving the same bytes per peer in the same run.
-gin_ep's calls return when their work is done (they synchronize their
-stream and the ranks), so their time is host wall time per call; NCCL's is
-given both ways: CUDA-event time per call (its GPU time alone) and host wall
-time measured as gin_ep's is (from the Python call to a synchronize), with
-gin_ep's ratio to each. Medians over --iters calls after 3 warm-up calls.
+gin_ep's normal-mode calls return when their work is done (they synchronize
+their stream and the ranks), so their time is host wall time per call, from
+the Python call to a synchronize; its low-latency calls return once their
+work is queued, timed the same way (call to synchronize). NCCL's is given
+both ways: CUDA-event time per call (its GPU time alone) and host wall time
+measured as gin_ep's is, with gin_ep's ratio to each. Medians over --iters
+calls after 3 warm-up calls. Low latency also runs as a real step does:
+--iters (dispatch, combine) pairs back to back with one synchronize at the
+end, next to NCCL's two all_to_all_single per pair the same way, and gin_ep's
+calls between CUDA events.
 --profile: rank 0 also prints, per call, the GPU time of each kernel and
 copy (torch.profiler over 5 more calls, µs per call), to see where a
 call's time goes.
@@ -39,6 +44,39 @@ def wall(fn, iters):
         torch.cuda.synchronize()
         if i >= 3:
             times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6
+
+
+def events(fn, iters):
+    """GPU µs per call between CUDA events on the current stream around fn (which may return before its
+    work is done: the current stream waits for it)."""
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    times = []
+    for i in range(iters + 3):
+        torch.cuda.synchronize()
+        dist.barrier()
+        ev[0].record()
+        fn()
+        ev[1].record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(ev[0].elapsed_time(ev[1]) * 1e3)
+    return statistics.median(times)
+
+
+def back_to_back(fn, iters):
+    """Host wall µs per fn() over `iters` calls in a row with one synchronize at the end (3 warm-up
+    rounds of that, median of 5)."""
+    times = []
+    for i in range(3 + 5):
+        torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append((time.perf_counter() - t0) / iters)
     return statistics.median(times) * 1e6
 
 
@@ -90,7 +128,9 @@ def nccl_us(send_counts, hidden, iters, dev):
         torch.cuda.synchronize()
         if i >= 3:
             times.append(ev[0].elapsed_time(ev[1]) * 1e3)
-    return statistics.median(times), wall(lambda: dist.all_to_all_single(out, inp, recv, send_counts), iters)
+    a2a = lambda: dist.all_to_all_single(out, inp, recv, send_counts)  # noqa: E731
+    nccl_us.last = a2a
+    return statistics.median(times), wall(a2a, iters)
 
 
 def main():
@@ -165,19 +205,38 @@ def main():
     nl_us = nccl_us(send, H, a.iters, dev)
     rows.append(("low-latency dispatch", ld_us, ll_bytes, nl_us))
     rows.append(("low-latency combine", lc_us, ll_bytes, nl_us))
+    # As a step runs them: no synchronize between calls.
+    ld_ev = events(ll_dispatch, a.iters)
+    lc_ev = events(lambda: ll.low_latency_combine(recv_x, idx, w, handle), a.iters)
+
+    def ll_pair():
+        d = ll.low_latency_dispatch(x, idx, a.ll_tokens, E, use_fp8=False)
+        ll.low_latency_combine(d[0], idx, w, d[2])
+
+    a2a = nccl_us.last
+
+    def nccl_pair():
+        a2a()
+        a2a()
+
+    pair_us, npair_us = back_to_back(ll_pair, a.iters), back_to_back(nccl_pair, a.iters)
     ll.destroy()
     if rank == 0:
         print(f"gin_ep vs NCCL all_to_all_single, {R} ranks, {torch.cuda.get_device_name()}, hidden {H}, "
               f"top-{K} of {E} experts; normal {a.tokens} tokens/rank, low-latency {a.ll_tokens}; "
               f"transports to ranks 0..{R - 1}: {transports}")
-        print("gin_ep: host wall time per call (the call returns synchronized); NCCL: GPU time between CUDA "
-              "events, and host wall time timed as gin_ep's (call to synchronize)")
+        print("gin_ep: host wall time per call, from the call to a synchronize; NCCL: GPU time between CUDA "
+              "events, and host wall time timed as gin_ep's")
         print(f"{'call':24s} {'gin_ep us':>10s} {'GB/s':>8s} {'NCCL us':>9s} {'GB/s':>8s} {'gin/NCCL':>9s} "
               f"{'NCCL wall':>10s} {'gin/wall':>9s}")
     for name, us, b, (nus, nwall) in rows:
         if rank == 0:
             print(f"{name:24s} {us:10.1f} {b / us / 1e3:8.1f} {nus:9.1f} {b / nus / 1e3:8.1f} {us / nus:9.2f} "
                   f"{nwall:10.1f} {us / nwall:9.2f}")
+    if rank == 0:
+        print(f"low latency as a step runs it: gin_ep between CUDA events: dispatch {ld_ev:.1f} us, combine "
+              f"{lc_ev:.1f} us; {a.iters} (dispatch, combine) pairs back to back: gin_ep {pair_us:.1f} us a pair, "
+              f"NCCL (two all_to_all_single) {npair_us:.1f} us, gin/NCCL {pair_us / npair_us:.2f}")
     dist.destroy_process_group()
 
 

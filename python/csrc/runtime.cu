@@ -4,7 +4,9 @@
 // experts or top-k change or more tokens come than it holds: every rank
 // learns that in the same call, from the buffer's CapacityError). The buffer
 // runs on a stream of its own that waits for the caller's stream at every
-// call; each call returns when its work is done (GpuBuffer's calls wait).
+// call. A normal-mode call returns when its work is done (GpuBuffer's calls
+// wait); a low-latency call once its work is queued, the caller's stream
+// then waiting for the buffer's (no host synchronization).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,7 +38,7 @@ struct Runtime::State {
   bool ll;
   int channels;
   cudaStream_t st = nullptr;
-  cudaEvent_t ev = nullptr;
+  cudaEvent_t ev = nullptr, done = nullptr;
   gin::ep::Shape shape{};  // of buf
   std::unique_ptr<gin::ep::GpuBuffer> buf;
   std::function<Array(size_t)> alloc;
@@ -45,10 +47,12 @@ struct Runtime::State {
       : bs(id, rank, nRanks), comm(bs, cfg), ll(lowLatency), channels(ch) {
     GIN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     GIN_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    GIN_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   }
   ~State() {
     buf.reset();
     (void)cudaEventDestroy(ev);
+    (void)cudaEventDestroy(done);
     (void)cudaStreamDestroy(st);
   }
 
@@ -56,6 +60,11 @@ struct Runtime::State {
   void follow(uintptr_t caller) {
     GIN_CUDA_CHECK(cudaEventRecord(ev, reinterpret_cast<cudaStream_t>(caller)));
     GIN_CUDA_CHECK(cudaStreamWaitEvent(st, ev, 0));
+  }
+  // The caller's stream waits for the buffer's work queued so far.
+  void join(uintptr_t caller) {
+    GIN_CUDA_CHECK(cudaEventRecord(done, st));
+    GIN_CUDA_CHECK(cudaStreamWaitEvent(reinterpret_cast<cudaStream_t>(caller), done, 0));
   }
 
   // A buffer for (hidden, experts, topk) holding `tokens` per rank (any
@@ -209,6 +218,7 @@ LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const 
   out.range = arrayOf(h->handle.range);
   out.srcToken = arrayOf(h->handle.srcToken);
   out.handle = std::shared_ptr<void>(h, &h->handle);
+  s.join(stream);
   return out;
 }
 
@@ -219,7 +229,9 @@ Array Runtime::lowLatencyCombine(uintptr_t stream, const void* y, const int32_t*
   if (!h || !s.buf || !s.ll)
     throw std::invalid_argument("gin_ep: low_latency_combine needs a handle of this buffer's low_latency_dispatch");
   s.follow(stream);
-  return arrayOf(s.buf->lowLatencyCombine(static_cast<const uint16_t*>(y), idx, weights, *h));
+  Array out = arrayOf(s.buf->lowLatencyCombine(static_cast<const uint16_t*>(y), idx, weights, *h));
+  s.join(stream);
+  return out;
 }
 
 }  // namespace gin_ep_rt

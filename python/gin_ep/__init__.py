@@ -10,10 +10,11 @@
     combined_x, _, event = buffer.combine(expert_outputs, handle)
 
 What differs from DeepEP (docs/ep.md says more): FP8 dispatch without a
-handle only, scales float32 (no round_scale / use_ue8m0); every call finishes
-its GPU work before it returns
-(async_finish and return_recv_hook are accepted, the event and hook are
-then already complete); the buffer sizes (num_nvl_bytes, num_rdma_bytes)
+handle only, scales float32 (no round_scale / use_ue8m0); a normal-mode
+call finishes its GPU work before it returns, a low-latency call returns
+once its work is queued and the current stream waits for it (async_finish
+and return_recv_hook are accepted; the hook has nothing to do, and an
+error of a low-latency call is raised by the next call); the buffer sizes (num_nvl_bytes, num_rdma_bytes)
 are not used: gin sizes its buffer from the calls' shapes; combine's
 returned top-k weights are the dispatch's weights where the choice had an
 expert (the weights are not sent back).
@@ -260,5 +261,6 @@ class Buffer:
                            device=src_info.device)
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
-        """Nothing to clean: gin resets its signals at every call."""
+        """Nothing to clean: gin's low-latency signals count calls (no reset), and the ring's two halves are
+        reused by call parity once every rank has read them."""
         return None

@@ -217,6 +217,29 @@ def check_low_latency_fp8(buf, rank, R, H, E, K, tmax, dev):
         assert calc_diff(torch.stack(got), torch.stack(want)) < 1e-3, "dequantized FP8 rows"
 
 
+def check_ll_dispatched(rank, R, L, inputs, recv_x, count, handle):
+    """A low-latency dispatch's rows, layout ranges and counts against every rank's inputs."""
+    src_info, layout = handle[0].cpu(), handle[1].cpu()
+    for el in range(L):
+        begin = 0
+        for r in range(R):
+            sx, sidx, _ = inputs[r]
+            toks = [t for t in range(sx.size(0)) if (sidx[t] == rank * L + el).any()]
+            assert int(layout[el, r]) == (begin << 32 | len(toks)), "layout range"
+            for q, t in enumerate(toks):
+                assert int(src_info[el, begin + q]) == t, "source token"
+                assert torch.equal(recv_x[el, begin + q].cpu(), sx[t]), "received row"
+            begin += len(toks)
+        assert int(count[el]) == begin, "recv_count"
+
+
+def check_ll_combined(x, idx, w, combined):
+    """The experts were the identity: each token comes back as sum of its choices' weights x itself."""
+    ref = ((idx >= 0).float() * w).sum(1, keepdim=True) * x.float()
+    if x.numel():
+        assert calc_diff(combined.float(), ref) < 1e-5, "low-latency combine"
+
+
 def check_low_latency(buf, rank, R, H, E, K, tmax, dev):
     L = E // R
     for rnd in range(2):
@@ -225,22 +248,66 @@ def check_low_latency(buf, rank, R, H, E, K, tmax, dev):
         recv_x, count, handle, _, hook = buf.low_latency_dispatch(x, idx, tmax, E, use_fp8=False,
                                                                   return_recv_hook=True)
         hook()
-        src_info, layout = handle[0].cpu(), handle[1].cpu()
-        for el in range(L):
-            begin = 0
-            for r in range(R):
-                sx, sidx, _ = inputs[r]
-                toks = [t for t in range(sx.size(0)) if (sidx[t] == rank * L + el).any()]
-                assert int(layout[el, r]) == (begin << 32 | len(toks)), "layout range"
-                for q, t in enumerate(toks):
-                    assert int(src_info[el, begin + q]) == t, "source token"
-                    assert torch.equal(recv_x[el, begin + q].cpu(), sx[t]), "received row"
-                begin += len(toks)
-            assert int(count[el]) == begin, "recv_count"
+        check_ll_dispatched(rank, R, L, inputs, recv_x, count, handle)
         combined, _, _ = buf.low_latency_combine(recv_x, idx, w, handle)
-        ref = ((idx >= 0).float() * w).sum(1, keepdim=True) * x.float()
-        if x.numel():
-            assert calc_diff(combined.float(), ref) < 1e-5, "low-latency combine"
+        check_ll_combined(x, idx, w, combined)
+
+
+def check_low_latency_queued(buf, rank, R, H, E, K, tmax, dev):
+    """Calls that return before their work is done, queued with nothing read in between (two dispatches
+    in flight, then their combines, then alternating), on a stream of the caller's own; checked after."""
+    L = E // R
+    n_tokens = lambda r, rnd: max(0, tmax - (r * 5 + rnd * 3) % 9)  # noqa: E731
+    rounds = [[make_inputs(r, n_tokens(r, rnd), H, E, K, 51 + rnd) for r in range(R)] for rnd in range(5)]
+    mine = [tuple(t.to(dev) for t in rnd[rank]) for rnd in rounds]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    got = {}
+    with torch.cuda.stream(side):
+        for op in ["d0", "d1", "c0", "c1", "d2", "c2", "d3", "d4", "c3", "c4"]:
+            n = int(op[1])
+            x, idx, w = mine[n]
+            if op[0] == "d":
+                recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, tmax, E, use_fp8=False)
+                got[n] = [recv_x, count, handle]
+            else:
+                got[n].append(buf.low_latency_combine(got[n][0], idx, w, got[n][2])[0])
+    side.synchronize()
+    for n in range(5):
+        recv_x, count, handle, combined = got[n]
+        check_ll_dispatched(rank, R, L, rounds[n], recv_x, count, handle)
+        check_ll_combined(*mine[n], combined)
+
+
+def check_low_latency_graph(buf, rank, R, H, E, K, tmax, dev):
+    """A (dispatch, combine) pair captured in a CUDA graph and replayed with new inputs copied in."""
+    L = E // R
+    T = tokens_of(rank, 0, tmax)
+    x, idx, w = (torch.zeros(T, H, dtype=torch.bfloat16, device=dev), torch.zeros(T, K, dtype=torch.int64, device=dev),
+                 torch.zeros(T, K, device=dev))
+
+    def step():
+        recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, tmax, E, use_fp8=False)
+        combined, _, _ = buf.low_latency_combine(recv_x, idx, w, handle)
+        return recv_x, count, handle, combined
+
+    inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 61) for r in range(R)]
+    for src, dst in zip(inputs[rank], (x, idx, w)):
+        dst.copy_(src)
+    step()  # warm-up, outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        out = step()
+    for rnd in range(3):
+        inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 71 + rnd) for r in range(R)]
+        for src, dst in zip(inputs[rank], (x, idx, w)):
+            dst.copy_(src)
+        g.replay()
+        torch.cuda.synchronize()
+        recv_x, count, handle, combined = out
+        check_ll_dispatched(rank, R, L, inputs, recv_x, count, handle)
+        check_ll_combined(x, idx, w, combined)
 
 
 def rank_main(rank, R, port, H, errors):
@@ -256,6 +323,8 @@ def rank_main(rank, R, port, H, errors):
         ll = gin_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True)
         check_low_latency(ll, rank, R, H, E, K, 17, dev)
         check_low_latency_fp8(ll, rank, R, H, E, K, 17, dev)
+        check_low_latency_queued(ll, rank, R, H, E, K, 17, dev)
+        check_low_latency_graph(ll, rank, R, H, E, K, 17, dev)
         ll.destroy()
         dist.barrier()
         dist.destroy_process_group()

@@ -204,67 +204,90 @@ void checkRounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 3) {
   }
 }
 
+// A low-latency dispatch's result on rank `me` (d.x, d.handle's count,
+// range, srcToken, srcK on the host) against every rank's inputs `all`:
+// each expert's rows by source rank, then token and choice order, and the
+// layout ranges and counts.
+template <class Dispatched>
+void checkLlDispatched(const Dispatched& d, const std::vector<gin::ep::Inputs>& all, const Case& c, int me,
+                       const std::string& where) {
+  const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
+  const size_t H = size_t(c.hidden), Tmax = size_t(c.maxTokens);
+  const auto& h = d.handle;
+  for (int el = 0; el < L; ++el) {
+    uint64_t begin = 0;
+    for (int r = 0; r < R; ++r) {
+      const auto& src = all[size_t(r)];
+      uint64_t n = 0;
+      for (size_t t = 0; t < src.idx.size() / size_t(K); ++t)
+        for (int k = 0; k < K; ++k) {
+          if (src.idx[t * K + k] != me * L + el) continue;
+          const size_t row = size_t(el) * R * Tmax + size_t(begin + n);
+          const std::string at = where + "expert " + std::to_string(el) + " row " + std::to_string(begin + n) +
+                                 " (rank " + std::to_string(r) + " token " + std::to_string(t) + ")";
+          expect(h.srcToken[row] == int(t) && h.srcK[row] == k, at + ": out of order");
+          for (size_t i = 0; i < H; ++i)
+            expect(d.x[row * H + i] == src.x[t * H + i], at + ": value " + std::to_string(i) + " differs");
+          ++n;
+        }
+      expect(h.range[size_t(el) * R + size_t(r)] == (begin << 32 | n), where + "layout range");
+      begin += n;
+    }
+    expect(h.count[size_t(el)] == int(begin), where + "count of expert " + std::to_string(el));
+  }
+}
+
+// The stand-in experts on rank `me`'s received rows x [L][R x Tmax][H]:
+// expert e's row is expertScale(e) x its input, unweighted, in bf16.
+inline uint16_t llExpertValue(int e, uint16_t x) {
+  return floatToBf16(gin::ep::expertScale(e) * bf16ToFloat(x));
+}
+
+// A low-latency combine's out [T][H] on a rank whose inputs were `in`,
+// after the stand-in experts: per token the weighted sum over its choices.
+inline void checkLlCombined(const std::vector<uint16_t>& out, const gin::ep::Inputs& in, const Case& c, size_t T,
+                            const std::string& where) {
+  const int K = c.topk;
+  const size_t H = size_t(c.hidden);
+  expect(out.size() == T * H, where + "combine's size");
+  for (size_t t = 0; t < T; ++t)
+    for (size_t i = 0; i < H; ++i) {
+      double ref = 0, mag = 0;
+      for (int k = 0; k < K; ++k)
+        if (const int e = in.idx[t * K + k]; e >= 0) {
+          const double v = double(in.weight[t * K + k]) * bf16ToFloat(llExpertValue(e, in.x[t * H + i]));
+          ref += v;
+          mag += std::fabs(v);
+        }
+      const double got = bf16ToFloat(out[t * H + i]);
+      expect(std::fabs(got - ref) <= mag / 128 + 1e-30, where + "token " + std::to_string(t) + " value " +
+                                                            std::to_string(i) + ": " + std::to_string(got) +
+                                                            ", reference " + std::to_string(ref));
+    }
+}
+
 // Low-latency mode: every (token, choice) to its expert, packed per local
 // expert in source order; combine weighted by the top-k weights.
 template <class Buffer>
 void checkLlRounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 2) {
   const gin::ep::Shape sh = shapeOf(c);
-  const int R = c.ranks, K = c.topk, L = c.experts / c.ranks;
+  const int R = c.ranks, L = c.experts / c.ranks;
   const size_t H = size_t(c.hidden), Tmax = size_t(c.maxTokens);
   const int me = comm.rank();
   for (int round = 0; round < rounds; ++round) {
     const std::string where = "rank " + std::to_string(me) + " round " + std::to_string(round) + ": ";
     const std::vector<gin::ep::Inputs> all = roundInputs(c, sh, round);
     const gin::ep::Inputs& in = all[size_t(me)];
-    const size_t T = size_t(tokensOf(c, me, round));
     const auto d = buf.lowLatencyDispatch(in);
-    const auto& h = d.handle;
-    for (int el = 0; el < L; ++el) {
-      uint64_t begin = 0;
-      for (int r = 0; r < R; ++r) {
-        const auto& src = all[size_t(r)];
-        uint64_t n = 0;
-        for (size_t t = 0; t < src.idx.size() / size_t(K); ++t)
-          for (int k = 0; k < K; ++k) {
-            if (src.idx[t * K + k] != me * L + el) continue;
-            const size_t row = size_t(el) * R * Tmax + size_t(begin + n);
-            const std::string at = where + "expert " + std::to_string(el) + " row " + std::to_string(begin + n) +
-                                   " (rank " + std::to_string(r) + " token " + std::to_string(t) + ")";
-            expect(h.srcToken[row] == int(t) && h.srcK[row] == k, at + ": out of order");
-            for (size_t i = 0; i < H; ++i)
-              expect(d.x[row * H + i] == src.x[t * H + i], at + ": value " + std::to_string(i) + " differs");
-            ++n;
-          }
-        expect(h.range[size_t(el) * R + size_t(r)] == (begin << 32 | n), where + "layout range");
-        begin += n;
-      }
-      expect(h.count[size_t(el)] == int(begin), where + "count of expert " + std::to_string(el));
-    }
-    // The experts: expert e's row is expertScale(e) * x, unweighted.
+    checkLlDispatched(d, all, c, me, where);
     std::vector<uint16_t> y(d.x.size());
     for (int el = 0; el < L; ++el)
-      for (size_t q = 0; q < size_t(h.count[size_t(el)]); ++q) {
+      for (size_t q = 0; q < size_t(d.handle.count[size_t(el)]); ++q) {
         const size_t row = size_t(el) * R * Tmax + q;
-        for (size_t i = 0; i < H; ++i)
-          y[row * H + i] = floatToBf16(gin::ep::expertScale(me * L + el) * bf16ToFloat(d.x[row * H + i]));
+        for (size_t i = 0; i < H; ++i) y[row * H + i] = llExpertValue(me * L + el, d.x[row * H + i]);
       }
-    const std::vector<uint16_t> out = buf.lowLatencyCombine(y.data(), in.idx.data(), in.weight.data(), h);
-    expect(out.size() == T * H, where + "combine's size");
-    for (size_t t = 0; t < T; ++t)
-      for (size_t i = 0; i < H; ++i) {
-        double ref = 0, mag = 0;
-        for (int k = 0; k < K; ++k)
-          if (const int e = in.idx[t * K + k]; e >= 0) {
-            const double v = double(in.weight[t * K + k]) *
-                             bf16ToFloat(floatToBf16(gin::ep::expertScale(e) * bf16ToFloat(in.x[t * H + i])));
-            ref += v;
-            mag += std::fabs(v);
-          }
-        const double got = bf16ToFloat(out[t * H + i]);
-        expect(std::fabs(got - ref) <= mag / 128 + 1e-30, where + "token " + std::to_string(t) + " value " +
-                                                              std::to_string(i) + ": " + std::to_string(got) +
-                                                              ", reference " + std::to_string(ref));
-      }
+    const std::vector<uint16_t> out = buf.lowLatencyCombine(y.data(), in.idx.data(), in.weight.data(), d.handle);
+    checkLlCombined(out, in, c, size_t(tokensOf(c, me, round)), where);
   }
 }
 

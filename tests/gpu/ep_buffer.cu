@@ -116,7 +116,10 @@ class HostFace {
     auto x = up(in.x);
     auto idx = up(in.idx);
     auto w = up(in.weight);
-    gin::ep::GpuLlDispatched g = buf_.lowLatencyDispatch(x.data(), idx.data(), w.data(), T, useFp8);
+    return llOf(buf_.lowLatencyDispatch(x.data(), idx.data(), w.data(), T, useFp8));
+  }
+  // A low-latency dispatch's result read back (waits for the stream).
+  static LlDispatched llOf(const gin::ep::GpuLlDispatched& g) {
     LlDispatched d;
     d.x = g.x.toHost();
     d.xFp8 = g.xFp8.toHost();
@@ -299,7 +302,9 @@ TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails ever
         gintest::expect(sent == got && sent > 0, "a dispatch after the failures delivers every row");
       },
       cfg);
-  // Low-latency mode plans on the GPU too: a bad index on rank 0 fails every rank.
+  // Low-latency mode plans on the GPU and returns before its work is done:
+  // a bad index on rank 0 stops the communicator; within a call or two (and
+  // synchronize) every rank throws, rank 0 naming its token and choice.
   gputest::runRanksOnStreams(
       R,
       [&](Comm& comm, cudaStream_t st) {
@@ -311,22 +316,115 @@ TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails ever
         for (size_t i = 0; i < idxHost.size(); ++i) idxHost[i] = int32_t((i * 5 + size_t(me)) % size_t(E));
         auto idx = up(idxHost);
         auto w = up(std::vector<float>(idxHost.size(), 0.5f));
-        std::vector<int32_t> bad = idxHost;
-        if (me == 0) bad[3] = -2;
-        auto badIdx = up(bad);
-        const std::string what = refusal([&] { buf.lowLatencyDispatch(x.data(), badIdx.data(), w.data(), T); });
-        gintest::expect(what.find("rank 0's token 1 choice 1") != std::string::npos,
-                        "every rank reports rank 0's bad expert: " + what);
+        // First a good round, checked: every pair arrives.
         gin::ep::GpuLlDispatched d = buf.lowLatencyDispatch(x.data(), idx.data(), w.data(), T);
         int got = 0, want = 0;
         for (int n : d.handle.count.toHost()) got += n;
         const int L = E / R;
         for (int r = 0; r < R; ++r)
           for (size_t i = 0; i < idxHost.size(); ++i) want += int((i * 5 + size_t(r)) % size_t(E)) / L == me;
-        gintest::expect(got == want && d.handle.arrivals == uint64_t(T * K),
-                        "a low-latency dispatch after the failure delivers every pair");
+        gintest::expect(got == want && d.handle.arrivals.toHost() == std::vector<unsigned long long>{T * K},
+                        "a low-latency dispatch delivers every pair");
+        std::vector<int32_t> bad = idxHost;
+        if (me == 0) bad[3] = -2;
+        auto badIdx = up(bad);
+        gintest::expect(refusal([&] { buf.lowLatencyDispatch(x.data(), badIdx.data(), w.data(), T); }).empty(),
+                        "the bad index is found after the call returned");
+        std::string what;
+        for (int i = 0; i < 3 && what.empty(); ++i) try {
+            buf.lowLatencyDispatch(x.data(), idx.data(), w.data(), T);
+            buf.synchronize();
+          } catch (const std::exception& e) {
+            what = e.what();
+          }
+        if (me == 0)
+          gintest::expect(what.find("rank 0's token 1 choice 1") != std::string::npos,
+                          "rank 0 reports its bad expert: " + what);
+        else
+          gintest::expect(!what.empty(), "every rank's calls stop after rank 0's bad expert");
       },
       cfg);
+}
+
+// The stand-in experts on the GPU: y[el][q] = expertScale(me x L + el) x
+// x[el][q] for the q < count[el] rows each local expert received.
+__global__ void llExpertsKernel(const uint16_t* x, const int* count, uint16_t* y, int L, size_t rowsPerExpert,
+                                size_t H, int me) {
+  for (int el = 0; el < L; ++el) {
+    const size_t n = size_t(count[el]) * H, base = size_t(el) * rowsPerExpert * H;
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+      y[base + i] = gin::ep::floatToBf16(gin::ep::expertScale(me * L + el) * gin::ep::bf16ToFloat(x[base + i]));
+  }
+}
+
+// Low-latency calls queue without any host synchronization: rounds whose
+// dispatches and combines interleave (two dispatches in flight, then their
+// combines; alternating; three in a row), the experts as a kernel on the
+// same stream, everything read back and checked at the end.
+void runQueued(const gintest::ep::Case& c) {
+  CommConfig cfg = gputest::gpuConfig();
+  cfg.transport = c.tr;
+  cfg.nSignals = int(gin::ep::signalsNeeded(gintest::ep::shapeOf(c))) + 4;
+  // The order of calls: r + 1 dispatches round r, -(r + 1) combines it.
+  const std::vector<int> order{1, 2, -1, -2, 3, -3, 4, 5, 6, -4, -5, -6, 7, -7, 8, 9, -8, -9};
+  const int rounds = 9;
+  gputest::runRanksOnStreams(
+      c.ranks,
+      [&](Comm& comm, cudaStream_t st) {
+        const gin::ep::Shape sh = gintest::ep::shapeOf(c);
+        const int me = comm.rank(), L = c.experts / c.ranks;
+        const size_t H = size_t(c.hidden), rowsPerExpert = size_t(c.ranks) * size_t(c.maxTokens);
+        gin::ep::GpuBuffer buf(comm, sh, true, st);
+        std::vector<std::vector<gin::ep::Inputs>> all;
+        std::vector<gin::ep::DeviceArray<uint16_t>> x, y, out(static_cast<size_t>(rounds));
+        std::vector<gin::ep::DeviceArray<int32_t>> idx;
+        std::vector<gin::ep::DeviceArray<float>> w;
+        for (int r = 0; r < rounds; ++r) {
+          all.push_back(gintest::ep::roundInputs(c, sh, r));
+          const gin::ep::Inputs& in = all.back()[size_t(me)];
+          x.push_back(upload(buf, in.x, st));
+          idx.push_back(upload(buf, in.idx, st));
+          w.push_back(upload(buf, in.weight, st));
+          y.push_back(buf.deviceArray<uint16_t>(size_t(L) * rowsPerExpert * H));
+        }
+        std::vector<gin::ep::GpuLlDispatched> d(static_cast<size_t>(rounds));
+        for (int op : order) {
+          const size_t r = size_t(op < 0 ? -op : op) - 1;
+          const int T = gintest::ep::tokensOf(c, me, int(r));
+          if (op > 0) {
+            d[r] = buf.lowLatencyDispatch(x[r].data(), idx[r].data(), w[r].data(), T);
+            llExpertsKernel<<<64, 256, 0, st>>>(d[r].x.data(), d[r].handle.count.data(), y[r].data(), L,
+                                                rowsPerExpert, H, me);
+            GPU_CHECK(cudaGetLastError());
+          } else {
+            out[r] = buf.lowLatencyCombine(y[r].data(), idx[r].data(), w[r].data(), d[r].handle);
+          }
+        }
+        buf.synchronize();
+        for (int r = 0; r < rounds; ++r) {
+          const std::string where = "rank " + std::to_string(me) + " queued round " + std::to_string(r) + ": ";
+          gintest::ep::checkLlDispatched(HostFace::llOf(d[size_t(r)]), all[size_t(r)], c, me, where);
+          gintest::ep::checkLlCombined(out[size_t(r)].toHost(), all[size_t(r)][size_t(me)], c,
+                                       size_t(gintest::ep::tokensOf(c, me, r)), where);
+        }
+      },
+      cfg);
+}
+
+TEST_CASE("GPU ep buffer: low-latency calls queue without a host synchronization, checked at the end", "[gpu][ep]") {
+  for (int ranks : {1, 2, 3, 4})
+    for (TransportChoice tr : {TransportChoice::Lsa, TransportChoice::Proxy}) {
+      if (ranks > gputest::maxRanks()) continue;
+      if (!gputest::queuesFor(ranks)) {
+        WARN(ranks << " ranks in one process need " << ranks + 1
+                   << " hardware queues; CUDA_DEVICE_MAX_CONNECTIONS=" << gputest::hardwareQueues());
+        continue;
+      }
+      const int experts = 4 * ranks;
+      const gintest::ep::Case c{ranks, experts, 256, std::min(4, experts), 17, 0.25, 1, tr};
+      CAPTURE(ranks, int(tr));
+      CHECK_NOTHROW(runQueued(c));
+    }
 }
 
 int main(int argc, char** argv) {

@@ -282,7 +282,7 @@ class CpuBuffer {
         const uint64_t n = gin::volatileLoad(counts + size_t(el) * size_t(R) + size_t(src));
         h.range[size_t(el) * size_t(R) + size_t(src)] = begin << 32 | n;
         for (uint64_t q = 0; q < n; ++q) {
-          const char* slot = static_cast<const char*>(comm_.localPointer(l_.ring, llSlot(sh, el, src, size_t(q))));
+          const char* slot = static_cast<const char*>(comm_.localPointer(l_.ring, llSlot(sh, 0, el, src, size_t(q))));
           uint32_t tk[2];
           std::memcpy(tk, slot, 8);
           const size_t row = size_t(el) * size_t(R) * Tmax + size_t(begin + q);

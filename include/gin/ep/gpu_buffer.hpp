@@ -8,23 +8,31 @@
 //   // y[i] = experts(d.x[i]): one bf16 row per received row, on the GPU
 //   gin::ep::DeviceArray<uint16_t> out = buf.combine(y, d.handle, bias0, bias1);
 //
-// Each call returns once its kernels are done (it synchronizes the stream,
-// as DeepEP's normal dispatch does to learn its receive count). Both modes
-// plan the routing on the GPU (planKernel, llPlanKernel).
-// A dispatch resets its signals and then opens with an all-gather of every
-// rank's token count, first bad expert index and (normal mode) what each of
-// its lanes sends, so a bad input or too many tokens fails every rank alike
-// and each rank lays out its receive list on the host (no count exchange
-// on the GPU). A combine opens at once (its signal was reset by the
-// dispatch or the last combine). A normal dispatch and every combine end
-// with a barrier after their puts are flushed (no rank resets what a peer
-// still signals, or reuses a combine window a peer still reads); a
-// low-latency dispatch needs none (every put to a rank is counted before
-// it returns). Kernels of the buffer never spin while the caller's stream
-// work between calls (its experts) runs. Where every peer is lsa, tokens
-// are read from the caller's x (Layer::xDirect, no pack), and a rank's rows
-// to itself go straight into its receive list (selfStep) and are summed
-// from the combine's input where they are.
+// A normal-mode call returns once its kernels are done (it synchronizes
+// the stream, as DeepEP's normal dispatch does to learn its receive count).
+// A normal dispatch resets its signals and then opens with an all-gather of
+// every rank's token count, first bad expert index and what each of its
+// lanes sends, so a bad input or too many tokens fails every rank alike and
+// each rank lays out its receive list on the host (no count exchange on the
+// GPU). A combine opens at once (its signal was reset by the dispatch or the
+// last combine). A normal dispatch and combine end with a barrier after
+// their puts are flushed (no rank resets what a peer still signals, or
+// reuses a combine window a peer still reads).
+//
+// Low-latency calls return once their kernels are queued, as DeepEP's do:
+// no host synchronization, no barrier, no reset. Signals count calls
+// instead (Layer::llRounds: device words the last kernel of each call
+// advances), the ring has two halves by dispatch parity, a combine's
+// returns first wait until every rank summed the previous combine (one
+// SignalAdd from each), and what goes wrong (a bad expert index, a wait
+// that gave up) is thrown by the next call or synchronize(); docs/ep.md.
+//
+// Both modes plan the routing on the GPU (planKernel, llPlanKernel).
+// Kernels of the buffer never spin while the caller's stream work between
+// calls (its experts) runs. Where every peer is lsa, tokens are read from
+// the caller's x (Layer::xDirect, no pack), and a rank's rows to itself go
+// straight into its receive list (selfStep) and are summed from the
+// combine's input where they are.
 #pragma once
 
 #include <algorithm>
@@ -144,7 +152,7 @@ struct GpuLlHandle {
   DeviceArray<int64_t> range;  // [L][R] begin << 32 | count
   DeviceArray<int> srcToken;   // [L][R * Tmax]
   DeviceArray<int> srcK;       // [L][R * Tmax]
-  uint64_t arrivals = 0;
+  DeviceArray<unsigned long long> arrivals;  // [1] rows this rank's combine waits for (written by the plan)
 };
 struct GpuLlDispatched {
   DeviceArray<uint16_t> x;  // [L][R * Tmax][H] bf16; rows past count[e] are not written (empty with FP8)
@@ -267,7 +275,9 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
 // idx[t][k] == e, in (t, k) order, at sendList[e][p] = t | k << 24 (a
 // block-wide scan of each chunk's counts), sendCount[e] of them; *arrivals
 // += pairs; block 0 sets *bad to 1 + the position (token x K + choice) of
-// an index outside -1..E-1, the first one any thread saw. (The meta
+// an index outside -1..E-1, the first one any thread saw (that choice goes
+// nowhere), and records it as the communicator's error: every rank's waits
+// end and every later call throws (GpuBuffer::raiseEarlier). (The meta
 // window's {t, k} records are the same every call: the constructor writes
 // them.)
 __global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, uint32_t* sendList, uint64_t* sendCount,
@@ -284,7 +294,8 @@ __global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, uint32_t* 
       for (int k = 0; k < K; ++k) {
         const int x = idx[size_t(t) * K + k];
         if (x == e) mine |= 1u << k;
-        if (e == 0 && (x < -1 || x >= E)) ::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k);
+        if (e == 0 && (x < -1 || x >= E) && ::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k) == 0ull)
+          gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, uint64_t(t) * K + k, uint64_t(E), uint64_t(int64_t(x)));
       }
     // Exclusive scan of the pair counts over the chunk's threads.
     const uint32_t n = uint32_t(__popc(mine));
@@ -414,7 +425,8 @@ __global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScal
   const Shape& sh = l.shape;
   const int R = sh.ranks, el = int(blockIdx.x) / R, src = int(blockIdx.x) % R;
   const size_t H = size_t(sh.hidden), Tmax = size_t(sh.tokens);
-  const auto* counts = static_cast<const uint64_t*>(gin::localPointer(l.counts, 0)) + size_t(el) * size_t(R);
+  const uint64_t round = llRound(l);
+  const auto* counts = static_cast<const uint64_t*>(gin::localPointer(l.counts, llCountAt(sh, round, el, 0)));
   uint64_t begin = 0;
   for (int s = 0; s < src; ++s) begin += gin::volatileLoad(counts + s);
   const uint64_t n = gin::volatileLoad(counts + src);
@@ -424,7 +436,7 @@ __global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScal
   }
   const size_t warps = blockDim.x / 32;
   for (size_t q = threadIdx.x / 32; q < n; q += warps) {
-    const char* s = static_cast<const char*>(gin::localPointer(l.ring, llSlot(sh, el, src, q)));
+    const char* s = static_cast<const char*>(gin::localPointer(l.ring, llSlot(sh, round, el, src, q)));
     const size_t row = size_t(el) * size_t(R) * Tmax + size_t(begin) + q;
     if (threadIdx.x % 32 == 0) {
       srcToken[row] = int(gin::volatileLoad(reinterpret_cast<const uint32_t*>(s)));
@@ -442,9 +454,11 @@ __global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScal
 
 // `split` blocks per (local expert, source), a warp per packed row: row q of
 // that pair's range back to its source at (token, choice); each block
-// signals its rows once (ReturnCounts).
+// signals its rows once (ReturnCounts). First, every rank has summed its
+// previous combine (llSummed reached ranks x the combines this rank
+// finished, rounds[1]): no row lands in a combine window still being read.
 __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const int* srcToken, const int* srcK,
-                               const uint16_t* y) {
+                               const uint16_t* y, int* failed) {
   const Shape& sh = l.shape;
   const int R = sh.ranks, pair = int(blockIdx.x) / split, el = pair / R, src = pair % R;
   const size_t H = size_t(sh.hidden), Tmax = size_t(sh.tokens);
@@ -452,8 +466,14 @@ __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const i
   const size_t parts = size_t(split) * (blockDim.x / 32);
   const int ctx = int(blockIdx.x) % l.dc.nContexts;
   __shared__ uint32_t counts[64];
+  __shared__ int summed;
+  if (threadIdx.x == 0) {
+    summed = gin::Net<>(l.dc, ctx).waitSignal(gin::CoopThread{}, l.sig.llSummed(), uint64_t(R) * l.llRounds[1]);
+    if (!summed) ::atomicAdd(failed, 1);
+  }
   ReturnCounts rc{counts};
-  rc.zero(R);
+  rc.zero(R);  // syncs the block: summed is read after it
+  if (!summed) return;
   for (size_t q = size_t(blockIdx.x % split) * (blockDim.x / 32) + threadIdx.x / 32; q < n; q += parts) {
     const size_t row = size_t(el) * size_t(R) * Tmax + size_t(begin) + q;
     returnRow(l, src, llRowOffset(sh, size_t(srcToken[row]), size_t(srcK[row])), row, y + row * H, ctx, gin::None{},
@@ -461,6 +481,31 @@ __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const i
     rc.add(src);
   }
   rc.signal(l, ctx);
+}
+
+// Low-latency combine: wait until this call's rows are here, the combine
+// signal at the rows earlier combines summed (rounds[2]) plus *arrivals.
+__global__ void llCombineWaitKernel(Layer l, const unsigned long long* arrivals, int* failed) {
+  const uint64_t want = uint64_t(l.llRounds[2]) + uint64_t(*arrivals);
+  if (!gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(), want)) ::atomicAdd(failed, 1);
+}
+
+// A low-latency call's last kernel, a block per context: every context
+// flushed (the sources of its puts, the x window and partial, may be written
+// again), and on block 0 the round words advanced: `which` 0 after a
+// dispatch; 1 after a combine, which also adds its rows (*arrivals) and
+// tells every rank (SignalAdd of 1 on llSummed) that its sum is done.
+// Every earlier kernel of the call has ended, so none reads a word moving.
+__global__ void llEndKernel(Layer l, unsigned long long* rounds, int which, const unsigned long long* arrivals) {
+  gin::Net<> net(l.dc, int(blockIdx.x));
+  if (blockIdx.x == 0 && which == 1)
+    for (int d = 0; d < l.shape.ranks; ++d)
+      net.signal(gin::teamWorld(l.dc), d, gin::SignalAdd{l.sig.llSummed(), 1}, gin::CoopThread{});
+  net.flush(gin::CoopThread{});
+  if (blockIdx.x == 0) {
+    rounds[which] += 1;
+    if (which == 1) rounds[2] += *arrivals;
+  }
 }
 
 }  // namespace gpu
@@ -552,6 +597,8 @@ class GpuBuffer {
     if (!ll_) {
       recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
     } else {
+      rounds_ = static_cast<unsigned long long*>(alloc(32));
+      l_.llRounds = rounds_;
       // The {t, k} record (16 bytes) of every (token, choice) that
       // llDispatchExpert puts before its token: the same every call.
       const size_t K = size_t(sh.topk);
@@ -578,6 +625,8 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llPlanKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llUnpackKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llReturnKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llCombineWaitKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llEndKernel));
     z_ = gpu::sizing(comm, sh, lowLatency, kThreads);
   }
   GpuBuffer(const GpuBuffer&) = delete;
@@ -745,7 +794,12 @@ class GpuBuffer {
   }
 
   // CpuBuffer::lowLatencyDispatch with device arrays (x [T][H], topkIdx and
-  // topkWeights [T][K]).
+  // topkWeights [T][K]). Unlike every other call it returns once its work is
+  // queued on the stream, as DeepEP's does: no host synchronization, no
+  // barrier, nothing reset (see "Low latency without a host" in docs/ep.md).
+  // An expert index outside -1..E-1 is found on the GPU: that choice goes
+  // nowhere, the communicator records the error (every rank's waits end) and
+  // the next call of every rank, or synchronize(), throws.
   GpuLlDispatched lowLatencyDispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens,
                                      bool useFp8 = false) {
     const Shape& sh = l_.shape;
@@ -753,22 +807,24 @@ class GpuBuffer {
     const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_);
     checkCall(true, tokens, "lowLatencyDispatch");
     checkFp8Hidden(useFp8, l_.shape.hidden, "lowLatencyDispatch");
+    raiseEarlier();
     (void)topkWeights;  // the low-latency combine takes them
     l_.shape.fp8 = useFp8;  // packKernel quantizes
     l_.xDirect = allLsa_ && !useFp8 ? reinterpret_cast<const char*>(x) : nullptr;  // no pack
     clock_.start("low-latency dispatch");
-    // The plan on the GPU (tokens past T choose no expert: the layout is the
-    // same on every rank), then begin(), which reads back its pair count.
-    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
-    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens, sendList_, sendCount_, mem_.word(2),
-                                                        mem_.word(3));
-    begin(x, tokens);
-    gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
-    gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
     GpuLlDispatched d;
     GpuLlHandle& h = d.handle;
     h.tokens = tokens;
-    h.arrivals = *hostWord(2);
+    h.arrivals = deviceArray<unsigned long long>(1);
+    // The plan on the GPU (tokens past T choose no expert: the layout is the
+    // same on every rank), the tokens packed where a peer is not lsa.
+    GIN_CUDA_CHECK(cudaMemsetAsync(h.arrivals.data(), 0, 8, st_));
+    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens, sendList_, sendCount_,
+                                                        h.arrivals.data(), mem_.word(3));
+    if (tokens > 0 && l_.xDirect == nullptr)
+      gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
+    gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
+    gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
     if (useFp8) {
       d.xFp8 = deviceArray<uint8_t>(L * R * Tmax * H);
       d.xScales = deviceArray<float>(L * R * Tmax * (H / kFp8Group));
@@ -782,12 +838,7 @@ class GpuBuffer {
     gpu::llUnpackKernel<<<int(L * R), kThreads, 0, st_>>>(l_, d.x.data(), d.xFp8.data(), d.xScales.data(),
                                                           h.count.data(), h.range.data(), h.srcToken.data(),
                                                           h.srcK.data());
-    // No closing barrier: once this rank's counts all arrived no peer
-    // signals it for this call (every put is counted), its own puts are
-    // flushed, and the next call's opening all-gather orders its resets
-    // and ring reuse; a combine writes only combine windows, which the last
-    // combine's barrier freed.
-    settle("low-latency dispatch", false);
+    endLowLatency(0, nullptr);
     return d;
   }
 
@@ -798,15 +849,31 @@ class GpuBuffer {
     const Shape& sh = l_.shape;
     checkCall(true, h.tokens, "lowLatencyCombine");
     const size_t L = size_t(sh.localExperts()), R = size_t(sh.ranks);
-    if (h.count.size() != L || h.range.size() != L * R || h.srcToken.size() != L * R * size_t(maxTokens_))
+    if (h.count.size() != L || h.range.size() != L * R || h.srcToken.size() != L * R * size_t(maxTokens_) ||
+        h.arrivals.size() != 1)
       throw std::invalid_argument("ep: lowLatencyCombine was given a handle that no dispatch of this buffer made");
-    startCombine("low-latency combine");
+    raiseEarlier();
+    clock_.start("low-latency combine");
     gpu::llReturnKernel<<<int(L * R) * z_.llSplit, kThreads, 0, st_>>>(l_, z_.llSplit, h.range.data(),
-                                                                       h.srcToken.data(), h.srcK.data(), y);
+                                                                       h.srcToken.data(), h.srcK.data(), y, failed());
     DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
-    finishCombine(h.arrivals, h.tokens, sh.topk, nullptr, topkIdx, topkWeights, nullptr, nullptr, out.data(),
-                  "low-latency combine");
+    gpu::llCombineWaitKernel<<<1, 1, 0, st_>>>(l_, h.arrivals.data(), failed());
+    if (h.tokens > 0)
+      gpu::sumKernel<<<std::min(h.tokens, 1024), kThreads, 0, st_>>>(l_, h.tokens, sh.topk, nullptr, topkIdx,
+                                                                     topkWeights, nullptr, nullptr, out.data(), {});
+    endLowLatency(1, h.arrivals.data());
     return out;
+  }
+
+  // Waits for the buffer's stream, then throws what an earlier call of this
+  // rank left behind (low-latency calls return before their work is done):
+  // a bad expert index, a wait that gave up, the communicator's error.
+  void synchronize() {
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    if (ll_)
+      raiseEarlier(true);
+    else
+      comm_.check();  // normal-mode calls wait and throw themselves
   }
 
  private:
@@ -828,6 +895,7 @@ class GpuBuffer {
   RecvState* rs_ = nullptr;
   char* recvMeta_ = nullptr;
   bool allLsa_ = true;  // every peer over lsa: tokens are read from the caller's x (Layer::xDirect)
+  unsigned long long* rounds_ = nullptr;  // low-latency mode: Layer::llRounds
 
   void* alloc(size_t bytes) { return mem_.alloc(bytes); }
   int* failed() const { return mem_.failed(); }
@@ -953,7 +1021,7 @@ class GpuBuffer {
   // The tokens into the x window (unless read from the caller's x,
   // Layer::xDirect), every signal of the layer reset, a synchronization,
   // then the opening all-gather (below). Returns every rank's lane counts
-  // (normal mode; empty in low latency).
+  // (normal mode only: low latency has neither reset nor barrier).
   std::vector<uint64_t> begin(const uint16_t* x, int tokens, Fp8Tokens f = {}) {
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     if (tokens > 0 && f.data)
@@ -962,10 +1030,10 @@ class GpuBuffer {
       gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
     gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
     GIN_CUDA_CHECK(cudaGetLastError());
-    if (!ll_) download(hostCounts(), sendCount_, lanes() * 8, false);
+    download(hostCounts(), sendCount_, lanes() * 8, false);
     download(hostWord(2), mem_.word(2), 16);  // arrivals, bad index
     clock_.mark("plan+pack+reset");
-    std::vector<uint64_t> all = agreeStart(tokens, *hostWord(3), ll_ ? 0 : lanes());
+    std::vector<uint64_t> all = agreeStart(tokens, *hostWord(3), lanes());
     clock_.mark("barrier");
     return all;
   }
@@ -978,7 +1046,6 @@ class GpuBuffer {
   // rank, [rank][counts].
   std::vector<uint64_t> agreeStart(int tokens, uint64_t bad, size_t counts = 0) {
     const size_t R = size_t(l_.shape.ranks), per = 2 + counts, me = size_t(comm_.rank());
-    const int K = l_.shape.topk;
     std::vector<uint64_t> words(R * per, 0);  // per rank: tokens, bad, counts
     words[me * per] = uint64_t(tokens);
     words[me * per + 1] = bad;
@@ -989,12 +1056,7 @@ class GpuBuffer {
       std::copy(words.begin() + std::ptrdiff_t(r * per + 2), words.begin() + std::ptrdiff_t((r + 1) * per),
                 all.begin() + std::ptrdiff_t(r * counts));
     for (int r = 0; r < int(R); ++r)
-      if (const uint64_t b = words[size_t(r) * per + 1])
-        throw std::invalid_argument("ep: rank " + std::to_string(r) + "'s token " +
-                                    std::to_string((b - 1) / uint64_t(K)) + " choice " +
-                                    std::to_string((b - 1) % uint64_t(K)) +
-                                    " names an expert outside -1 (no expert) .. " +
-                                    std::to_string(l_.shape.experts - 1));
+      if (const uint64_t b = words[size_t(r) * per + 1]) throw std::invalid_argument(badIndex(r, b));
     int64_t most = 0;
     int who = 0;
     for (int r = 0; r < int(R); ++r)
@@ -1024,6 +1086,44 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
   }
 
+  // "rank r's token t choice k names an expert outside ...", from 1 + t x K + k.
+  std::string badIndex(int rank, uint64_t b) const {
+    const uint64_t K = uint64_t(l_.shape.topk);
+    return "ep: rank " + std::to_string(rank) + "'s token " + std::to_string((b - 1) / K) + " choice " +
+           std::to_string((b - 1) % K) + " names an expert outside -1 (no expert) .. " +
+           std::to_string(l_.shape.experts - 1);
+  }
+
+  // A low-latency call's last kernel (llEndKernel: contexts flushed, round
+  // words advanced; `which` 0 dispatch, 1 combine), then its outcome words
+  // (failed wait, bad index) copied to the host for a later raiseEarlier.
+  void endLowLatency(int which, const unsigned long long* arrivals) {
+    gpu::llEndKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_, rounds_, which, arrivals);
+    GIN_CUDA_CHECK(cudaGetLastError());
+    GIN_CUDA_CHECK(cudaMemcpyAsync(host_, mem_.word(0), 32, cudaMemcpyDeviceToHost, st_));
+    clock_.mark("queued");
+    clock_.end();
+  }
+
+  // Throws what earlier calls of this rank left behind: a bad expert index
+  // of this rank, the communicator's error (a peer's, too), a wait that gave
+  // up. Cheap when there is none: two host words. Else (or `synced`: the
+  // stream was waited for) the stream is waited for first, so the words are
+  // those of every call queued; its waits end, the communicator aborting them.
+  void raiseEarlier(bool synced = false) {
+    const int failedWaits = *static_cast<volatile int*>(host_);
+    if (!synced && failedWaits == 0 && !comm_.hasError()) return;
+    if (!synced) GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    if (const uint64_t b = *static_cast<volatile unsigned long long*>(hostWord(3)))
+      throw std::invalid_argument(badIndex(comm_.rank(), b) +
+                                  " (in an earlier low-latency dispatch: that choice went nowhere and the "
+                                  "communicator stopped every rank; make a new one)");
+    comm_.check();
+    if (*static_cast<volatile int*>(host_))
+      throw std::runtime_error("ep: an earlier low-latency call: a wait gave up on rank " +
+                               std::to_string(comm_.rank()));
+  }
+
   // Waits for the stream; a device error of this rank, or a wait that gave
   // up, is thrown.
   void checkDone(const char* what) {
@@ -1034,19 +1134,17 @@ class GpuBuffer {
       throw std::runtime_error(std::string("ep: ") + what + ": a wait gave up on rank " + std::to_string(comm_.rank()));
   }
 
-  // A phase's end: every context flushed, the outcome checked, then (with
-  // `barrier`) a barrier: no rank reuses what a peer may still read (a
-  // combine window) or resets what a peer may still signal.
-  void settle(const char* what, bool barrier = true) {
+  // A normal combine's end: every context flushed, the outcome checked,
+  // then a barrier: no rank reuses what a peer may still read (a combine
+  // window) or resets what a peer may still signal.
+  void settle(const char* what) {
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
     checkDone(what);
     clock_.mark("kernels");
-    if (barrier) {
-      comm_.bootstrap().barrier();
-      clock_.mark("barrier");
-    }
+    comm_.bootstrap().barrier();
+    clock_.mark("barrier");
     clock_.end();
   }
 

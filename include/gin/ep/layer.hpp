@@ -65,8 +65,8 @@ struct Layer {
   Signals sig;
   gin::Window x;           // [T][tokenBytes] this rank's tokens (bf16)
   gin::Window meta;        // [T][maxDests][metaBytes] prepared metadata (normal)
-  gin::Window ring;        // [R][C][S][slotBytes] incoming rings (normal); [L][R][T][tokenBytes] (LL)
-  gin::Window counts;      // [R][C] uint64 tokens each source sends on each channel (normal); [L][R] (LL)
+  gin::Window ring;        // [R][C][S][slotBytes] incoming rings (normal); [2][L][R][T][llSlotBytes] (LL)
+  gin::Window counts;      // [R][C] uint64 tokens each source sends on each channel (normal); [2][L][R] (LL)
   gin::Window combine;     // [T][maxDests][H] float partials (normal); [T][K][H] float (LL)
   gin::Window partial;     // [maxRecv][H] float: this rank's expert outputs, the source of combine puts
   const int32_t* topkIdx;  // [T][K]
@@ -83,7 +83,16 @@ struct Layer {
   // the x window, which then holds nothing. Only where every peer is
   // lsa-reachable (a GPU driver sets it when every transport is lsa).
   const char* xDirect;
+  // Low-latency mode without resets (GpuBuffer): device words {dispatches,
+  // combines} this rank has finished, then the combine rows they summed. A
+  // dispatch's round r (its count of earlier dispatches, the same on every
+  // rank) picks half r % 2 of the ring and counts, and its count signals
+  // end at (r + 1) x llSenders. Null: round 0, signals reset before each call.
+  const unsigned long long* llRounds;
 };
+
+// This call's low-latency round (see Layer::llRounds).
+GIN_HD inline uint64_t llRound(const Layer& l) { return l.llRounds ? uint64_t(l.llRounds[0]) : 0; }
 
 // Put token t's row (rowBytes) to `peer`'s window w at `offset`: from the x
 // window, or stored straight from l.xDirect (every peer lsa-reachable).
@@ -440,13 +449,23 @@ GIN_HD void splitFp8Row(Coop coop, const char* row, uint8_t* data, float* scales
 // ---- low-latency mode -------------------------------------------------------
 //
 // Token t's k-th choice e (on rank d = e / L) is packed at position p (the
-// running count of this rank's tokens for e) of d's buffer [e % L][me][.]:
-// 16 bytes {t, k}, then the token. All of expert e's traffic uses context
-// e % nContexts, so the count that follows (putValue into d's counts[e % L][me],
-// then SignalAdd on llCount(e % L, me)) is ordered after the payloads.
+// running count of this rank's tokens for e) of d's buffer [h][e % L][me][.]
+// (h: the round's half): 16 bytes {t, k}, then the token. All of expert e's
+// traffic uses context e % nContexts, so the count that follows (putValue
+// into d's counts[h][e % L][me], then SignalAdd on llCount(e % L, me)) is
+// ordered after the payloads.
+//
+// Why two halves are enough without a barrier: a sender's dispatch of round
+// r + 2 starts after its round r + 1 wait, which needs the counts of every
+// rank's round r + 1 dispatch kernel, which each rank queues after it
+// unpacked round r: nobody writes half r % 2 before its reader is done.
 GIN_HD inline size_t llSlotBytes(const Shape& sh) { return 16 + sh.tokenBytes(); }
-GIN_HD inline size_t llSlot(const Shape& sh, int localExpert, int src, size_t p) {
-  return ((size_t(localExpert) * sh.ranks + size_t(src)) * sh.tokens + p) * llSlotBytes(sh);
+GIN_HD inline size_t llSlot(const Shape& sh, uint64_t round, int localExpert, int src, size_t p) {
+  const size_t pair = size_t(round & 1) * size_t(sh.localExperts()) * sh.ranks + size_t(localExpert) * sh.ranks;
+  return ((pair + size_t(src)) * sh.tokens + p) * llSlotBytes(sh);
+}
+GIN_HD inline size_t llCountAt(const Shape& sh, uint64_t round, int localExpert, int src) {
+  return ((size_t(round & 1) * size_t(sh.localExperts()) + size_t(localExpert)) * sh.ranks + size_t(src)) * 8;
 }
 // FP8 low-latency dispatch: where scale g of a local expert's packed row
 // `row` goes in the returned scales, DeepEP's [L][H / 128][R x Tmax].
@@ -466,11 +485,11 @@ GIN_HD void llDispatchExpert(const Layer& l, int e, int part, int parts, Coop co
   const int L = sh.localExperts(), d = e / L;
   gin::Net<> net(l.dc, e % l.dc.nContexts);
   const gin::Team world = gin::teamWorld(l.dc);
-  const uint64_t n = l.sendCount[e];
+  const uint64_t n = l.sendCount[e], round = llRound(l);
   for (uint64_t p = uint64_t(part); p < n; p += uint64_t(parts)) {
     const uint32_t tk = l.sendList[size_t(e) * size_t(sh.tokens) + size_t(p)];
     const size_t t = tk & 0xffffffu, k = tk >> 24;
-    const size_t at = llSlot(sh, e % L, l.dc.rank, size_t(p));
+    const size_t at = llSlot(sh, round, e % L, l.dc.rank, size_t(p));
     net.put(world, d, l.ring, at, l.meta, (t * size_t(sh.topk) + k) * 16, 16, gin::None{}, gin::None{}, coop);
     putToken(l, net, d, l.ring, at + 16, t, coop);
   }
@@ -487,8 +506,7 @@ GIN_HD void llDispatchCount(const Layer& l, int e, Coop coop) {
   const Shape& sh = l.shape;
   const int L = sh.localExperts(), d = e / L;
   gin::Net<> net(l.dc, e % l.dc.nContexts);
-  const size_t countAt = (size_t(e % L) * sh.ranks + size_t(l.dc.rank)) * 8;
-  net.putValue(gin::teamWorld(l.dc), d, l.counts, countAt, l.sendCount[e],
+  net.putValue(gin::teamWorld(l.dc), d, l.counts, llCountAt(sh, llRound(l), e % L, l.dc.rank), l.sendCount[e],
                gin::SignalAdd{l.sig.llCount(e % L, l.dc.rank), 1}, coop);
 }
 
@@ -502,9 +520,10 @@ template <class Coop>
 GIN_HD bool llWaitDispatch(const Layer& l, Coop coop) {
   const int L = l.shape.localExperts(), R = l.shape.ranks;
   gin::Net<> net(l.dc, 0);
+  const uint64_t want = (llRound(l) + 1) * uint64_t(l.shape.llSenders);
   bool ok = true;
   for (int i = coop.rank(); i < L * R && ok; i += coop.size())
-    ok = net.waitSignal(gin::CoopThread{}, l.sig.llCount(i / R, i % R), uint64_t(l.shape.llSenders));
+    ok = net.waitSignal(gin::CoopThread{}, l.sig.llCount(i / R, i % R), want);
   return coop.syncAll(ok);
 }
 
@@ -516,13 +535,14 @@ template <class Coop>
 GIN_HD bool llExpertAndCombine(const Layer& l, int el, int src, int part, int parts, Coop coop) {
   const Shape& sh = l.shape;
   gin::Net<> net(l.dc, (l.dc.rank * sh.localExperts() + el) % l.dc.nContexts);
-  if (!net.waitSignal(coop, l.sig.llCount(el, src), uint64_t(sh.llSenders))) return false;
-  const uint64_t n = gin::volatileLoad(
-      static_cast<const uint64_t*>(gin::localPointer(l.counts, (size_t(el) * sh.ranks + size_t(src)) * 8)));
+  const uint64_t round = llRound(l);
+  if (!net.waitSignal(coop, l.sig.llCount(el, src), (round + 1) * uint64_t(sh.llSenders))) return false;
+  const uint64_t n =
+      gin::volatileLoad(static_cast<const uint64_t*>(gin::localPointer(l.counts, llCountAt(sh, round, el, src))));
   const float scale = expertScale(l.dc.rank * sh.localExperts() + el);
   const size_t rowBytes = size_t(sh.hidden) * 4;
   for (size_t p = size_t(part); p < n; p += size_t(parts)) {
-    const char* slot = static_cast<const char*>(gin::localPointer(l.ring, llSlot(sh, el, src, p)));
+    const char* slot = static_cast<const char*>(gin::localPointer(l.ring, llSlot(sh, round, el, src, p)));
     const uint32_t t = gin::volatileLoad(reinterpret_cast<const uint32_t*>(slot));
     const uint32_t k = gin::volatileLoad(reinterpret_cast<const uint32_t*>(slot) + 1);
     const size_t row = (size_t(el) * sh.ranks + size_t(src)) * sh.tokens + p;

@@ -29,7 +29,8 @@ struct Shape {
   int batch = 1;
   // Low-latency mode: senders per expert (CTAs per expert on a GPU). Each
   // puts a share of the expert's tokens and then the count with a SignalAdd
-  // of 1; a receiver waits for the count signal to reach llSenders.
+  // of 1; a receiver waits for the count signal to reach llSenders (times
+  // the call's round where signals are not reset: Layer::llRounds).
   int llSenders = 4;
   // The tokens of this call travel as FP8 (gin/ep/fp8.hpp: H e4m3 bytes and
   // H / 128 float scales) instead of bf16: set per call on the layer (the
@@ -73,6 +74,9 @@ struct Signals {
   GIN_HD uint32_t end() const { return base + 2 + uint32_t(2 * ranks * channels); }
   // Low-latency mode: one count signal per (local expert, source).
   GIN_HD uint32_t llCount(int localExpert, int src) const { return base + 2 + uint32_t(localExpert * ranks + src); }
+  // Low-latency mode without resets: combines summed, one SignalAdd from
+  // every rank per combine (normal mode's count signal, which it leaves unused).
+  GIN_HD uint32_t llSummed() const { return base; }
 };
 
 }  // namespace gin::ep
