@@ -39,6 +39,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -273,15 +274,15 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
 // (tokens T..Tmax-1 choose no expert), without the host. A block per expert
 // e over the tokens in order, a thread per token: the (t, k) pairs with
 // idx[t][k] == e, in (t, k) order, at sendList[e][p] = t | k << 24 (a
-// block-wide scan of each chunk's counts), sendCount[e] of them; *arrivals
-// += pairs; block 0 sets *bad to 1 + the position (token x K + choice) of
+// block-wide scan of each chunk's counts), sendCount[e] of them; block 0
+// sets *bad to 1 + the position (token x K + choice) of
 // an index outside -1..E-1, the first one any thread saw (that choice goes
 // nowhere), and records it as the communicator's error: every rank's waits
 // end and every later call throws (GpuBuffer::raiseEarlier). (The meta
 // window's {t, k} records are the same every call: the constructor writes
 // them.)
 __global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, uint32_t* sendList, uint64_t* sendCount,
-                             unsigned long long* arrivals, unsigned long long* bad) {
+                             unsigned long long* bad) {
   const Shape& sh = l.shape;
   const int K = sh.topk, E = sh.experts, e = int(blockIdx.x), Tmax = sh.tokens;
   const int lane = int(threadIdx.x % 32), warp = int(threadIdx.x / 32), warps = int(blockDim.x / 32);
@@ -316,10 +317,7 @@ __global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, uint32_t* 
     base += chunk;
     __syncthreads();  // warpSum is read before the next chunk writes it
   }
-  if (threadIdx.x == 0) {
-    sendCount[e] = base;
-    if (base) ::atomicAdd(arrivals, static_cast<unsigned long long>(base));
-  }
+  if (threadIdx.x == 0) sendCount[e] = base;
 }
 
 // A thread per received position: its source (srcBase[r]: the first
@@ -415,17 +413,29 @@ __global__ void sumKernel(Layer l, int tokens, int stride, const int* rows, cons
   }
 }
 
-// Low-latency mode, after llWaitKernel: a block per (local expert el,
-// source src) packs that source's rows into x [el][R * Tmax] after the
-// rows of sources before it (FP8: into xFp8, and the scales into xScales
+// Low-latency mode: a block per (local expert el, source src) waits for
+// the counts of sources 0..src for el (llWaitDispatch's signals, a thread
+// each), then packs src's rows into x [el][R * Tmax] after the rows of the
+// sources before it (FP8: into xFp8, and the scales into xScales
 // [el][H / 128][R * Tmax]), with their token and choice, and the layout
 // range; the block of the last source writes the expert's count.
 __global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScales, int* count, int64_t* range,
-                               int* srcToken, int* srcK) {
+                               int* srcToken, int* srcK, int* failed) {
   const Shape& sh = l.shape;
   const int R = sh.ranks, el = int(blockIdx.x) / R, src = int(blockIdx.x) % R;
   const size_t H = size_t(sh.hidden), Tmax = size_t(sh.tokens);
   const uint64_t round = llRound(l);
+  __shared__ int arrived;
+  if (threadIdx.x == 0) arrived = 1;
+  __syncthreads();
+  if (int(threadIdx.x) <= src &&
+      !gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.llCount(el, int(threadIdx.x)),
+                                      (round + 1) * uint64_t(sh.llSenders))) {
+    arrived = 0;
+    ::atomicAdd(failed, 1);
+  }
+  __syncthreads();
+  if (!arrived) return;
   const auto* counts = static_cast<const uint64_t*>(gin::localPointer(l.counts, llCountAt(sh, round, el, 0)));
   uint64_t begin = 0;
   for (int s = 0; s < src; ++s) begin += gin::volatileLoad(counts + s);
@@ -493,19 +503,30 @@ __global__ void llCombineWaitKernel(Layer l, const unsigned long long* arrivals,
 // A low-latency call's last kernel, a block per context: every context
 // flushed (the sources of its puts, the x window and partial, may be written
 // again), and on block 0 the round words advanced: `which` 0 after a
-// dispatch; 1 after a combine, which also adds its rows (*arrivals) and
-// tells every rank (SignalAdd of 1 on llSummed) that its sum is done.
-// Every earlier kernel of the call has ended, so none reads a word moving.
-__global__ void llEndKernel(Layer l, unsigned long long* rounds, int which, const unsigned long long* arrivals) {
+// dispatch, which also sets *arrivals to the pairs it sent (the rows its
+// combine gets back); 1 after a combine, which adds them to rounds[2] and
+// tells every rank (SignalAdd of 1 on llSummed) that its sum is done. Then
+// the outcome words (failed waits, bad index) to host memory, `status`,
+// for a later GpuBuffer::raiseEarlier. Every earlier kernel of the call has
+// ended, so none reads a word moving.
+__global__ void llEndKernel(Layer l, unsigned long long* rounds, int which, unsigned long long* arrivals,
+                            const int* failed, const unsigned long long* bad, volatile unsigned long long* status) {
   gin::Net<> net(l.dc, int(blockIdx.x));
   if (blockIdx.x == 0 && which == 1)
     for (int d = 0; d < l.shape.ranks; ++d)
       net.signal(gin::teamWorld(l.dc), d, gin::SignalAdd{l.sig.llSummed(), 1}, gin::CoopThread{});
   net.flush(gin::CoopThread{});
-  if (blockIdx.x == 0) {
-    rounds[which] += 1;
-    if (which == 1) rounds[2] += *arrivals;
+  if (blockIdx.x != 0) return;
+  rounds[which] += 1;
+  if (which == 0) {
+    unsigned long long pairs = 0;
+    for (int e = 0; e < l.shape.experts; ++e) pairs += l.sendCount[e];
+    *arrivals = pairs;
+  } else {
+    rounds[2] += *arrivals;
   }
+  status[0] = static_cast<unsigned long long>(*failed);
+  status[1] = *bad;
 }
 
 }  // namespace gpu
@@ -561,6 +582,7 @@ struct Parts {
 class GpuBuffer {
  public:
   static constexpr int kThreads = 256;
+  static_assert(kThreads >= 64, "llUnpackKernel has a thread per source rank (at most 64)");
 
   // As CpuBuffer's: shape.tokens is the most tokens a call may bring (the
   // same on every rank); lowLatency picks the mode. shape.channels or
@@ -587,7 +609,11 @@ class GpuBuffer {
     // Pinned: the scratch words' copies, this rank's lane counts and its
     // tokens per local expert (downloaded), the receive list's layout
     // (uploaded, as layout_).
-    GIN_CUDA_CHECK(cudaHostAlloc(&host_, hostBytes(), cudaHostAllocDefault));
+    GIN_CUDA_CHECK(cudaHostAlloc(&host_, hostBytes(), cudaHostAllocMapped));
+    std::memset(host_, 0, hostBytes());
+    void* status = nullptr;
+    GIN_CUDA_CHECK(cudaHostGetDevicePointer(&status, hostWord(4), 0));
+    llStatus_ = static_cast<unsigned long long*>(status);
     layout_ = alloc(layoutBytes());
     rs_ = static_cast<RecvState*>(layout_);
     for (int r = 0; r < comm.nRanks(); ++r) allLsa_ = allLsa_ && comm.transportTo(r) == gin::Transport::Lsa;
@@ -815,30 +841,36 @@ class GpuBuffer {
     GpuLlDispatched d;
     GpuLlHandle& h = d.handle;
     h.tokens = tokens;
-    h.arrivals = deviceArray<unsigned long long>(1);
     // The plan on the GPU (tokens past T choose no expert: the layout is the
     // same on every rank), the tokens packed where a peer is not lsa.
-    GIN_CUDA_CHECK(cudaMemsetAsync(h.arrivals.data(), 0, 8, st_));
-    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens, sendList_, sendCount_,
-                                                        h.arrivals.data(), mem_.word(3));
+    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens, sendList_, sendCount_, mem_.word(3));
     if (tokens > 0 && l_.xDirect == nullptr)
       gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
     gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
-    gpu::llWaitKernel<<<1, kThreads, 0, st_>>>(l_, failed());
+    // What it returns, in one allocation (each a call of the allocator).
+    const size_t rows = L * R * Tmax;
+    Parts parts;
+    const size_t xAt = parts.add<char>(rows * (useFp8 ? H : H * 2));
+    const size_t scalesAt = parts.add<float>(useFp8 ? rows * (H / kFp8Group) : 0);
+    const size_t countAt = parts.add<int>(L), rangeAt = parts.add<int64_t>(L * R);
+    const size_t tokenAt = parts.add<int>(rows), kAt = parts.add<int>(rows);
+    const size_t arrivalsAt = parts.add<unsigned long long>(1);
+    const DeviceArray<char> all = deviceArray<char>(parts.bytes);
     if (useFp8) {
-      d.xFp8 = deviceArray<uint8_t>(L * R * Tmax * H);
-      d.xScales = deviceArray<float>(L * R * Tmax * (H / kFp8Group));
+      d.xFp8 = DeviceArray<uint8_t>(all, xAt, rows * H);
+      d.xScales = DeviceArray<float>(all, scalesAt, rows * (H / kFp8Group));
     } else {
-      d.x = deviceArray<uint16_t>(L * R * Tmax * H);
+      d.x = DeviceArray<uint16_t>(all, xAt, rows * H);
     }
-    h.count = deviceArray<int>(L);
-    h.range = deviceArray<int64_t>(L * R);
-    h.srcToken = deviceArray<int>(L * R * Tmax);
-    h.srcK = deviceArray<int>(L * R * Tmax);
-    gpu::llUnpackKernel<<<int(L * R), kThreads, 0, st_>>>(l_, d.x.data(), d.xFp8.data(), d.xScales.data(),
-                                                          h.count.data(), h.range.data(), h.srcToken.data(),
-                                                          h.srcK.data());
-    endLowLatency(0, nullptr);
+    h.count = DeviceArray<int>(all, countAt, L);
+    h.range = DeviceArray<int64_t>(all, rangeAt, L * R);
+    h.srcToken = DeviceArray<int>(all, tokenAt, rows);
+    h.srcK = DeviceArray<int>(all, kAt, rows);
+    h.arrivals = DeviceArray<unsigned long long>(all, arrivalsAt, 1);
+    gpu::llUnpackKernel<<<int(L * R), kThreads, 0, st_>>>(  // kThreads >= R: a thread per source
+        l_, d.x.data(), d.xFp8.data(), d.xScales.data(), h.count.data(), h.range.data(), h.srcToken.data(),
+        h.srcK.data(), failed());
+    endLowLatency(0, h.arrivals.data());
     return d;
   }
 
@@ -886,7 +918,10 @@ class GpuBuffer {
   PhaseClock clock_{comm_.rank()};
   cudaMemPool_t pool_ = nullptr;
   DeviceAllocator alloc_;
-  void* host_ = nullptr;  // pinned: mem_'s words (failed, -, arrivals, bad), hostCounts(), hostLayout(), hostPerExpert()
+  // Pinned: mem_'s words (failed, -, arrivals, bad), the low-latency
+  // status (llStatus_), hostCounts(), hostLayout(), hostPerExpert().
+  void* host_ = nullptr;
+  unsigned long long* llStatus_ = nullptr;  // hostWord(4), as a device address
   gpu::DeviceAllocs mem_;
   int* perExpert_ = nullptr;
   uint32_t* sendList_ = nullptr;
@@ -1095,12 +1130,12 @@ class GpuBuffer {
   }
 
   // A low-latency call's last kernel (llEndKernel: contexts flushed, round
-  // words advanced; `which` 0 dispatch, 1 combine), then its outcome words
-  // (failed wait, bad index) copied to the host for a later raiseEarlier.
-  void endLowLatency(int which, const unsigned long long* arrivals) {
-    gpu::llEndKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_, rounds_, which, arrivals);
+  // words advanced, the outcome words to the host; `which` 0 dispatch, 1
+  // combine).
+  void endLowLatency(int which, unsigned long long* arrivals) {
+    gpu::llEndKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_, rounds_, which, arrivals, failed(), mem_.word(3),
+                                                     llStatus_);
     GIN_CUDA_CHECK(cudaGetLastError());
-    GIN_CUDA_CHECK(cudaMemcpyAsync(host_, mem_.word(0), 32, cudaMemcpyDeviceToHost, st_));
     clock_.mark("queued");
     clock_.end();
   }
@@ -1111,15 +1146,15 @@ class GpuBuffer {
   // stream was waited for) the stream is waited for first, so the words are
   // those of every call queued; its waits end, the communicator aborting them.
   void raiseEarlier(bool synced = false) {
-    const int failedWaits = *static_cast<volatile int*>(host_);
-    if (!synced && failedWaits == 0 && !comm_.hasError()) return;
+    volatile unsigned long long* status = hostWord(4);  // llStatus_ as the host sees it: failed waits, bad index
+    if (!synced && status[0] == 0 && !comm_.hasError()) return;
     if (!synced) GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
-    if (const uint64_t b = *static_cast<volatile unsigned long long*>(hostWord(3)))
+    if (const uint64_t b = status[1])
       throw std::invalid_argument(badIndex(comm_.rank(), b) +
                                   " (in an earlier low-latency dispatch: that choice went nowhere and the "
                                   "communicator stopped every rank; make a new one)");
     comm_.check();
-    if (*static_cast<volatile int*>(host_))
+    if (status[0])
       throw std::runtime_error("ep: an earlier low-latency call: a wait gave up on rank " +
                                std::to_string(comm_.rank()));
   }
