@@ -33,6 +33,14 @@ void need(const torch::Tensor& t, torch::ScalarType type, int64_t dims, const ch
                                 "-d CUDA tensor of " + std::string(c10::toString(type)));
 }
 
+// Top-k indices as low-latency calls take them: a contiguous 2-d CUDA
+// tensor of int64 (as torch.topk makes them; returns true) or int32.
+bool needIndices(const torch::Tensor& idx) {
+  const bool wide = idx.scalar_type() == torch::kInt64;
+  need(idx, wide ? torch::kInt64 : torch::kInt32, 2, "topk_idx (int64 or int32)");
+  return wide;
+}
+
 class Runtime {
  public:
   Runtime(const py::bytes& id, int rank, int nRanks, int device, bool lowLatency, int channels)
@@ -110,13 +118,13 @@ class Runtime {
   py::tuple lowLatencyDispatch(uint64_t stream, const torch::Tensor& x, const torch::Tensor& idx, int maxTokens,
                                int experts, int ranks, bool useFp8) {
     need(x, torch::kBFloat16, 2, "x");
-    need(idx, torch::kInt32, 2, "topk_idx (as int32)");
+    const bool idx64 = needIndices(idx);
     const int T = int(x.size(0)), H = int(x.size(1)), K = int(idx.size(1));
     if (idx.size(0) != T) throw std::invalid_argument("gin_ep: x and topk_idx must have the same number of tokens");
     gin_ep_rt::LlDispatched d;
     {
       py::gil_scoped_release nogil;
-      d = rt_.lowLatencyDispatch(stream, x.data_ptr(), idx.data_ptr<int32_t>(), T, maxTokens, H, experts, K, useFp8);
+      d = rt_.lowLatencyDispatch(stream, x.data_ptr(), idx.data_ptr(), idx64, T, maxTokens, H, experts, K, useFp8);
     }
     const int64_t L = experts / ranks, rows = int64_t(ranks) * maxTokens;
     py::object recv = useFp8 ? py::object(py::make_tuple(
@@ -131,13 +139,12 @@ class Runtime {
   torch::Tensor lowLatencyCombine(uint64_t stream, const torch::Tensor& y, const torch::Tensor& idx,
                                   const torch::Tensor& w, const py::capsule& handle) {
     need(y, torch::kBFloat16, 3, "x");
-    need(idx, torch::kInt32, 2, "topk_idx (as int32)");
+    const bool idx64 = needIndices(idx);
     need(w, torch::kFloat32, 2, "topk_weights");
     Array a;
     {
       py::gil_scoped_release nogil;
-      a = rt_.lowLatencyCombine(stream, y.data_ptr(), idx.data_ptr<int32_t>(), w.data_ptr<float>(),
-                                handleOf(handle));
+      a = rt_.lowLatencyCombine(stream, y.data_ptr(), idx.data_ptr(), idx64, w.data_ptr<float>(), handleOf(handle));
     }
     return tensorOf(a, torch::kBFloat16, {int64_t(a.count) / y.size(2), y.size(2)});
   }

@@ -203,14 +203,16 @@ Array Runtime::combine(uintptr_t stream, const void* y, const std::shared_ptr<vo
                                 static_cast<const uint16_t*>(bias1)));
 }
 
-LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const int32_t* idx, int tokens,
+LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const void* idx, bool idx64, int tokens,
                                          int maxTokens, int hidden, int experts, int topk, bool useFp8) {
   State& s = *s_;
   if (s.buf && s.shape.tokens != maxTokens) s.buf.reset();  // the packed layout is per maxTokens
   gin::ep::GpuBuffer& buf = s.bufferFor(maxTokens, hidden, experts, topk);
   s.follow(stream);
+  const auto* xs = static_cast<const uint16_t*>(x);
   auto h = std::make_shared<gin::ep::GpuLlDispatched>(
-      buf.lowLatencyDispatch(static_cast<const uint16_t*>(x), idx, nullptr, tokens, useFp8));
+      idx64 ? buf.lowLatencyDispatch(xs, static_cast<const int64_t*>(idx), nullptr, tokens, useFp8)
+            : buf.lowLatencyDispatch(xs, static_cast<const int32_t*>(idx), nullptr, tokens, useFp8));
   LlDispatched out;
   out.x = useFp8 ? arrayOf(h->xFp8) : arrayOf(h->x);
   out.xScales = arrayOf(h->xScales);
@@ -222,14 +224,16 @@ LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const 
   return out;
 }
 
-Array Runtime::lowLatencyCombine(uintptr_t stream, const void* y, const int32_t* idx, const float* weights,
+Array Runtime::lowLatencyCombine(uintptr_t stream, const void* y, const void* idx, bool idx64, const float* weights,
                                  const std::shared_ptr<void>& handle) {
   State& s = *s_;
   const auto* h = static_cast<const gin::ep::GpuLlHandle*>(handle.get());
   if (!h || !s.buf || !s.ll)
     throw std::invalid_argument("gin_ep: low_latency_combine needs a handle of this buffer's low_latency_dispatch");
   s.follow(stream);
-  Array out = arrayOf(s.buf->lowLatencyCombine(static_cast<const uint16_t*>(y), idx, weights, *h));
+  const auto* ys = static_cast<const uint16_t*>(y);
+  Array out = arrayOf(idx64 ? s.buf->lowLatencyCombine(ys, static_cast<const int64_t*>(idx), weights, *h)
+                            : s.buf->lowLatencyCombine(ys, static_cast<const int32_t*>(idx), weights, *h));
   s.join(stream);
   return out;
 }

@@ -75,9 +75,10 @@ class Runtime {
 
   // Low-latency mode: tokens at most maxTokens (the same on every rank).
   // useFp8: the tokens are quantized (gin/ep/fp8.hpp) and arrive as FP8.
-  LlDispatched lowLatencyDispatch(uintptr_t stream, const void* x, const int32_t* idx, int tokens, int maxTokens,
-                                  int hidden, int experts, int topk, bool useFp8);
-  Array lowLatencyCombine(uintptr_t stream, const void* y, const int32_t* idx, const float* weights,
+  // idx: the top-k indices, int64 where idx64, else int32.
+  LlDispatched lowLatencyDispatch(uintptr_t stream, const void* x, const void* idx, bool idx64, int tokens,
+                                  int maxTokens, int hidden, int experts, int topk, bool useFp8);
+  Array lowLatencyCombine(uintptr_t stream, const void* y, const void* idx, bool idx64, const float* weights,
                           const std::shared_ptr<void>& handle);
 
  private:

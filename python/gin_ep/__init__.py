@@ -78,6 +78,14 @@ class _GinHandle:
         self.topk_weights = topk_weights
 
 
+def _indices(topk_idx):
+    """Top-k indices as the low-latency calls take them: int64 (DeepEP's, torch.topk's) or int32, as they
+    are when contiguous (no copy); else as int64."""
+    if topk_idx.dtype in (torch.int64, torch.int32) and topk_idx.is_contiguous():
+        return topk_idx
+    return topk_idx.long().contiguous()
+
+
 def _event(async_finish):
     """As DeepEP's: an event on the current stream with async_finish, else none (gin's calls
     return when their work is done, so there is nothing to wait for)."""
@@ -233,7 +241,7 @@ class Buffer:
             raise NotImplementedError("gin_ep: FP8 with round_scale or use_ue8m0 is not implemented yet; gin's "
                                       "scales are amax / 448 in float32")
         recv_x, count, layout, src_info, gin_handle = self.runtime.low_latency_dispatch(
-            _stream(), x, topk_idx.int().contiguous(), num_max_dispatch_tokens_per_rank, num_experts,
+            _stream(), x, _indices(topk_idx), num_max_dispatch_tokens_per_rank, num_experts,
             self.group_size, use_fp8)
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats += count
@@ -245,7 +253,7 @@ class Buffer:
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False,
                             async_finish=False, return_recv_hook=False, out=None):
         """Returns (combined_x, event, hook): per token the sum over its choices of weight x row."""
-        combined = self.runtime.low_latency_combine(_stream(), x.contiguous(), topk_idx.int().contiguous(),
+        combined = self.runtime.low_latency_combine(_stream(), x.contiguous(), _indices(topk_idx),
                                                     topk_weights.float().contiguous(), handle[-1].capsule)
         if out is not None:
             out.copy_(combined)

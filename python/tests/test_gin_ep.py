@@ -255,11 +255,13 @@ def check_low_latency(buf, rank, R, H, E, K, tmax, dev):
 
 def check_low_latency_queued(buf, rank, R, H, E, K, tmax, dev):
     """Calls that return before their work is done, queued with nothing read in between (two dispatches
-    in flight, then their combines, then alternating), on a stream of the caller's own; checked after."""
+    in flight, then their combines, then alternating), on a stream of the caller's own; checked after.
+    Odd rounds pass their top-k indices as int32, even rounds as torch.topk makes them (int64)."""
     L = E // R
     n_tokens = lambda r, rnd: max(0, tmax - (r * 5 + rnd * 3) % 9)  # noqa: E731
     rounds = [[make_inputs(r, n_tokens(r, rnd), H, E, K, 51 + rnd) for r in range(R)] for rnd in range(5)]
     mine = [tuple(t.to(dev) for t in rnd[rank]) for rnd in rounds]
+    mine = [(x, idx.int() if n % 2 else idx, w) for n, (x, idx, w) in enumerate(mine)]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     got = {}

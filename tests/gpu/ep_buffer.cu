@@ -360,7 +360,8 @@ __global__ void llExpertsKernel(const uint16_t* x, const int* count, uint16_t* y
 // Low-latency calls queue without any host synchronization: rounds whose
 // dispatches and combines interleave (two dispatches in flight, then their
 // combines; alternating; three in a row), the experts as a kernel on the
-// same stream, everything read back and checked at the end.
+// same stream, everything read back and checked at the end. Odd rounds
+// pass their top-k indices as int64, even rounds as int32.
 void runQueued(const gintest::ep::Case& c) {
   CommConfig cfg = gputest::gpuConfig();
   cfg.transport = c.tr;
@@ -378,12 +379,14 @@ void runQueued(const gintest::ep::Case& c) {
         std::vector<std::vector<gin::ep::Inputs>> all;
         std::vector<gin::ep::DeviceArray<uint16_t>> x, y, out(static_cast<size_t>(rounds));
         std::vector<gin::ep::DeviceArray<int32_t>> idx;
+        std::vector<gin::ep::DeviceArray<int64_t>> idx64;
         std::vector<gin::ep::DeviceArray<float>> w;
         for (int r = 0; r < rounds; ++r) {
           all.push_back(gintest::ep::roundInputs(c, sh, r));
           const gin::ep::Inputs& in = all.back()[size_t(me)];
           x.push_back(upload(buf, in.x, st));
           idx.push_back(upload(buf, in.idx, st));
+          idx64.push_back(upload(buf, std::vector<int64_t>(in.idx.begin(), in.idx.end()), st));
           w.push_back(upload(buf, in.weight, st));
           y.push_back(buf.deviceArray<uint16_t>(size_t(L) * rowsPerExpert * H));
         }
@@ -391,13 +394,16 @@ void runQueued(const gintest::ep::Case& c) {
         for (int op : order) {
           const size_t r = size_t(op < 0 ? -op : op) - 1;
           const int T = gintest::ep::tokensOf(c, me, int(r));
+          const bool wide = r % 2 == 1;
           if (op > 0) {
-            d[r] = buf.lowLatencyDispatch(x[r].data(), idx[r].data(), w[r].data(), T);
+            d[r] = wide ? buf.lowLatencyDispatch(x[r].data(), idx64[r].data(), w[r].data(), T)
+                        : buf.lowLatencyDispatch(x[r].data(), idx[r].data(), w[r].data(), T);
             llExpertsKernel<<<64, 256, 0, st>>>(d[r].x.data(), d[r].handle.count.data(), y[r].data(), L,
                                                 rowsPerExpert, H, me);
             GPU_CHECK(cudaGetLastError());
           } else {
-            out[r] = buf.lowLatencyCombine(y[r].data(), idx[r].data(), w[r].data(), d[r].handle);
+            out[r] = wide ? buf.lowLatencyCombine(y[r].data(), idx64[r].data(), w[r].data(), d[r].handle)
+                          : buf.lowLatencyCombine(y[r].data(), idx[r].data(), w[r].data(), d[r].handle);
           }
         }
         buf.synchronize();

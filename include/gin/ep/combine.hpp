@@ -60,10 +60,11 @@ GIN_HD void rowsReturned(const Layer& l, int src, uint64_t n, int ctx, Coop coop
 // idx skips j where idx[j] < 0 (no expert), no weight means 1, no bias none.
 // Normal combine: a token's rows in its combine window (combineRowOffset),
 // its rows count, biases; low latency: its K rows (llRowOffset), top-k
-// indices and weights. swapRow non-null: row swapJ is read from there
-// instead (a GPU rank's row from itself, never copied into its window).
-template <class Coop>
-GIN_HD void sumRows(const uint16_t* rows, size_t H, int n, const int32_t* idx, const float* weight,
+// indices and weights (int32 or int64, as the caller has them). swapRow
+// non-null: row swapJ is read from there instead (a GPU rank's row from
+// itself, never copied into its window).
+template <class Coop, class Idx>
+GIN_HD void sumRows(const uint16_t* rows, size_t H, int n, const Idx* idx, const float* weight,
                     const uint16_t* bias0, const uint16_t* bias1, uint16_t* out, Coop coop, int swapJ = -1,
                     const uint16_t* swapRow = nullptr) {
   size_t done = 0;

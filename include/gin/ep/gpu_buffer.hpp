@@ -42,6 +42,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gin/ep/buffer.hpp"
@@ -281,7 +282,8 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
 // end and every later call throws (GpuBuffer::raiseEarlier). (The meta
 // window's {t, k} records are the same every call: the constructor writes
 // them.)
-__global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, uint32_t* sendList, uint64_t* sendCount,
+template <class Idx>
+__global__ void llPlanKernel(Layer l, const Idx* idx, int tokens, uint32_t* sendList, uint64_t* sendCount,
                              unsigned long long* bad) {
   const Shape& sh = l.shape;
   const int K = sh.topk, E = sh.experts, e = int(blockIdx.x), Tmax = sh.tokens;
@@ -293,10 +295,10 @@ __global__ void llPlanKernel(Layer l, const int32_t* idx, int tokens, uint32_t* 
     uint32_t mine = 0;  // bit k: idx[t][k] == e
     if (t < tokens)
       for (int k = 0; k < K; ++k) {
-        const int x = idx[size_t(t) * K + k];
+        const int64_t x = int64_t(idx[size_t(t) * K + k]);
         if (x == e) mine |= 1u << k;
         if (e == 0 && (x < -1 || x >= E) && ::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k) == 0ull)
-          gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, uint64_t(t) * K + k, uint64_t(E), uint64_t(int64_t(x)));
+          gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, uint64_t(t) * K + k, uint64_t(E), uint64_t(x));
       }
     // Exclusive scan of the pair counts over the chunk's threads.
     const uint32_t n = uint32_t(__popc(mine));
@@ -493,14 +495,29 @@ __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const i
   rc.signal(l, ctx);
 }
 
-// Low-latency combine: wait until this call's rows are here, the combine
-// signal at the rows earlier combines summed (rounds[2]) plus *arrivals.
-__global__ void llCombineWaitKernel(Layer l, const unsigned long long* arrivals, int* failed) {
-  const uint64_t want = uint64_t(l.llRounds[2]) + uint64_t(*arrivals);
-  if (!gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(), want)) ::atomicAdd(failed, 1);
+// Low-latency combine: each block waits until this call's rows are here
+// (the combine signal at the rows earlier combines summed, rounds[2], plus
+// *arrivals), then sumKernel's sums with the top-k indices and weights.
+template <class Idx>
+__global__ void llSumKernel(Layer l, int tokens, const unsigned long long* arrivals, const Idx* idx,
+                            const float* weight, uint16_t* out, int* failed) {
+  __shared__ int here;
+  if (threadIdx.x == 0) {
+    here = gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(),
+                                          uint64_t(l.llRounds[2]) + uint64_t(*arrivals));
+    if (!here && blockIdx.x == 0) ::atomicAdd(failed, 1);
+  }
+  __syncthreads();
+  if (!here) return;
+  const size_t H = size_t(l.shape.hidden), K = size_t(l.shape.topk);
+  const auto* comb = static_cast<const uint16_t*>(gin::localPointer(l.combine, 0));
+  for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x)
+    sumRows(comb + t * K * H, H, int(K), idx + t * K, weight + t * K, nullptr, nullptr, out + t * H,
+            gin::CoopBlock{});
 }
 
-// A low-latency call's last kernel, a block per context: every context
+// A low-latency call's last kernel, a block (of 64 threads) per context:
+// every context
 // flushed (the sources of its puts, the x window and partial, may be written
 // again), and on block 0 the round words advanced: `which` 0 after a
 // dispatch, which also sets *arrivals to the pairs it sent (the rows its
@@ -512,9 +529,10 @@ __global__ void llCombineWaitKernel(Layer l, const unsigned long long* arrivals,
 __global__ void llEndKernel(Layer l, unsigned long long* rounds, int which, unsigned long long* arrivals,
                             const int* failed, const unsigned long long* bad, volatile unsigned long long* status) {
   gin::Net<> net(l.dc, int(blockIdx.x));
-  if (blockIdx.x == 0 && which == 1)
-    for (int d = 0; d < l.shape.ranks; ++d)
-      net.signal(gin::teamWorld(l.dc), d, gin::SignalAdd{l.sig.llSummed(), 1}, gin::CoopThread{});
+  if (blockIdx.x == 0 && which == 1 && int(threadIdx.x) < l.shape.ranks)  // a thread per rank (at most 64)
+    net.signal(gin::teamWorld(l.dc), int(threadIdx.x), gin::SignalAdd{l.sig.llSummed(), 1}, gin::CoopThread{});
+  __syncthreads();
+  if (threadIdx.x != 0) return;
   net.flush(gin::CoopThread{});
   if (blockIdx.x != 0) return;
   rounds[which] += 1;
@@ -648,10 +666,12 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::unpackKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::returnKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::sumKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llPlanKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llPlanKernel<int32_t>));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llPlanKernel<int64_t>));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llUnpackKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llReturnKernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llCombineWaitKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llSumKernel<int32_t>));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llSumKernel<int64_t>));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llEndKernel));
     z_ = gpu::sizing(comm, sh, lowLatency, kThreads);
   }
@@ -820,14 +840,17 @@ class GpuBuffer {
   }
 
   // CpuBuffer::lowLatencyDispatch with device arrays (x [T][H], topkIdx and
-  // topkWeights [T][K]). Unlike every other call it returns once its work is
+  // topkWeights [T][K]; the indices int32 or int64, as PyTorch's topk makes
+  // them). Unlike every other call it returns once its work is
   // queued on the stream, as DeepEP's does: no host synchronization, no
   // barrier, nothing reset (see "Low latency without a host" in docs/ep.md).
   // An expert index outside -1..E-1 is found on the GPU: that choice goes
   // nowhere, the communicator records the error (every rank's waits end) and
   // the next call of every rank, or synchronize(), throws.
-  GpuLlDispatched lowLatencyDispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens,
+  template <class Idx>
+  GpuLlDispatched lowLatencyDispatch(const uint16_t* x, const Idx* topkIdx, const float* topkWeights, int tokens,
                                      bool useFp8 = false) {
+    static_assert(std::is_same_v<Idx, int32_t> || std::is_same_v<Idx, int64_t>, "top-k indices are int32 or int64");
     const Shape& sh = l_.shape;
     const size_t L = size_t(sh.localExperts()), R = size_t(sh.ranks);
     const size_t H = size_t(sh.hidden), Tmax = size_t(maxTokens_);
@@ -876,8 +899,10 @@ class GpuBuffer {
 
   // CpuBuffer::lowLatencyCombine with device arrays: y [L][R * Tmax][H],
   // topkIdx and topkWeights [T][K] of the dispatch that made `h`.
-  DeviceArray<uint16_t> lowLatencyCombine(const uint16_t* y, const int32_t* topkIdx, const float* topkWeights,
+  template <class Idx>
+  DeviceArray<uint16_t> lowLatencyCombine(const uint16_t* y, const Idx* topkIdx, const float* topkWeights,
                                           const GpuLlHandle& h) {
+    static_assert(std::is_same_v<Idx, int32_t> || std::is_same_v<Idx, int64_t>, "top-k indices are int32 or int64");
     const Shape& sh = l_.shape;
     checkCall(true, h.tokens, "lowLatencyCombine");
     const size_t L = size_t(sh.localExperts()), R = size_t(sh.ranks);
@@ -889,10 +914,8 @@ class GpuBuffer {
     gpu::llReturnKernel<<<int(L * R) * z_.llSplit, kThreads, 0, st_>>>(l_, z_.llSplit, h.range.data(),
                                                                        h.srcToken.data(), h.srcK.data(), y, failed());
     DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
-    gpu::llCombineWaitKernel<<<1, 1, 0, st_>>>(l_, h.arrivals.data(), failed());
-    if (h.tokens > 0)
-      gpu::sumKernel<<<std::min(h.tokens, 1024), kThreads, 0, st_>>>(l_, h.tokens, sh.topk, nullptr, topkIdx,
-                                                                     topkWeights, nullptr, nullptr, out.data(), {});
+    gpu::llSumKernel<<<std::max(1, std::min(h.tokens, 1024)), kThreads, 0, st_>>>(
+        l_, h.tokens, h.arrivals.data(), topkIdx, topkWeights, out.data(), failed());
     endLowLatency(1, h.arrivals.data());
     return out;
   }
@@ -1133,7 +1156,7 @@ class GpuBuffer {
   // words advanced, the outcome words to the host; `which` 0 dispatch, 1
   // combine).
   void endLowLatency(int which, unsigned long long* arrivals) {
-    gpu::llEndKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_, rounds_, which, arrivals, failed(), mem_.word(3),
+    gpu::llEndKernel<<<l_.dc.nContexts, 64, 0, st_>>>(l_, rounds_, which, arrivals, failed(), mem_.word(3),
                                                      llStatus_);
     GIN_CUDA_CHECK(cudaGetLastError());
     clock_.mark("queued");
