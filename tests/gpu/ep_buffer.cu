@@ -205,7 +205,10 @@ void run(const gintest::ep::Case& c, bool ll) {
 }
 }  // namespace
 
-TEST_CASE("GPU ep buffer: DeepEP's dispatch and combine, both modes, checked row by row", "[gpu][ep]") {
+// f(ranks, transport) for 1-4 ranks over lsa and the proxy, but for rank
+// counts this process has too few GPUs or hardware queues for (a warning).
+template <class F>
+void overRanks(F f) {
   for (int ranks : {1, 2, 3, 4})
     for (TransportChoice tr : {TransportChoice::Lsa, TransportChoice::Proxy}) {
       if (ranks > gputest::maxRanks()) continue;
@@ -214,16 +217,22 @@ TEST_CASE("GPU ep buffer: DeepEP's dispatch and combine, both modes, checked row
                    << " hardware queues; CUDA_DEVICE_MAX_CONNECTIONS=" << gputest::hardwareQueues());
         continue;
       }
-      for (int hidden : {256, 7168}) {
-        const int experts = 4 * ranks, topk = std::min(4, experts);
-        // Normal mode: 23 tokens at most, alignment 4; low latency: 17.
-        const gintest::ep::Case normal{ranks, experts, hidden, topk, 23, 0.25, 4, tr};
-        const gintest::ep::Case lowLatency{ranks, experts, hidden, topk, 17, 0.25, 1, tr};
-        CAPTURE(ranks, hidden, int(tr));
-        CHECK_NOTHROW(run(normal, false));
-        CHECK_NOTHROW(run(lowLatency, true));
-      }
+      f(ranks, tr);
     }
+}
+
+TEST_CASE("GPU ep buffer: DeepEP's dispatch and combine, both modes, checked row by row", "[gpu][ep]") {
+  overRanks([](int ranks, TransportChoice tr) {
+    for (int hidden : {256, 7168}) {
+      const int experts = 4 * ranks, topk = std::min(4, experts);
+      // Normal mode: 23 tokens at most, alignment 4; low latency: 17.
+      const gintest::ep::Case normal{ranks, experts, hidden, topk, 23, 0.25, 4, tr};
+      const gintest::ep::Case lowLatency{ranks, experts, hidden, topk, 17, 0.25, 1, tr};
+      CAPTURE(ranks, hidden, int(tr));
+      CHECK_NOTHROW(run(normal, false));
+      CHECK_NOTHROW(run(lowLatency, true));
+    }
+  });
 }
 
 // v in a device array of buf's.
@@ -418,19 +427,12 @@ void runQueued(const gintest::ep::Case& c) {
 }
 
 TEST_CASE("GPU ep buffer: low-latency calls queue without a host synchronization, checked at the end", "[gpu][ep]") {
-  for (int ranks : {1, 2, 3, 4})
-    for (TransportChoice tr : {TransportChoice::Lsa, TransportChoice::Proxy}) {
-      if (ranks > gputest::maxRanks()) continue;
-      if (!gputest::queuesFor(ranks)) {
-        WARN(ranks << " ranks in one process need " << ranks + 1
-                   << " hardware queues; CUDA_DEVICE_MAX_CONNECTIONS=" << gputest::hardwareQueues());
-        continue;
-      }
-      const int experts = 4 * ranks;
-      const gintest::ep::Case c{ranks, experts, 256, std::min(4, experts), 17, 0.25, 1, tr};
-      CAPTURE(ranks, int(tr));
-      CHECK_NOTHROW(runQueued(c));
-    }
+  overRanks([](int ranks, TransportChoice tr) {
+    const int experts = 4 * ranks;
+    const gintest::ep::Case c{ranks, experts, 256, std::min(4, experts), 17, 0.25, 1, tr};
+    CAPTURE(ranks, int(tr));
+    CHECK_NOTHROW(runQueued(c));
+  });
 }
 
 int main(int argc, char** argv) {
