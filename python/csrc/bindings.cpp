@@ -37,7 +37,10 @@ void need(const torch::Tensor& t, torch::ScalarType type, int64_t dims, const ch
 // tensor of int64 (as torch.topk makes them; returns true) or int32.
 bool needIndices(const torch::Tensor& idx) {
   const bool wide = idx.scalar_type() == torch::kInt64;
-  need(idx, wide ? torch::kInt64 : torch::kInt32, 2, "topk_idx (int64 or int32)");
+  if (!wide && idx.scalar_type() != torch::kInt32)
+    throw std::invalid_argument(std::string("gin_ep: topk_idx must be int64 or int32, not ") +
+                                c10::toString(idx.scalar_type()));
+  need(idx, idx.scalar_type(), 2, "topk_idx");
   return wide;
 }
 
@@ -53,6 +56,10 @@ class Runtime {
   }
 
   std::string transports() const { return rt_.transports(); }
+  void synchronize() {
+    py::gil_scoped_release nogil;
+    rt_.synchronize();
+  }
 
   // Returns (x, topk_idx, topk_weights, tokens_per_expert, rank_prefix, src_rank, src_token, handle); x is
   // (e4m3 [N][H], scales [N][H / 128]) when scales are given (x then float8_e4m3fn).
@@ -193,6 +200,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Runtime>(m, "Runtime")
       .def(py::init<const py::bytes&, int, int, int, bool, int>())
       .def("transports", &Runtime::transports)
+      .def("synchronize", &Runtime::synchronize)
       .def("dispatch", &Runtime::dispatch)
       .def("cached_dispatch", &Runtime::cachedDispatch)
       .def("combine", &Runtime::combine)

@@ -131,6 +131,14 @@ std::string Runtime::transports() const {
   return t;
 }
 
+void Runtime::synchronize() {
+  State& s = *s_;
+  if (s.buf)
+    s.buf->synchronize();
+  else
+    s.comm.check();
+}
+
 void Runtime::setAllocator(std::function<Array(size_t)> alloc) { s_->alloc = std::move(alloc); }
 
 Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScales, const int32_t* idx,

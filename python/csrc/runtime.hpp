@@ -58,6 +58,9 @@ class Runtime {
   int rank() const;
   int nRanks() const;
   std::string transports() const;  // per peer: lsa, proxy or ibgda
+  // Waits for the buffer's work and throws what a low-latency call left
+  // behind (its calls return before their work is done).
+  void synchronize();
 
   // Where returned device memory comes from (the bindings pass PyTorch's
   // allocator: Array::keep then owns a tensor). Unset: the buffer's pool.

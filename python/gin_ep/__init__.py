@@ -128,6 +128,11 @@ class Buffer:
     def destroy(self):
         self.runtime = None
 
+    def synchronize(self):
+        """gin's (not DeepEP's): waits for the buffer's GPU work and raises what a low-latency call left
+        behind (a bad expert index, a wait that gave up), which is otherwise raised by the next call."""
+        self.runtime.synchronize()
+
     def transports(self):
         """Per peer, the transport gin chose (lsa, proxy or ibgda)."""
         return self.runtime.transports().split()

@@ -326,7 +326,11 @@ def rank_main(rank, R, port, H, errors):
         check_low_latency(ll, rank, R, H, E, K, 17, dev)
         check_low_latency_fp8(ll, rank, R, H, E, K, 17, dev)
         check_low_latency_queued(ll, rank, R, H, E, K, 17, dev)
+        ll.synchronize()  # nothing left behind
         check_low_latency_graph(ll, rank, R, H, E, K, 17, dev)
+        # Another num_max_dispatch_tokens_per_rank: a new buffer on the same communicator, whose
+        # signals start from zero again.
+        check_low_latency(ll, rank, R, H, E, K, 13, dev)
         ll.destroy()
         dist.barrier()
         dist.destroy_process_group()

@@ -370,7 +370,11 @@ __global__ void llExpertsKernel(const uint16_t* x, const int* count, uint16_t* y
 // dispatches and combines interleave (two dispatches in flight, then their
 // combines; alternating; three in a row), the experts as a kernel on the
 // same stream, everything read back and checked at the end. Odd rounds
-// pass their top-k indices as int64, even rounds as int32.
+// pass their top-k indices as int64, even rounds as int32; rounds 1 and 4
+// travel in FP8 (their layout checked, not their values: the ring's halves
+// must not move with the row size). Then a second buffer on the same
+// communicator (another token count) does it again: its signals start
+// from zero, not where the first buffer's ended.
 void runQueued(const gintest::ep::Case& c) {
   CommConfig cfg = gputest::gpuConfig();
   cfg.transport = c.tr;
@@ -378,49 +382,57 @@ void runQueued(const gintest::ep::Case& c) {
   // The order of calls: r + 1 dispatches round r, -(r + 1) combines it.
   const std::vector<int> order{1, 2, -1, -2, 3, -3, 4, 5, 6, -4, -5, -6, 7, -7, 8, 9, -8, -9};
   const int rounds = 9;
+  const auto fp8 = [](size_t r) { return r == 1 || r == 4; };
   gputest::runRanksOnStreams(
       c.ranks,
       [&](Comm& comm, cudaStream_t st) {
-        const gin::ep::Shape sh = gintest::ep::shapeOf(c);
-        const int me = comm.rank(), L = c.experts / c.ranks;
-        const size_t H = size_t(c.hidden), rowsPerExpert = size_t(c.ranks) * size_t(c.maxTokens);
-        gin::ep::GpuBuffer buf(comm, sh, true, st);
-        std::vector<std::vector<gin::ep::Inputs>> all;
-        std::vector<gin::ep::DeviceArray<uint16_t>> x, y, out(static_cast<size_t>(rounds));
-        std::vector<gin::ep::DeviceArray<int32_t>> idx;
-        std::vector<gin::ep::DeviceArray<int64_t>> idx64;
-        std::vector<gin::ep::DeviceArray<float>> w;
-        for (int r = 0; r < rounds; ++r) {
-          all.push_back(gintest::ep::roundInputs(c, sh, r));
-          const gin::ep::Inputs& in = all.back()[size_t(me)];
-          x.push_back(upload(buf, in.x, st));
-          idx.push_back(upload(buf, in.idx, st));
-          idx64.push_back(upload(buf, std::vector<int64_t>(in.idx.begin(), in.idx.end()), st));
-          w.push_back(upload(buf, in.weight, st));
-          y.push_back(buf.deviceArray<uint16_t>(size_t(L) * rowsPerExpert * H));
-        }
-        std::vector<gin::ep::GpuLlDispatched> d(static_cast<size_t>(rounds));
-        for (int op : order) {
-          const size_t r = size_t(op < 0 ? -op : op) - 1;
-          const int T = gintest::ep::tokensOf(c, me, int(r));
-          const bool wide = r % 2 == 1;
-          if (op > 0) {
-            d[r] = wide ? buf.lowLatencyDispatch(x[r].data(), idx64[r].data(), w[r].data(), T)
-                        : buf.lowLatencyDispatch(x[r].data(), idx[r].data(), w[r].data(), T);
-            llExpertsKernel<<<64, 256, 0, st>>>(d[r].x.data(), d[r].handle.count.data(), y[r].data(), L,
-                                                rowsPerExpert, H, me);
-            GPU_CHECK(cudaGetLastError());
-          } else {
-            out[r] = wide ? buf.lowLatencyCombine(y[r].data(), idx64[r].data(), w[r].data(), d[r].handle)
-                          : buf.lowLatencyCombine(y[r].data(), idx[r].data(), w[r].data(), d[r].handle);
+        for (int tmax : {c.maxTokens, c.maxTokens - 4}) {
+          gintest::ep::Case cc = c;
+          cc.maxTokens = tmax;
+          const gin::ep::Shape sh = gintest::ep::shapeOf(cc);
+          const int me = comm.rank(), L = cc.experts / cc.ranks;
+          const size_t H = size_t(cc.hidden), rowsPerExpert = size_t(cc.ranks) * size_t(tmax);
+          gin::ep::GpuBuffer buf(comm, sh, true, st);
+          std::vector<std::vector<gin::ep::Inputs>> all;
+          std::vector<gin::ep::DeviceArray<uint16_t>> x, y, out(static_cast<size_t>(rounds));
+          std::vector<gin::ep::DeviceArray<int32_t>> idx;
+          std::vector<gin::ep::DeviceArray<int64_t>> idx64;
+          std::vector<gin::ep::DeviceArray<float>> w;
+          for (int r = 0; r < rounds; ++r) {
+            all.push_back(gintest::ep::roundInputs(cc, sh, r));
+            const gin::ep::Inputs& in = all.back()[size_t(me)];
+            x.push_back(upload(buf, in.x, st));
+            idx.push_back(upload(buf, in.idx, st));
+            idx64.push_back(upload(buf, std::vector<int64_t>(in.idx.begin(), in.idx.end()), st));
+            w.push_back(upload(buf, in.weight, st));
+            y.push_back(buf.deviceArray<uint16_t>(size_t(L) * rowsPerExpert * H));
           }
-        }
-        buf.synchronize();
-        for (int r = 0; r < rounds; ++r) {
-          const std::string where = "rank " + std::to_string(me) + " queued round " + std::to_string(r) + ": ";
-          gintest::ep::checkLlDispatched(HostFace::llOf(d[size_t(r)]), all[size_t(r)], c, me, where);
-          gintest::ep::checkLlCombined(out[size_t(r)].toHost(), all[size_t(r)][size_t(me)], c,
-                                       size_t(gintest::ep::tokensOf(c, me, r)), where);
+          std::vector<gin::ep::GpuLlDispatched> d(static_cast<size_t>(rounds));
+          for (int op : order) {
+            const size_t r = size_t(op < 0 ? -op : op) - 1;
+            const int T = gintest::ep::tokensOf(cc, me, int(r));
+            const bool wide = r % 2 == 1;
+            if (op > 0) {
+              d[r] = wide ? buf.lowLatencyDispatch(x[r].data(), idx64[r].data(), w[r].data(), T, fp8(r))
+                          : buf.lowLatencyDispatch(x[r].data(), idx[r].data(), w[r].data(), T, fp8(r));
+              if (!fp8(r))
+                llExpertsKernel<<<64, 256, 0, st>>>(d[r].x.data(), d[r].handle.count.data(), y[r].data(), L,
+                                                    rowsPerExpert, H, me);
+              GPU_CHECK(cudaGetLastError());
+            } else {
+              out[r] = wide ? buf.lowLatencyCombine(y[r].data(), idx64[r].data(), w[r].data(), d[r].handle)
+                            : buf.lowLatencyCombine(y[r].data(), idx[r].data(), w[r].data(), d[r].handle);
+            }
+          }
+          buf.synchronize();
+          for (int r = 0; r < rounds; ++r) {
+            const std::string where = "rank " + std::to_string(me) + " tokens " + std::to_string(tmax) +
+                                      " queued round " + std::to_string(r) + ": ";
+            gintest::ep::checkLlDispatched(HostFace::llOf(d[size_t(r)]), all[size_t(r)], cc, me, where, !fp8(r));
+            if (!fp8(r))
+              gintest::ep::checkLlCombined(out[size_t(r)].toHost(), all[size_t(r)][size_t(me)], cc,
+                                           size_t(gintest::ep::tokensOf(cc, me, r)), where);
+          }
         }
       },
       cfg);

@@ -157,7 +157,7 @@ inline Layer openLayer(gin::Comm& comm, const Shape& sh, bool ll, uint32_t sigBa
   l.sig = Signals{sigBase, sh.ranks, sh.channels};
   l.x = win(T * sh.tokenBytes());
   l.meta = win(ll ? T * K * 16 : T * D * sh.metaBytes());
-  l.ring = win(ll ? 2 * L * R * T * llSlotBytes(sh) : R * C * size_t(sh.slots) * sh.slotBytes());
+  l.ring = win(ll ? 2 * L * R * T * llSlotStride(sh) : R * C * size_t(sh.slots) * sh.slotBytes());
   l.counts = win(ll ? 2 * L * R * 8 : R * C * 8);
   l.combine = win(ll ? T * K * H * 4 : T * D * H * 4);
   l.partial = win(ll ? L * R * T * H * 4 : R * T * H * 4);

@@ -154,7 +154,7 @@ struct GpuLlHandle {
   DeviceArray<int64_t> range;  // [L][R] begin << 32 | count
   DeviceArray<int> srcToken;   // [L][R * Tmax]
   DeviceArray<int> srcK;       // [L][R * Tmax]
-  DeviceArray<unsigned long long> arrivals;  // [1] rows this rank's combine waits for (written by the plan)
+  DeviceArray<unsigned long long> arrivals;  // [1] rows this rank's combine waits for (the dispatch's end kernel)
 };
 struct GpuLlDispatched {
   DeviceArray<uint16_t> x;  // [L][R * Tmax][H] bf16; rows past count[e] are not written (empty with FP8)
@@ -415,19 +415,23 @@ __global__ void sumKernel(Layer l, int tokens, int stride, const int* rows, cons
   }
 }
 
-// Low-latency mode: a block per (local expert el, source src) waits for
-// the counts of sources 0..src for el (llWaitDispatch's signals, a thread
-// each), then packs src's rows into x [el][R * Tmax] after the rows of the
-// sources before it (FP8: into xFp8, and the scales into xScales
-// [el][H / 128][R * Tmax]), with their token and choice, and the layout
-// range; the block of the last source writes the expert's count.
-__global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScales, int* count, int64_t* range,
-                               int* srcToken, int* srcK, int* failed) {
+// Low-latency mode: for each (local expert el, source src), a block (the
+// grid strides over the pairs, at most half this rank's share of the GPU
+// spinning) waits for the counts of sources 0..src for el (llWaitDispatch's
+// signals, a thread each), then packs src's rows into x [el][R * Tmax]
+// after the rows of the sources before it (FP8: into xFp8, and the scales
+// into xScales [el][H / 128][R * Tmax]), with their token and choice, and
+// the layout range; the block of the last source writes the expert's
+// count. A wait that gives up leaves an empty range and count (the
+// combine then returns nothing, and the next call throws).
+__device__ void llUnpackPair(const Layer& l, int pair, uint16_t* x, uint8_t* xFp8, float* xScales, int* count,
+                             int64_t* range, int* srcToken, int* srcK, int* failed) {
   const Shape& sh = l.shape;
-  const int R = sh.ranks, el = int(blockIdx.x) / R, src = int(blockIdx.x) % R;
+  const int R = sh.ranks, el = pair / R, src = pair % R;
   const size_t H = size_t(sh.hidden), Tmax = size_t(sh.tokens);
   const uint64_t round = llRound(l);
   __shared__ int arrived;
+  __syncthreads();  // the previous pair's threads have read `arrived`
   if (threadIdx.x == 0) arrived = 1;
   __syncthreads();
   if (int(threadIdx.x) <= src &&
@@ -437,7 +441,13 @@ __global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScal
     ::atomicAdd(failed, 1);
   }
   __syncthreads();
-  if (!arrived) return;
+  if (!arrived) {
+    if (threadIdx.x == 0) {
+      range[pair] = 0;
+      if (src == R - 1) count[el] = 0;
+    }
+    return;
+  }
   const auto* counts = static_cast<const uint64_t*>(gin::localPointer(l.counts, llCountAt(sh, round, el, 0)));
   uint64_t begin = 0;
   for (int s = 0; s < src; ++s) begin += gin::volatileLoad(counts + s);
@@ -464,6 +474,12 @@ __global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScal
   }
 }
 
+__global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScales, int* count, int64_t* range,
+                               int* srcToken, int* srcK, int* failed) {
+  for (int pair = int(blockIdx.x); pair < l.shape.localExperts() * l.shape.ranks; pair += int(gridDim.x))
+    llUnpackPair(l, pair, x, xFp8, xScales, count, range, srcToken, srcK, failed);
+}
+
 // `split` blocks per (local expert, source), a warp per packed row: row q of
 // that pair's range back to its source at (token, choice); each block
 // signals its rows once (ReturnCounts). First, every rank has summed its
@@ -479,8 +495,9 @@ __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const i
   const int ctx = int(blockIdx.x) % l.dc.nContexts;
   __shared__ uint32_t counts[64];
   __shared__ int summed;
-  if (threadIdx.x == 0) {
-    summed = gin::Net<>(l.dc, ctx).waitSignal(gin::CoopThread{}, l.sig.llSummed(), uint64_t(R) * l.llRounds[1]);
+  if (threadIdx.x == 0) {  // nothing after a failed wait: the next call throws
+    summed = *failed == 0 &&
+             gin::Net<>(l.dc, ctx).waitSignal(gin::CoopThread{}, l.sig.llSummed(), uint64_t(R) * l.llRounds[1]);
     if (!summed) ::atomicAdd(failed, 1);
   }
   ReturnCounts rc{counts};
@@ -497,15 +514,16 @@ __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const i
 
 // Low-latency combine: each block waits until this call's rows are here
 // (the combine signal at the rows earlier combines summed, rounds[2], plus
-// *arrivals), then sumKernel's sums with the top-k indices and weights.
+// *arrivals), then sumKernel's sums with the top-k indices and weights;
+// nothing after a failed wait (the next call throws).
 template <class Idx>
 __global__ void llSumKernel(Layer l, int tokens, const unsigned long long* arrivals, const Idx* idx,
                             const float* weight, uint16_t* out, int* failed) {
   __shared__ int here;
   if (threadIdx.x == 0) {
-    here = gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(),
-                                          uint64_t(l.llRounds[2]) + uint64_t(*arrivals));
-    if (!here && blockIdx.x == 0) ::atomicAdd(failed, 1);
+    here = *failed == 0 && gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(),
+                                                          uint64_t(l.llRounds[2]) + uint64_t(*arrivals));
+    if (!here) ::atomicAdd(failed, 1);
   }
   __syncthreads();
   if (!here) return;
@@ -674,6 +692,19 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llSumKernel<int64_t>));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llEndKernel));
     z_ = gpu::sizing(comm, sh, lowLatency, kThreads);
+    if (ll_) {
+      // Low-latency signals only grow, so a buffer made again on this
+      // communicator (a new shape; the last one's destructor waited for its
+      // kernels on every rank) starts them from zero on every rank, with the
+      // round and outcome words (set on this stream: the allocations'
+      // cudaMemset ran on the legacy one), before any rank signals.
+      GIN_CUDA_CHECK(cudaMemsetAsync(rounds_, 0, 32, st_));
+      GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(0), 0, 32, st_));
+      gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
+      GIN_CUDA_CHECK(cudaGetLastError());
+      GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+      comm_.bootstrap().barrier();
+    }
   }
   GpuBuffer(const GpuBuffer&) = delete;
   GpuBuffer& operator=(const GpuBuffer&) = delete;
@@ -864,13 +895,9 @@ class GpuBuffer {
     GpuLlDispatched d;
     GpuLlHandle& h = d.handle;
     h.tokens = tokens;
-    // The plan on the GPU (tokens past T choose no expert: the layout is the
-    // same on every rank), the tokens packed where a peer is not lsa.
-    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens, sendList_, sendCount_, mem_.word(3));
-    if (tokens > 0 && l_.xDirect == nullptr)
-      gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
-    gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
-    // What it returns, in one allocation (each a call of the allocator).
+    // What it returns, in one allocation (each is a call of the allocator),
+    // made first: an allocator that throws must do so before any kernel
+    // of the call, whose rounds the peers would count.
     const size_t rows = L * R * Tmax;
     Parts parts;
     const size_t xAt = parts.add<char>(rows * (useFp8 ? H : H * 2));
@@ -890,7 +917,13 @@ class GpuBuffer {
     h.srcToken = DeviceArray<int>(all, tokenAt, rows);
     h.srcK = DeviceArray<int>(all, kAt, rows);
     h.arrivals = DeviceArray<unsigned long long>(all, arrivalsAt, 1);
-    gpu::llUnpackKernel<<<int(L * R), kThreads, 0, st_>>>(  // kThreads >= R: a thread per source
+    // The plan on the GPU (tokens past T choose no expert: the layout is the
+    // same on every rank), the tokens packed where a peer is not lsa.
+    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens, sendList_, sendCount_, mem_.word(3));
+    if (tokens > 0 && l_.xDirect == nullptr)
+      gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
+    gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
+    gpu::llUnpackKernel<<<int(std::min<size_t>(L * R, size_t(z_.combineGrid))), kThreads, 0, st_>>>(  // kThreads >= R
         l_, d.x.data(), d.xFp8.data(), d.xScales.data(), h.count.data(), h.range.data(), h.srcToken.data(),
         h.srcK.data(), failed());
     endLowLatency(0, h.arrivals.data());
@@ -911,10 +944,10 @@ class GpuBuffer {
       throw std::invalid_argument("ep: lowLatencyCombine was given a handle that no dispatch of this buffer made");
     raiseEarlier();
     clock_.start("low-latency combine");
+    DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));  // before any kernel
     gpu::llReturnKernel<<<int(L * R) * z_.llSplit, kThreads, 0, st_>>>(l_, z_.llSplit, h.range.data(),
                                                                        h.srcToken.data(), h.srcK.data(), y, failed());
-    DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
-    gpu::llSumKernel<<<std::max(1, std::min(h.tokens, 1024)), kThreads, 0, st_>>>(
+    gpu::llSumKernel<<<std::max(1, std::min({h.tokens, 1024, z_.combineGrid})), kThreads, 0, st_>>>(
         l_, h.tokens, h.arrivals.data(), topkIdx, topkWeights, out.data(), failed());
     endLowLatency(1, h.arrivals.data());
     return out;

@@ -65,7 +65,7 @@ struct Layer {
   Signals sig;
   gin::Window x;           // [T][tokenBytes] this rank's tokens (bf16)
   gin::Window meta;        // [T][maxDests][metaBytes] prepared metadata (normal)
-  gin::Window ring;        // [R][C][S][slotBytes] incoming rings (normal); [2][L][R][T][llSlotBytes] (LL)
+  gin::Window ring;        // [R][C][S][slotBytes] incoming rings (normal); [2][L][R][T][llSlotStride] (LL)
   gin::Window counts;      // [R][C] uint64 tokens each source sends on each channel (normal); [2][L][R] (LL)
   gin::Window combine;     // [T][maxDests][H] float partials (normal); [T][K][H] float (LL)
   gin::Window partial;     // [maxRecv][H] float: this rank's expert outputs, the source of combine puts
@@ -460,9 +460,13 @@ GIN_HD void splitFp8Row(Coop coop, const char* row, uint8_t* data, float* scales
 // rank's round r + 1 dispatch kernel, which each rank queues after it
 // unpacked round r: nobody writes half r % 2 before its reader is done.
 GIN_HD inline size_t llSlotBytes(const Shape& sh) { return 16 + sh.tokenBytes(); }
+// Slots lie a bf16 slot apart whatever a call sends (an FP8 call fills a
+// prefix of each), so that the two halves never move with Shape::fp8:
+// round r in FP8 and r + 1 in bf16 (or the reverse) stay apart.
+GIN_HD inline size_t llSlotStride(const Shape& sh) { return 16 + (size_t(sh.hidden) * 2 + 15) / 16 * 16; }
 GIN_HD inline size_t llSlot(const Shape& sh, uint64_t round, int localExpert, int src, size_t p) {
   const size_t pair = size_t(round & 1) * size_t(sh.localExperts()) * sh.ranks + size_t(localExpert) * sh.ranks;
-  return ((pair + size_t(src)) * sh.tokens + p) * llSlotBytes(sh);
+  return ((pair + size_t(src)) * sh.tokens + p) * llSlotStride(sh);
 }
 GIN_HD inline size_t llCountAt(const Shape& sh, uint64_t round, int localExpert, int src) {
   return ((size_t(round & 1) * size_t(sh.localExperts()) + size_t(localExpert)) * sh.ranks + size_t(src)) * 8;
