@@ -416,8 +416,7 @@ __global__ void sumKernel(Layer l, int tokens, int stride, const int* rows, cons
 }
 
 // Low-latency mode: for each (local expert el, source src), a block (the
-// grid strides over the pairs, at most half this rank's share of the GPU
-// spinning) waits for the counts of sources 0..src for el (llWaitDispatch's
+// grid strides over the pairs: GpuBuffer::spinningGrid) waits for the counts of sources 0..src for el (llWaitDispatch's
 // signals, a thread each), then packs src's rows into x [el][R * Tmax]
 // after the rows of the sources before it (FP8: into xFp8, and the scales
 // into xScales [el][H / 128][R * Tmax]), with their token and choice, and
@@ -923,7 +922,7 @@ class GpuBuffer {
     if (tokens > 0 && l_.xDirect == nullptr)
       gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
     gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
-    gpu::llUnpackKernel<<<int(std::min<size_t>(L * R, size_t(z_.combineGrid))), kThreads, 0, st_>>>(  // kThreads >= R
+    gpu::llUnpackKernel<<<std::min(int(L * R), spinningGrid()), kThreads, 0, st_>>>(  // kThreads >= R
         l_, d.x.data(), d.xFp8.data(), d.xScales.data(), h.count.data(), h.range.data(), h.srcToken.data(),
         h.srcK.data(), failed());
     endLowLatency(0, h.arrivals.data());
@@ -947,7 +946,7 @@ class GpuBuffer {
     DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));  // before any kernel
     gpu::llReturnKernel<<<int(L * R) * z_.llSplit, kThreads, 0, st_>>>(l_, z_.llSplit, h.range.data(),
                                                                        h.srcToken.data(), h.srcK.data(), y, failed());
-    gpu::llSumKernel<<<std::max(1, std::min({h.tokens, 1024, z_.combineGrid})), kThreads, 0, st_>>>(
+    gpu::llSumKernel<<<std::max(1, std::min({h.tokens, 1024, spinningGrid()})), kThreads, 0, st_>>>(
         l_, h.tokens, h.arrivals.data(), topkIdx, topkWeights, out.data(), failed());
     endLowLatency(1, h.arrivals.data());
     return out;
@@ -1176,6 +1175,11 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
   }
+
+  // The most blocks a kernel whose blocks all wait for peers may have: any
+  // number where this rank has its GPU to itself (no peer kernel needs room
+  // beside them), half this rank's share of the GPU where ranks share it.
+  int spinningGrid() const { return z_.sharing > 1 ? z_.combineGrid : 1 << 30; }
 
   // "rank r's token t choice k names an expert outside ...", from 1 + t x K + k.
   std::string badIndex(int rank, uint64_t b) const {
