@@ -12,6 +12,8 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <algorithm>
+#include <memory>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -372,9 +374,11 @@ __global__ void llExpertsKernel(const uint16_t* x, const int* count, uint16_t* y
 // same stream, everything read back and checked at the end. Odd rounds
 // pass their top-k indices as int64, even rounds as int32; rounds 1 and 4
 // travel in FP8 (their layout checked, not their values: the ring's halves
-// must not move with the row size). Then a second buffer on the same
-// communicator (another token count) does it again: its signals start
-// from zero, not where the first buffer's ended.
+// must not move with the row size). Then an allocator that fails on rank
+// 0 in a dispatch: the call throws there, its round still ends on the GPU,
+// and a next round (after no rank combined that one) is right everywhere.
+// Then a second buffer on the same communicator (another token count) does
+// it again: its signals start from zero, not where the first buffer's ended.
 void runQueued(const gintest::ep::Case& c) {
   CommConfig cfg = gputest::gpuConfig();
   cfg.transport = c.tr;
@@ -433,6 +437,33 @@ void runQueued(const gintest::ep::Case& c) {
               gintest::ep::checkLlCombined(out[size_t(r)].toHost(), all[size_t(r)][size_t(me)], cc,
                                            size_t(gintest::ep::tokensOf(cc, me, r)), where);
           }
+          bool failNext = me == 0;
+          buf.setAllocator([&failNext, st](size_t bytes, void** p) -> std::shared_ptr<void> {
+            if (failNext) {
+              failNext = false;
+              throw std::bad_alloc();
+            }
+            GPU_CHECK(cudaMallocAsync(p, bytes, st));
+            return std::shared_ptr<void>(*p, [st](void* q) { (void)cudaFreeAsync(q, st); });
+          });
+          const int T0 = gintest::ep::tokensOf(cc, me, 0);
+          bool threw = false;
+          try {
+            buf.lowLatencyDispatch(x[0].data(), idx[0].data(), w[0].data(), T0);
+          } catch (const std::bad_alloc&) {
+            threw = true;
+          }
+          gintest::expect(threw == (me == 0), "the failing allocator's dispatch throws on rank 0 only");
+          gin::ep::GpuLlDispatched again = buf.lowLatencyDispatch(x[0].data(), idx[0].data(), w[0].data(), T0);
+          llExpertsKernel<<<64, 256, 0, st>>>(again.x.data(), again.handle.count.data(), y[0].data(), L,
+                                              rowsPerExpert, H, me);
+          GPU_CHECK(cudaGetLastError());
+          gin::ep::DeviceArray<uint16_t> againOut =
+              buf.lowLatencyCombine(y[0].data(), idx[0].data(), w[0].data(), again.handle);
+          buf.synchronize();
+          const std::string where = "rank " + std::to_string(me) + " after a failed allocation: ";
+          gintest::ep::checkLlDispatched(HostFace::llOf(again), all[0], cc, me, where);
+          gintest::ep::checkLlCombined(againOut.toHost(), all[0][size_t(me)], cc, size_t(T0), where);
         }
       },
       cfg);

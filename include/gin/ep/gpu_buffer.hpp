@@ -422,7 +422,8 @@ __global__ void sumKernel(Layer l, int tokens, int stride, const int* rows, cons
 // into xScales [el][H / 128][R * Tmax]), with their token and choice, and
 // the layout range; the block of the last source writes the expert's
 // count. A wait that gives up leaves an empty range and count (the
-// combine then returns nothing, and the next call throws).
+// combine then returns nothing, and the next call throws). No outputs
+// (range null): the waits only, which end the round.
 __device__ void llUnpackPair(const Layer& l, int pair, uint16_t* x, uint8_t* xFp8, float* xScales, int* count,
                              int64_t* range, int* srcToken, int* srcK, int* failed) {
   const Shape& sh = l.shape;
@@ -440,6 +441,7 @@ __device__ void llUnpackPair(const Layer& l, int pair, uint16_t* x, uint8_t* xFp
     ::atomicAdd(failed, 1);
   }
   __syncthreads();
+  if (range == nullptr) return;  // no outputs: the round's waits only
   if (!arrived) {
     if (threadIdx.x == 0) {
       range[pair] = 0;
@@ -894,9 +896,16 @@ class GpuBuffer {
     GpuLlDispatched d;
     GpuLlHandle& h = d.handle;
     h.tokens = tokens;
+    // The plan on the GPU (tokens past T choose no expert: the layout is the
+    // same on every rank), the tokens packed where a peer is not lsa, the puts.
+    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens, sendList_, sendCount_, mem_.word(3));
+    if (tokens > 0 && l_.xDirect == nullptr)
+      gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
+    gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
     // What it returns, in one allocation (each is a call of the allocator),
-    // made first: an allocator that throws must do so before any kernel
-    // of the call, whose rounds the peers would count.
+    // made while those run. The peers count this round now: if the
+    // allocator throws, the round still ends on the GPU (its waits, no
+    // outputs), then the error goes on.
     const size_t rows = L * R * Tmax;
     Parts parts;
     const size_t xAt = parts.add<char>(rows * (useFp8 ? H : H * 2));
@@ -904,7 +913,15 @@ class GpuBuffer {
     const size_t countAt = parts.add<int>(L), rangeAt = parts.add<int64_t>(L * R);
     const size_t tokenAt = parts.add<int>(rows), kAt = parts.add<int>(rows);
     const size_t arrivalsAt = parts.add<unsigned long long>(1);
-    const DeviceArray<char> all = deviceArray<char>(parts.bytes);
+    DeviceArray<char> all;
+    try {
+      all = deviceArray<char>(parts.bytes);
+    } catch (...) {
+      gpu::llUnpackKernel<<<std::min(int(L * R), spinningGrid()), kThreads, 0, st_>>>(
+          l_, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, failed());
+      endLowLatency(0, mem_.word(2));
+      throw;
+    }
     if (useFp8) {
       d.xFp8 = DeviceArray<uint8_t>(all, xAt, rows * H);
       d.xScales = DeviceArray<float>(all, scalesAt, rows * (H / kFp8Group));
@@ -916,12 +933,6 @@ class GpuBuffer {
     h.srcToken = DeviceArray<int>(all, tokenAt, rows);
     h.srcK = DeviceArray<int>(all, kAt, rows);
     h.arrivals = DeviceArray<unsigned long long>(all, arrivalsAt, 1);
-    // The plan on the GPU (tokens past T choose no expert: the layout is the
-    // same on every rank), the tokens packed where a peer is not lsa.
-    gpu::llPlanKernel<<<sh.experts, kThreads, 0, st_>>>(l_, topkIdx, tokens, sendList_, sendCount_, mem_.word(3));
-    if (tokens > 0 && l_.xDirect == nullptr)
-      gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
-    gpu::llDispatchKernel<<<sh.experts * sh.llSenders, kThreads, 0, st_>>>(l_);
     gpu::llUnpackKernel<<<std::min(int(L * R), spinningGrid()), kThreads, 0, st_>>>(  // kThreads >= R
         l_, d.x.data(), d.xFp8.data(), d.xScales.data(), h.count.data(), h.range.data(), h.srcToken.data(),
         h.srcK.data(), failed());
@@ -943,10 +954,21 @@ class GpuBuffer {
       throw std::invalid_argument("ep: lowLatencyCombine was given a handle that no dispatch of this buffer made");
     raiseEarlier();
     clock_.start("low-latency combine");
-    DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));  // before any kernel
     gpu::llReturnKernel<<<int(L * R) * z_.llSplit, kThreads, 0, st_>>>(l_, z_.llSplit, h.range.data(),
                                                                        h.srcToken.data(), h.srcK.data(), y, failed());
-    gpu::llSumKernel<<<std::max(1, std::min({h.tokens, 1024, spinningGrid()})), kThreads, 0, st_>>>(
+    // The output, allocated while the returns run; if the allocator throws,
+    // the round still ends on the GPU (its wait, no sums: peers count it).
+    const int sumGrid = std::max(1, std::min({h.tokens, 1024, spinningGrid()}));
+    DeviceArray<uint16_t> out;
+    try {
+      out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
+    } catch (...) {
+      gpu::llSumKernel<<<sumGrid, kThreads, 0, st_>>>(l_, 0, h.arrivals.data(), topkIdx, topkWeights,
+                                                      static_cast<uint16_t*>(nullptr), failed());
+      endLowLatency(1, h.arrivals.data());
+      throw;
+    }
+    gpu::llSumKernel<<<sumGrid, kThreads, 0, st_>>>(
         l_, h.tokens, h.arrivals.data(), topkIdx, topkWeights, out.data(), failed());
     endLowLatency(1, h.arrivals.data());
     return out;
