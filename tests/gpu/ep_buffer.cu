@@ -7,7 +7,11 @@
 // choices of -1, token counts that differ per rank (0 included), expert
 // alignment; FP8 rounds (rows and scales byte for byte, low-latency
 // quantization bit for bit against the CPU encoder); one rank with too many
-// tokens or a bad expert failing every rank alike. Skips (exit 77) without a GPU.
+// tokens or a bad expert failing every rank alike (normal mode), a bad
+// expert in low latency stopping every rank's next calls; low-latency calls
+// queued with no host synchronization (two dispatches in flight, int32 and
+// int64 indices, FP8 rounds among bf16 ones, a failing allocator, a buffer
+// made again on the same communicator). Skips (exit 77) without a GPU.
 #include <catch2/catch_session.hpp>
 #include <catch2/catch_test_macros.hpp>
 
