@@ -229,8 +229,9 @@ class CpuBuffer {
     if (!net.waitSignal(gin::CoopThread{}, l_.sig.combine(), h.arrivals)) failLayer(comm_, "combine");
     std::vector<uint16_t> out(T * H);
     for (size_t t = 0; t < T; ++t)
-      sumRows(combineRows(combineRowOffset(l_.shape, t, 0)), H, h.rows[t], static_cast<const int32_t*>(nullptr), nullptr,
-              bias0 ? bias0 + t * H : nullptr, bias1 ? bias1 + t * H : nullptr, out.data() + t * H, gin::CoopThread{});
+      sumRows(combineRows(combineRowOffset(l_.shape, t, 0)), H, h.rows[t], static_cast<const int32_t*>(nullptr),
+              nullptr, bias0 ? bias0 + t * H : nullptr, bias1 ? bias1 + t * H : nullptr, out.data() + t * H,
+              gin::CoopThread{});
     settleLayer(comm_, l_);
     return out;
   }

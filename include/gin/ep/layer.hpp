@@ -456,8 +456,8 @@ GIN_HD void splitFp8Row(Coop coop, const char* row, uint8_t* data, float* scales
 // ordered after the payloads.
 //
 // Why two halves are enough without a barrier: a sender's dispatch of round
-// r + 2 starts after its round r + 1 wait, which needs the counts of every
-// rank's round r + 1 dispatch kernel, which each rank queues after it
+// r + 2 starts after its round r + 1 receive, which waits for the counts of
+// every rank's round r + 1 dispatch kernel, which each rank queues after it
 // unpacked round r: nobody writes half r % 2 before its reader is done.
 GIN_HD inline size_t llSlotBytes(const Shape& sh) { return 16 + sh.tokenBytes(); }
 // Slots lie a bf16 slot apart whatever a call sends (an FP8 call fills a
