@@ -416,8 +416,9 @@ __global__ void sumKernel(Layer l, int tokens, int stride, const int* rows, cons
 }
 
 // Low-latency mode: for each (local expert el, source src), a block (the
-// grid strides over the pairs: GpuBuffer::spinningGrid) waits for the counts of sources 0..src for el (llWaitDispatch's
-// signals, a thread each), then packs src's rows into x [el][R * Tmax]
+// grid strides over the pairs: GpuBuffer::spinningGrid) waits for the
+// counts of sources 0..src for el (llWaitDispatch's signals, a thread
+// each), then packs src's rows into x [el][R * Tmax]
 // after the rows of the sources before it (FP8: into xFp8, and the scales
 // into xScales [el][H / 128][R * Tmax]), with their token and choice, and
 // the layout range; the block of the last source writes the expert's
@@ -435,8 +436,7 @@ __device__ void llUnpackPair(const Layer& l, int pair, uint16_t* x, uint8_t* xFp
   if (threadIdx.x == 0) arrived = 1;
   __syncthreads();
   if (int(threadIdx.x) <= src &&
-      !gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.llCount(el, int(threadIdx.x)),
-                                      (round + 1) * uint64_t(sh.llSenders))) {
+      !gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.llCount(el, int(threadIdx.x)), llCountsDone(l, round))) {
     arrived = 0;
     ::atomicAdd(failed, 1);
   }
@@ -536,9 +536,8 @@ __global__ void llSumKernel(Layer l, int tokens, const unsigned long long* arriv
 }
 
 // A low-latency call's last kernel, a block (of 64 threads) per context:
-// every context
-// flushed (the sources of its puts, the x window and partial, may be written
-// again), and on block 0 the round words advanced: `which` 0 after a
+// every context flushed (the sources of its puts, the x window and partial,
+// may be written again), and on block 0 the round words advanced: `which` 0 after a
 // dispatch, which also sets *arrivals to the pairs it sent (the rows its
 // combine gets back); 1 after a combine, which adds them to rounds[2] and
 // tells every rank (SignalAdd of 1 on llSummed) that its sum is done. Then

@@ -93,6 +93,11 @@ struct Layer {
 
 // This call's low-latency round (see Layer::llRounds).
 GIN_HD inline uint64_t llRound(const Layer& l) { return l.llRounds ? uint64_t(l.llRounds[0]) : 0; }
+// Where each low-latency count signal ends once round `round`'s counts all
+// arrived: every one of the llSenders senders adds 1 per round.
+GIN_HD inline uint64_t llCountsDone(const Layer& l, uint64_t round) {
+  return (round + 1) * uint64_t(l.shape.llSenders);
+}
 
 // Put token t's row (rowBytes) to `peer`'s window w at `offset`: from the x
 // window, or stored straight from l.xDirect (every peer lsa-reachable).
@@ -524,7 +529,7 @@ template <class Coop>
 GIN_HD bool llWaitDispatch(const Layer& l, Coop coop) {
   const int L = l.shape.localExperts(), R = l.shape.ranks;
   gin::Net<> net(l.dc, 0);
-  const uint64_t want = (llRound(l) + 1) * uint64_t(l.shape.llSenders);
+  const uint64_t want = llCountsDone(l, llRound(l));
   bool ok = true;
   for (int i = coop.rank(); i < L * R && ok; i += coop.size())
     ok = net.waitSignal(gin::CoopThread{}, l.sig.llCount(i / R, i % R), want);
@@ -540,7 +545,7 @@ GIN_HD bool llExpertAndCombine(const Layer& l, int el, int src, int part, int pa
   const Shape& sh = l.shape;
   gin::Net<> net(l.dc, (l.dc.rank * sh.localExperts() + el) % l.dc.nContexts);
   const uint64_t round = llRound(l);
-  if (!net.waitSignal(coop, l.sig.llCount(el, src), (round + 1) * uint64_t(sh.llSenders))) return false;
+  if (!net.waitSignal(coop, l.sig.llCount(el, src), llCountsDone(l, round))) return false;
   const uint64_t n =
       gin::volatileLoad(static_cast<const uint64_t*>(gin::localPointer(l.counts, llCountAt(sh, round, el, src))));
   const float scale = expertScale(l.dc.rank * sh.localExperts() + el);
