@@ -17,6 +17,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
+#include <optional>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -194,6 +195,8 @@ struct Options {
   int slots = 0;               // moe: normal mode's ring slots; 0: default
   bool modeGiven = false, tokensGiven = false;
   int contexts = 0;  // network contexts (CommConfig::nContexts); 0: the default
+  int qpDepth = 0;            // ibgda: WQEs per QP (IbgdaConfig::qpDepth); 0: the default
+  bool deferDoorbell = false;  // ibgda: IbgdaConfig::deferDoorbell
 };
 
 // ---------------------------------------------------------------------------

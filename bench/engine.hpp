@@ -78,6 +78,10 @@ class Engine {
   // Its baseline: seconds for the same threads to store `count` 64-byte
   // records each with plain stores (GPU only; 0 on CPU ranks).
   virtual double storeRate(int, int, int) { return 0; }
+  // The posting path alone (GPU only; 0 on CPU ranks): postRate's kernel on
+  // copies of the QPs whose queues no NIC reads and whose completions are
+  // granted in advance, so no post waits for room or for the NIC.
+  virtual double postRateNoNic(int, int, int, int) { return 0; }
   // allreduce: fill `count` floats of rank `rank` at p (this rank's memory);
   // count the wrong floats at p and the disturbed guard bytes after them;
   // seconds for `iters` AllReduces of plan.count floats from send to recv.
@@ -407,6 +411,7 @@ class GpuEngine final : public Engine {
     cudaStreamSynchronize(stream_);
     cudaFree(scratch_);
     cudaFree(storeRing_);
+    for (void* p : noNicMem_) cudaFree(p);
     cudaEventDestroy(e0_);
     cudaEventDestroy(e1_);
     cudaStreamDestroy(stream_);
@@ -618,6 +623,13 @@ class GpuEngine final : public Engine {
     if (fetch(0)) throw gin::Error("msg-rate: an ibgda flush gave up without a device error record");
     return s;
   }
+  double postRateNoNic(int ctas, int threads, int peer, int count) override {
+    if (!noNic_) noNic_ = noNicComm();
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    const double s = timed([&] { postBurstKernel<<<ctas, threads, 0, stream_>>>(*noNic_, peer, count, scratch_); });
+    if (fetch(0)) throw gin::Error("msg-rate: a post to the NIC-free queues failed");
+    return s;
+  }
   double storeRate(int ctas, int threads, int count) override {
     if (!storeRing_) BENCH_CUDA(cudaMalloc(&storeRing_, size_t(kStoreRingSlots) * 64));
     return timed([&] { storeWqesKernel<<<ctas, threads, 0, stream_>>>(storeRing_, count); });
@@ -671,6 +683,50 @@ class GpuEngine final : public Engine {
   cudaEvent_t e0_ = nullptr, e1_ = nullptr;
   unsigned long long* scratch_ = nullptr;
   unsigned long long* storeRing_ = nullptr;  // msg-rate's plain-store baseline
+  std::optional<gin::DevComm> noNic_;         // msg-rate's NIC-free queues (postRateNoNic)
+  std::vector<void*> noNicMem_;
+
+  template <class T>
+  T* noNicAlloc(size_t n) {
+    void* p = nullptr;
+    BENCH_CUDA(cudaMalloc(&p, n * sizeof(T)));
+    BENCH_CUDA(cudaMemset(p, 0, n * sizeof(T)));
+    noNicMem_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  // The communicator's DevComm with ibgda pointing at copies of its QPs in
+  // fresh device memory: queues of 2^15 WQEs, doorbell records, UAR word and
+  // state of their own, `done` far ahead (every slot free), so posts never
+  // wait; nothing reads what they write. Keys and the NIC's placement
+  // (GPU-scope or system-scope doorbells) stay the communicator's.
+  gin::DevComm noNicComm() {
+    gin::DevComm dc = comm_.devComm();
+    gin::IbgdaDev ib{};
+    BENCH_CUDA(cudaMemcpy(&ib, dc.ibgda, sizeof ib, cudaMemcpyDeviceToHost));
+    const size_t nQps = size_t(dc.nContexts) * size_t(dc.nRanks);
+    std::vector<gin::IbgdaQpDev> qps(nQps);
+    BENCH_CUDA(cudaMemcpy(qps.data(), ib.qps, nQps * sizeof(gin::IbgdaQpDev), cudaMemcpyDeviceToHost));
+    constexpr uint32_t kDepth = 1u << 15;
+    for (gin::IbgdaQpDev& q : qps) {
+      q.nWqe = q.nCqe = kDepth;
+      q.sq = noNicAlloc<uint8_t>(size_t(kDepth) * 64);
+      q.dbrec = noNicAlloc<uint32_t>(2);
+      q.uar = noNicAlloc<uint64_t>(1);
+      q.cq = noNicAlloc<gin::mlx5::Cqe64>(kDepth);  // never read: no post waits
+      q.cqDbrec = noNicAlloc<uint32_t>(2);
+      q.counterOf = noNicAlloc<uint32_t>(kDepth);
+      q.state = noNicAlloc<gin::IbgdaQpState>(1);
+      gin::IbgdaQpState st{};
+      st.done = uint64_t(1) << 62;  // every slot complete, for 2^62 WQEs
+      BENCH_CUDA(cudaMemcpy(q.state, &st, sizeof st, cudaMemcpyHostToDevice));
+    }
+    ib.qps = noNicAlloc<gin::IbgdaQpDev>(nQps);
+    BENCH_CUDA(cudaMemcpy(ib.qps, qps.data(), nQps * sizeof(gin::IbgdaQpDev), cudaMemcpyHostToDevice));
+    gin::IbgdaDev* devIb = noNicAlloc<gin::IbgdaDev>(1);
+    BENCH_CUDA(cudaMemcpy(devIb, &ib, sizeof ib, cudaMemcpyHostToDevice));
+    dc.ibgda = devIb;
+    return dc;
+  }
 
   void launched() { BENCH_CUDA(cudaGetLastError()); }
   template <unsigned B>

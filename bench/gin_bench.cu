@@ -6,6 +6,7 @@
 //
 //   gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX]
 //                [--iters K] [--json FILE] [--no-nccl] [--channels N] [--contexts C]
+//                [--qp-depth D] [--defer-doorbell]
 //                [--mode normal|ll|both] [--tokens T] [--hidden H] [--batch B] [--slots S]
 //   OP: put-bw | signal-lat | barrier | msg-rate | allreduce | sendrecv | moe
 //
@@ -39,7 +40,7 @@ namespace bench {
 
 const char* kUsage =
     "usage: gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
-    "                    [--json FILE] [--no-nccl] [--contexts C]\n"
+    "                    [--json FILE] [--no-nccl] [--contexts C] [--qp-depth D] [--defer-doorbell]\n"
     "  OP            put-bw | signal-lat | barrier | msg-rate (descriptors/s into the proxy) |\n"
     "                allreduce (ring AllReduce, float sum, next to ncclAllReduce on GPUs) |\n"
     "                sendrecv (p2p send/recv ring shift, next to ncclSend/ncclRecv on GPUs) |\n"
@@ -67,6 +68,9 @@ const char* kUsage =
     "                at most 64; half that over proxy or ibgda; emulated 2)\n"
     "  --contexts C  network contexts (QPs per peer; CommConfig::nContexts, default 4); msg-rate\n"
     "                puts the producers of warp w on context w % C\n"
+    "  --qp-depth D  ibgda: WQEs per QP (IbgdaConfig::qpDepth, a power of two from 2 to 32768;\n"
+    "                default 256)\n"
+    "  --defer-doorbell  ibgda: posts only publish; flush rings (IbgdaConfig::deferDoorbell)\n"
     "  --mode M      moe: normal (4096 tokens per rank), ll (low latency, 128 tokens) or both (default)\n"
     "  --tokens T    moe: tokens per rank (default by mode; emulated 256 normal, 32 ll)\n"
     "  --hidden H    moe: hidden size in bf16 elements (default 7168, emulated 1024)\n"
@@ -200,6 +204,14 @@ Options parseArgs(int argc, char** argv) {
       const std::string v = value();
       if (!parseInt(v, 1, 64, &n)) usageError("--contexts " + v + ": expected a whole number from 1 to 64");
       o.contexts = int(n);
+    } else if (a == "--qp-depth") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 2, 1 << 15, &n) || (n & (n - 1)))
+        usageError("--qp-depth " + v + ": expected a power of two from 2 to 32768");
+      o.qpDepth = int(n);
+    } else if (a == "--defer-doorbell") {
+      o.deferDoorbell = true;
     } else if (a == "--hidden") {
       long n = 0;
       const std::string v = value();
@@ -236,6 +248,8 @@ Options parseArgs(int argc, char** argv) {
         "--transport ibgda measures msg-rate (the post rate into a sink NIC), sendrecv and signal-lat (through the "
         "soft NIC, or the GPU NIC with GIN_IBGDA_DEVICE=gpu-soft) only: no ConnectX device was available to "
         "measure put-bw, barrier, allreduce or moe over a real NIC");
+  if ((o.qpDepth || o.deferDoorbell) && o.transport != "ibgda")
+    usageError("--qp-depth and --defer-doorbell apply to --transport ibgda");
   if (o.sizesGiven && o.op != Op::PutBw && o.op != Op::AllReduce && o.op != Op::SendRecv)
     usageError("--sizes applies to put-bw, allreduce and sendrecv");
   if (o.channels && o.op != Op::SendRecv && o.op != Op::Moe) usageError("--channels applies to sendrecv and moe");
@@ -267,6 +281,8 @@ void setTransport(const Options& o, gin::CommConfig* cfg) {
     // msg-rate measures posting only (sink); sendrecv and signal-lat move data (the full soft NIC).
     const auto soft = o.op == Op::MsgRate ? gin::IbgdaConfig::Device::SoftSink : gin::IbgdaConfig::Device::Soft;
     cfg->ibgda.device = gin::env::choice("GIN_IBGDA_DEVICE") ? gin::IbgdaConfig::Device::Auto : soft;
+    if (o.qpDepth) cfg->ibgda.qpDepth = uint32_t(o.qpDepth);
+    cfg->ibgda.deferDoorbell = o.deferDoorbell;
   } else {
     cfg->transport = o.transport == "proxy" ? gin::TransportChoice::Proxy : gin::TransportChoice::Lsa;
   }

@@ -127,9 +127,14 @@ __device__ inline void warpCopy(char* dst, const char* src, unsigned n, int lane
   }
 }
 
-// Lane 0: CQE `cqIndex` of QP q for WQE `pi`; the last word last, with release.
+// Lane 0: CQE `cqIndex` of QP q for WQE `pi`; the last word last, with
+// release: at system scope when the WQEs had effects (the CQE body, and
+// every effect of the WQE: stores of every lane, ordered before by the
+// caller's __syncwarp, first; a peer GPU's memory among them); at GPU scope
+// for the sink, whose CQEs say nothing about memory beyond themselves (the
+// poller runs on this GPU).
 __device__ inline void writeCqe(const Qp& q, unsigned long long cqIndex, unsigned long long pi, uint8_t syndrome,
-                                uint8_t wqeOpcode, bool err) {
+                                uint8_t wqeOpcode, bool err, bool effects = true) {
   mlx5::Cqe64 c;
   mlx5::fillCqe(c, uint16_t(pi), q.qpn, 0, err ? syndrome : 0, 0, err ? wqeOpcode : 0);
   c.b[mlx5::kCqeOpOwn] =
@@ -138,9 +143,10 @@ __device__ inline void writeCqe(const Qp& q, unsigned long long cqIndex, unsigne
   __builtin_memcpy(words, c.b, 64);
   unsigned* e = reinterpret_cast<unsigned*>(q.cq + (cqIndex & (q.nCqe - 1)));
   for (int i = 0; i < 15; ++i) e[i] = words[i];
-  // Release at system scope: the CQE body, and every effect of the WQE
-  // (stores of every lane, ordered before by the caller's __syncwarp), first.
-  atomicStore<Scope::System>(e + 15, words[15], MemoryOrder::Release);
+  if (effects)
+    atomicStore<Scope::System>(e + 15, words[15], MemoryOrder::Release);
+  else
+    atomicStore<Scope::Device>(e + 15, words[15], MemoryOrder::Release);
 }
 
 // Serve one QP for one pass: returns the WQEs consumed. Warp-uniform.
@@ -148,14 +154,18 @@ __device__ inline unsigned serve(const Params& p, int qi, int lane, unsigned lon
                                  unsigned long long& errors, unsigned long long* myCounts) {
   const Qp q = p.qps[qi];
   QpState* s = p.st + qi;
-  if (__ldcg(&s->failed)) return 0;
+  // The warp's state and both doorbell records in one memory round trip
+  // (independent loads), then one fence: acquire for the records (the
+  // producers and the poller release them, at GPU scope: they run on this GPU).
+  const unsigned failedQp = __ldcg(&s->failed);
   unsigned long long pi = __ldcg(&s->pi), cqPi = __ldcg(&s->cqPi);
   unsigned dbr = 0, cqci = 0;
   if (lane == 0) {
-    // Acquire: pairs with the producer's release of the doorbell record.
-    dbr = atomicLoad<Scope::System>(q.dbrec + mlx5::kDbrSend, MemoryOrder::Acquire);
-    cqci = atomicLoad<Scope::System>(q.cqDbrec, MemoryOrder::Acquire);
+    dbr = atomicLoad<Scope::System>(q.dbrec + mlx5::kDbrSend, MemoryOrder::Relaxed);
+    cqci = atomicLoad<Scope::System>(q.cqDbrec, MemoryOrder::Relaxed);
+    fence<Scope::Device>();
   }
+  if (failedQp) return 0;
   __syncwarp();
   dbr = __shfl_sync(0xffffffffu, dbr, 0);
   cqci = __shfl_sync(0xffffffffu, cqci, 0);
@@ -178,31 +188,36 @@ __device__ inline unsigned serve(const Params& p, int qi, int lane, unsigned lon
     // The producer index ran more than a queue ahead: fail, as the host NIC does.
     if (room) fail(mlx5::kSynLocalQpOpErr, mlx5::kOpNop);
   } else if (p.sink) {
-    // Sink: lane k completes WQE pi + k, with a CQE if it asks for one (its
-    // control segment is all that is read); nothing runs.
-    const unsigned m = min(avail, 32u);
-    bool want = false;
-    if (unsigned(lane) < m) {
-      const unsigned long long w1 = __ldcg(reinterpret_cast<const unsigned long long*>(
-                                               q.sq + ((pi + unsigned(lane)) & (q.nWqe - 1)) * mlx5::kSendWqeBB) +
-                                           1);
-      want = ((w1 >> 24) & mlx5::kCtrlCqUpdate) != 0;  // fm_ce_se is byte 11 of the WQE
+    // Sink: every WQE available, 32 at a time: lane k completes WQE pi + k,
+    // with a CQE if it asks for one (its control segment is all that is
+    // read); nothing runs.
+    while (did < avail) {
+      const unsigned m = min(avail - did, 32u);
+      bool want = false;
+      if (unsigned(lane) < m) {
+        const unsigned long long w1 = __ldcg(reinterpret_cast<const unsigned long long*>(
+                                                 q.sq + ((pi + unsigned(lane)) & (q.nWqe - 1)) * mlx5::kSendWqeBB) +
+                                             1);
+        want = ((w1 >> 24) & mlx5::kCtrlCqUpdate) != 0;  // fm_ce_se is byte 11 of the WQE
+      }
+      unsigned wants = __ballot_sync(0xffffffffu, want);
+      unsigned take = m;
+      if (unsigned(__popc(wants)) > room) {
+        // CQ room for the first `room` CQEs only: stop before the next one.
+        unsigned rest = wants;
+        for (unsigned r = 0; r < room; ++r) rest &= rest - 1;
+        take = unsigned(__ffs(int(rest)) - 1);
+        wants &= (1u << take) - 1;
+      }
+      if (lane == 0) myCounts[0] = executed + take;
+      __syncwarp();
+      if (unsigned(lane) < take && want)
+        writeCqe(q, cqPi + unsigned(__popc(wants & ((1u << lane) - 1))), pi + unsigned(lane), 0, 0, false, false);
+      executed += take;
+      room -= unsigned(__popc(wants));
+      pi += take, cqPi += unsigned(__popc(wants)), did += take;
+      if (take < m) break;  // the CQ is full
     }
-    unsigned wants = __ballot_sync(0xffffffffu, want);
-    unsigned take = m;
-    if (unsigned(__popc(wants)) > room) {
-      // CQ room for the first `room` CQEs only: stop before the next one.
-      unsigned rest = wants;
-      for (unsigned r = 0; r < room; ++r) rest &= rest - 1;
-      take = unsigned(__ffs(int(rest)) - 1);
-      wants &= (1u << take) - 1;
-    }
-    if (lane == 0) myCounts[0] = executed + take;
-    __syncwarp();
-    if (unsigned(lane) < take && want)
-      writeCqe(q, cqPi + unsigned(__popc(wants & ((1u << lane) - 1))), pi + unsigned(lane), 0, 0, false);
-    executed += take;
-    pi += take, cqPi += unsigned(__popc(wants)), did = take;
   } else {
     for (unsigned k = 0; k < avail && k < 64 && !failed; ++k) {
       // One 64-byte WQE: lanes 0-7 load a word each (from L2), then every lane has all of it.

@@ -106,22 +106,30 @@ GIN_HD GIN_INLINE const IbgdaQpDev* qpOf(const DevComm& c, int ctx, int peer) {
 GIN_HD GIN_INLINE bool deferred(const DevComm& c) { return loadConst(&c.ibgda->deferDoorbell) != 0; }
 GIN_HD GIN_INLINE bool nicOnGpu(const DevComm& c) { return loadConst(&c.ibgda->nicOnGpu) != 0; }
 
-// The doorbell for WQEs up to pi (the last one's control head `head`): the
-// doorbell record with release, so the WQEs and what the caller wrote before
-// are visible to the NIC first, then the UAR word. A NIC across PCIe needs
-// both at system scope. A NIC on this GPU (the GPU NIC) needs the record at
-// GPU scope only, and reads the UAR word only to know it must start again
-// (its watcher compares it with what it consumed), so that store is relaxed.
+// The doorbell for WQEs up to pi (the last one's control head `head`), after
+// a fence that released them (and what the caller wrote before) to the NIC:
+// the doorbell record, then the UAR word. A NIC across PCIe needs the UAR
+// write ordered after the record (release, system scope). A NIC on this GPU
+// (the GPU NIC) reads the UAR word only to know it must start again (its
+// watcher compares it with what it consumed), so that store is relaxed.
+GIN_HD GIN_INLINE void ringAfterFence(uint32_t* dbrec, uint64_t* uar, uint64_t pi, uint64_t head, bool gpuNic) {
+  atomicStore<Scope::System>(dbrec + mlx5::kDbrSend, mlx5::bswap32(uint32_t(pi) & 0xffffu), MemoryOrder::Relaxed);
+  atomicStore<Scope::System>(uar, head, gpuNic ? MemoryOrder::Relaxed : MemoryOrder::Release);
+}
+
+// The fence that releases WQEs to the NIC: GPU scope for the GPU NIC, system
+// scope for a NIC across PCIe.
+GIN_HD GIN_INLINE void nicFence(bool gpuNic) {
+  if (gpuNic)
+    fence<Scope::Device>();
+  else
+    fence<Scope::System>();
+}
+
+// The doorbell with its fence.
 GIN_HD GIN_INLINE void doorbell(const IbgdaQpDev* qp, uint64_t pi, uint64_t head, bool gpuNic) {
-  uint32_t* rec = loadConst(&qp->dbrec) + mlx5::kDbrSend;
-  const uint32_t v = mlx5::bswap32(uint32_t(pi) & 0xffffu);
-  if (gpuNic) {
-    atomicStore<Scope::Device>(rec, v, MemoryOrder::Release);
-    atomicStore<Scope::System>(loadConst(&qp->uar), head, MemoryOrder::Relaxed);
-  } else {
-    atomicStore<Scope::System>(rec, v, MemoryOrder::Release);
-    atomicStore<Scope::System>(loadConst(&qp->uar), head, MemoryOrder::Release);
-  }
+  nicFence(gpuNic);
+  ringAfterFence(loadConst(&qp->dbrec), loadConst(&qp->uar), pi, head, gpuNic);
 }
 
 // Deferred doorbells: ring for every WQE published so far, unless another
@@ -319,21 +327,92 @@ GIN_HD GIN_INLINE uint64_t fillWqes(uint8_t* sq, uint32_t* counterOf, uint32_t n
   return ctrlHead;
 }
 
+// What a producer learns in the memory round trip of its reservation: its
+// first slot t, and `done` (room) and `ready` (its turn to publish), loaded
+// while the atomic is in flight. Both only grow, so an old value only sends
+// the producer the slow way (wait). `done` is loaded with acquire (the NIC
+// and the poller are finished with the slots before we overwrite them).
+// `ready`: on the GPU a relaxed load that publish()'s fence acquires (a
+// relaxed read then fence.acq_rel); on the host an acquire load (what
+// ThreadSanitizer follows).
+inline constexpr MemoryOrder kTurnOrder = GIN_DEVICE_CODE ? MemoryOrder::Relaxed : MemoryOrder::Acquire;
+struct Claim {
+  uint64_t t, done, ready;
+};
+GIN_HD GIN_INLINE Claim claim(IbgdaQpState* st, uint64_t n) {
+  Claim k;
+  // Relaxed: the reservation orders nothing by itself.
+  k.t = atomicFetchAdd<Scope::Device>(&st->resv, n, MemoryOrder::Relaxed);
+  k.ready = atomicLoad<Scope::Device>(&st->ready, kTurnOrder);
+  k.done = atomicLoad<Scope::Device>(&st->done, MemoryOrder::Acquire);
+  return k;
+}
+
+// Room for slots [t, t+n): they were last used by WQEs [t-nWqe, t+n-nWqe),
+// which must have completed. No cycle: this depends only on earlier
+// reservations. Acquire (in waitDone): as claim()'s load of `done`.
+GIN_HD GIN_INLINE bool room(const DevComm& c, const IbgdaQpDev* qp, int ctx, int peer, const Claim& k, uint64_t n,
+                            uint32_t nWqe) {
+  if (k.t + n <= nWqe || rollingLessEqual(k.t + n - nWqe, k.done)) return true;
+  return waitDone(c, qp, ctx, peer, k.t + n - nWqe, Op::IbgdaFull);
+}
+
+// A QP's fields as post() uses them, loaded together before the reservation
+// (the acquire and the fences after it empty the L1 cache, so a field read
+// later costs a memory round trip of its own), with the transport's two
+// flags.
+struct QpView {
+  IbgdaQpState* st;
+  uint8_t* sq;
+  uint32_t* counterOf;
+  uint32_t* dbrec;
+  uint64_t* uar;
+  uint32_t nWqe, qpn;
+  bool gpuNic, defer;
+};
+GIN_HD GIN_INLINE QpView viewOf(const DevComm& c, const IbgdaQpDev* qp) {
+  return QpView{loadConst(&qp->state), loadConst(&qp->sq),   loadConst(&qp->counterOf), loadConst(&qp->dbrec),
+                loadConst(&qp->uar),   loadConst(&qp->nWqe), loadConst(&qp->qpn),       nicOnGpu(c),
+                deferred(c)};
+}
+
+// In-order publication of WQEs [t, end) (already in their slots): wait for
+// the turn (ready == t), ring the doorbell unless doorbells are deferred,
+// hand the turn on. One fence acquires the turn (the previous holder's
+// doorbell happens before ours, so the record never moves backwards) and
+// releases the WQEs, counterOf and the caller's writes (a put's source) to
+// the NIC; with a doorbell, a second one orders it before the hand-off.
+// With deferred doorbells the hand-off is also what ring() acquires.
+GIN_HD GIN_INLINE bool publish(const DevComm& c, const QpView& v, int ctx, int peer, const Claim& k, uint64_t end,
+                               uint64_t head) {
+  if (k.ready != k.t && !detail::boundedWait(
+                            c, &v.st->ready, kTurnOrder, [&](uint64_t r) { return r == k.t; },
+                            detail::WaitWhat{Op::IbgdaFull, peer, ctx, k.t, k.t}))
+    return false;
+  nicFence(v.gpuNic);
+  if (!v.defer) {
+    ringAfterFence(v.dbrec, v.uar, end, head, v.gpuNic);
+    fence<Scope::Device>();
+  }
+  atomicStore<Scope::Device>(&v.st->ready, end, MemoryOrder::Relaxed);  // after a fence: a release
+  return true;
+}
+
 // Post n (1 <= n <= nWqe) WQEs produced by make(i, Wqe&) for i in [0, n) to
 // the QP of (ctx, peer); `counter` (or kIbgdaNoCounter) is applied when the
 // last one completes. The caller's writes (a put's source) are ordered before
-// the NIC reads them by the release of the doorbell record.
+// the NIC reads them by publish()'s fence. An uncontended post costs three
+// memory round trips: the reservation (with the loads of claim()), and the
+// two fences of publish().
 template <class Make>
 GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t counter, Make make) {
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-  IbgdaQpState* st = loadConst(&qp->state);
-  uint8_t* sq = loadConst(&qp->sq);
-  uint32_t* counterOf = loadConst(&qp->counterOf);
-  const uint32_t nWqe = loadConst(&qp->nWqe), qpn = loadConst(&qp->qpn);
+  const QpView v = viewOf(c, qp);
+  const uint32_t nWqe = v.nWqe;
 #if GIN_DEVICE_CODE && GIN_IBGDA_WARP_AGGREGATE
   // Warp aggregation: the converged lanes of a warp that post to this QP
   // reserve, publish and ring once for all of them (one atomic on `resv`,
-  // one wait for `ready`, one doorbell), in lane order.
+  // one turn, one doorbell), in lane order.
   const unsigned active = __activemask();
   const unsigned group = __match_any_sync(active, reinterpret_cast<unsigned long long>(qp));
   if (__popc(group) > 1) {
@@ -346,59 +425,31 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
       total += nl;
     }
     if (total <= nWqe) {
-      unsigned long long base = 0;
-      if (lane == leader) base = atomicFetchAdd<Scope::Device>(&st->resv, uint64_t(total), MemoryOrder::Relaxed);
-      base = __shfl_sync(group, base, leader);
-      // Room for the group's slots (see below); the leader waits for all.
+      Claim k{0, 0, 0};
       int ok = 1;
-      if (lane == leader && base + total > nWqe)
-        ok = waitDone(c, qp, ctx, peer, base + total - nWqe, Op::IbgdaFull) ? 1 : 0;
-      if (!__shfl_sync(group, ok, leader)) return false;
-      // One CQE for the group: its last lane's last WQE asks for it.
-      unsigned long long head = fillWqes(sq, counterOf, nWqe, qpn, base + before, n, counter, make, lane == last);
-      head = __shfl_sync(group, head, last);
-      // Every lane's WQEs and counterOf entries before the leader's release.
-      __syncwarp(group);
       if (lane == leader) {
-        ok = detail::boundedWait(
-                 c, &st->ready, MemoryOrder::Acquire, [&](uint64_t v) { return v == base; },
-                 detail::WaitWhat{Op::IbgdaFull, peer, ctx, base, base})
-                 ? 1
-                 : 0;
-        if (ok) {
-          if (!deferred(c)) doorbell(qp, base + total, head, nicOnGpu(c));
-          atomicStore<Scope::Device>(&st->ready, uint64_t(base + total), MemoryOrder::Release);
-        }
+        k = claim(v.st, total);
+        ok = room(c, qp, ctx, peer, k, total, nWqe) ? 1 : 0;  // the leader waits for the group's room
       }
+      // __syncwarp: the leader's acquire (room) before the lanes' slot writes.
+      __syncwarp(group);
+      if (!__shfl_sync(group, ok, leader)) return false;
+      const uint64_t base = __shfl_sync(group, static_cast<unsigned long long>(k.t), leader);
+      // One CQE for the group: its last lane's last WQE asks for it.
+      unsigned long long head =
+          fillWqes(v.sq, v.counterOf, nWqe, v.qpn, base + before, n, counter, make, lane == last);
+      head = __shfl_sync(group, head, last);
+      // Every lane's WQEs and counterOf entries before the leader's fence.
+      __syncwarp(group);
+      if (lane == leader) ok = publish(c, v, ctx, peer, k, base + total, head) ? 1 : 0;
       return __shfl_sync(group, ok, leader) != 0;
     }
   }
 #endif
-  // Relaxed: the reservation orders nothing by itself; `done` and `ready`
-  // carry the orderings below.
-  const uint64_t t = atomicFetchAdd<Scope::Device>(&st->resv, uint64_t(n), MemoryOrder::Relaxed);
-  // Room: slots [t, t+n) were last used by WQEs [t-nWqe, t+n-nWqe), which
-  // must have completed. No cycle: this depends only on earlier reservations. Acquire (in waitDone): the NIC and the
-  // poller are done with those slots before we overwrite them.
-  if (t + n > nWqe && !waitDone(c, qp, ctx, peer, t + n - nWqe, Op::IbgdaFull)) return false;
-  const uint64_t ctrlHead = fillWqes(sq, counterOf, nWqe, qpn, t, n, counter, make, true);
-  // In-order publication. Acquire: the previous holder's doorbell-record
-  // write happens before ours, so the record never moves backwards.
-  const bool turn = detail::boundedWait(
-      c, &st->ready, MemoryOrder::Acquire, [&](uint64_t v) { return v == t; },
-      detail::WaitWhat{Op::IbgdaFull, peer, ctx, t, t});
-  if (!turn) return false;
-  if (!deferred(c)) {
-    // Release at system scope: the WQEs (and the caller's source data, and
-    // counterOf) are visible before the NIC sees the new producer index.
-    // The doorbell: the record, then the UAR word (the first 8 bytes of the
-    // last WQE's control segment).
-    doorbell(qp, t + n, ctrlHead, nicOnGpu(c));
-  }
-  // Hand the token to the next producer (it acquires `ready`); with deferred
-  // doorbells this release is also what ring() acquires.
-  atomicStore<Scope::Device>(&st->ready, t + n, MemoryOrder::Release);
-  return true;
+  const Claim k = claim(v.st, n);
+  if (!room(c, qp, ctx, peer, k, n, nWqe)) return false;
+  const uint64_t ctrlHead = fillWqes(v.sq, v.counterOf, nWqe, v.qpn, k.t, n, counter, make, true);
+  return publish(c, v, ctx, peer, k, k.t + n, ctrlHead);
 }
 
 // ---- WQE shapes ----
@@ -502,6 +553,8 @@ GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst
     total = 1;
   }
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
+  Wqe sigWqe{};  // built before post(): its loads then overlap the QP's
+  if (sig) makeSignal(c, qp, peer, a, sigWqe);
   const uint64_t batch = loadConst(&qp->nWqe) / 2 > 0 ? loadConst(&qp->nWqe) / 2 : 1;
   for (uint64_t i0 = 0; i0 < total; i0 += batch) {
     const uint32_t n = uint32_t(total - i0 < batch ? total - i0 : batch);
@@ -515,7 +568,7 @@ GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst
         const uint64_t len = bytes - off < maxB ? bytes - off : maxB;
         makeWrite(q, raddr + off, rkey, laddr + off, lkey, uint32_t(len));
       } else {
-        makeSignal(c, qp, peer, a, q);
+        q = sigWqe;
       }
     });
     if (!ok) return false;
@@ -539,19 +592,22 @@ GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev
   const uint32_t rkey = loadConst(&rk->rkey);
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
   const uint32_t n = a.remote != RemoteOp::None ? 2 : 1;
+  Wqe sigWqe{};  // built before post(): its loads then overlap the QP's
+  if (n == 2) makeSignal(c, qp, peer, a, sigWqe);
   return post(c, ctx, peer, n, a.counter, [&](uint32_t i, Wqe& q) {
     if (i == 0)
       (void)makeWriteInline(q, raddr, rkey, value, bytes, 0);  // bytes <= kIbgdaMaxInline: always built
     else
-      makeSignal(c, qp, peer, a, q);
+      q = sigWqe;
   });
 }
 
 // A remote action alone (nothing to do when there is none).
 GIN_HD inline bool signal(const DevComm& c, int ctx, int peer, const Action& a) {
   if (a.remote == RemoteOp::None) return true;
-  const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-  return post(c, ctx, peer, 1, a.counter, [&](uint32_t, Wqe& q) { makeSignal(c, qp, peer, a, q); });
+  Wqe sigWqe;  // built before post(): its loads then overlap the QP's
+  makeSignal(c, qpOf(c, ctx, peer), peer, a, sigWqe);
+  return post(c, ctx, peer, 1, a.counter, [&](uint32_t, Wqe& q) { q = sigWqe; });
 }
 
 // Flush: every WQE reserved on context ctx's QPs before the call completes.
