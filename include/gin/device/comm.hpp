@@ -163,13 +163,17 @@ GIN_HD GIN_INLINE bool peerFailed(const DevComm& c, const WaitWhat& what) {
 }
 
 // How often a long wait reads the team's abort word (host memory: a PCIe
-// read on GPUs). Per waiting thread: tens of thousands of threads waiting at
-// once (every thread of a kernel flushing) must not fill PCIe with these reads.
+// read on GPUs), and how long a wait lasts before its first read. Per
+// waiting thread: tens of thousands of threads waiting at once (every thread
+// of a kernel flushing) must not fill PCIe with these reads, and a wait must
+// not hold one when its condition comes: 1056 warps taking turns on 16 ibgda
+// QPs (waits of tens of microseconds) posted 1.2 instead of 479 million WQEs/s
+// when each wait read the word after 20 us (msg-rate, H200, docs/performance.md).
 inline constexpr uint64_t kTeamCheckNs = 1'000'000;
 
 // Spin until ready(poll()) holds. The clock and the abort flag are looked at
 // every 64 polls (the clock starts then too), the team's abort word once the
-// wait has lasted 20 us and then every kTeamCheckNs, so a wait that is
+// wait has lasted kTeamCheckNs and then every kTeamCheckNs, so a wait that is
 // already satisfied costs one poll. On timeout the error record gets `what` and the
 // last value seen; on abort (another wait, or another rank, failed) it
 // returns at once. Returns whether the condition was met.
@@ -184,7 +188,7 @@ GIN_HD bool boundedPoll(const DevComm& c, Poll poll, Ready ready, const WaitWhat
       const uint64_t now = nowNs();
       if (start == 0) {
         start = now;
-        teamAt = now + 20'000;  // not on the path of a wait that is about to end
+        teamAt = now + kTeamCheckNs;  // not on the path of a short wait
       }
       if (now >= teamAt) {
         if (peerFailed(c, what)) return false;
