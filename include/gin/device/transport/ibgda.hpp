@@ -328,22 +328,18 @@ GIN_HD GIN_INLINE uint64_t fillWqes(uint8_t* sq, uint32_t* counterOf, uint32_t n
 }
 
 // What a producer learns in the memory round trip of its reservation: its
-// first slot t, and `done` (room) and `ready` (its turn to publish), loaded
-// while the atomic is in flight. Both only grow, so an old value only sends
-// the producer the slow way (wait). `done` is loaded with acquire (the NIC
-// and the poller are finished with the slots before we overwrite them).
-// `ready`: on the GPU a relaxed load that publish()'s fence acquires (a
-// relaxed read then fence.acq_rel); on the host an acquire load (what
-// ThreadSanitizer follows).
-inline constexpr MemoryOrder kTurnOrder = GIN_DEVICE_CODE ? MemoryOrder::Relaxed : MemoryOrder::Acquire;
+// first slot t, and `done` (room), loaded while the atomic is in flight;
+// `done` only grows, so an old value only sends the producer the slow way
+// (wait). Acquire: the NIC and the poller are finished with the slots
+// before we overwrite them.
 struct Claim {
-  uint64_t t, done, ready;
+  uint64_t t, done;
 };
+inline constexpr MemoryOrder kTurnOrder = GIN_DEVICE_CODE ? MemoryOrder::Relaxed : MemoryOrder::Acquire;
 GIN_HD GIN_INLINE Claim claim(IbgdaQpState* st, uint64_t n) {
   Claim k;
   // Relaxed: the reservation orders nothing by itself.
   k.t = atomicFetchAdd<Scope::Device>(&st->resv, n, MemoryOrder::Relaxed);
-  k.ready = atomicLoad<Scope::Device>(&st->ready, kTurnOrder);
   k.done = atomicLoad<Scope::Device>(&st->done, MemoryOrder::Acquire);
   return k;
 }
@@ -359,21 +355,16 @@ GIN_HD GIN_INLINE bool room(const DevComm& c, const IbgdaQpDev* qp, int ctx, int
 
 // A QP's fields as post() uses them, loaded together before the reservation
 // (the acquire and the fences after it empty the L1 cache, so a field read
-// later costs a memory round trip of its own), with the transport's two
-// flags.
+// later costs a memory round trip of its own).
 struct QpView {
   IbgdaQpState* st;
   uint8_t* sq;
   uint32_t* counterOf;
-  uint32_t* dbrec;
-  uint64_t* uar;
   uint32_t nWqe, qpn;
-  bool gpuNic, defer;
 };
-GIN_HD GIN_INLINE QpView viewOf(const DevComm& c, const IbgdaQpDev* qp) {
-  return QpView{loadConst(&qp->state), loadConst(&qp->sq),   loadConst(&qp->counterOf), loadConst(&qp->dbrec),
-                loadConst(&qp->uar),   loadConst(&qp->nWqe), loadConst(&qp->qpn),       nicOnGpu(c),
-                deferred(c)};
+GIN_HD GIN_INLINE QpView viewOf(const IbgdaQpDev* qp) {
+  return QpView{loadConst(&qp->state), loadConst(&qp->sq), loadConst(&qp->counterOf), loadConst(&qp->nWqe),
+                loadConst(&qp->qpn)};
 }
 
 // In-order publication of WQEs [t, end) (already in their slots): wait for
@@ -383,18 +374,28 @@ GIN_HD GIN_INLINE QpView viewOf(const DevComm& c, const IbgdaQpDev* qp) {
 // releases the WQEs, counterOf and the caller's writes (a put's source) to
 // the NIC; with a doorbell, a second one orders it before the hand-off.
 // With deferred doorbells the hand-off is also what ring() acquires.
-GIN_HD GIN_INLINE bool publish(const DevComm& c, const QpView& v, int ctx, int peer, const Claim& k, uint64_t end,
-                               uint64_t head) {
-  if (k.ready != k.t && !detail::boundedWait(
-                            c, &v.st->ready, kTurnOrder, [&](uint64_t r) { return r == k.t; },
-                            detail::WaitWhat{Op::IbgdaFull, peer, ctx, k.t, k.t}))
+GIN_HD GIN_INLINE bool publish(const DevComm& c, const IbgdaQpDev* qp, IbgdaQpState* st, int ctx, int peer,
+                               const Claim& k, uint64_t end, uint64_t head) {
+  // Loaded before the fence (which waits for them anyway); not held through
+  // the post: a user kernel's registers are short (processes.cu's ring at
+  // 512 threads may use 128).
+  uint32_t* dbrec = loadConst(&qp->dbrec);
+  uint64_t* uar = loadConst(&qp->uar);
+  const bool gpuNic = nicOnGpu(c), defer = deferred(c);
+  // The turn: on the GPU relaxed loads that the fence below acquires (a
+  // relaxed read then fence.acq_rel); on the host acquire loads (what
+  // ThreadSanitizer follows). The first overlaps the loads above.
+  if (atomicLoad<Scope::Device>(&st->ready, kTurnOrder) != k.t &&
+      !detail::boundedWait(
+          c, &st->ready, kTurnOrder, [&](uint64_t r) { return r == k.t; },
+          detail::WaitWhat{Op::IbgdaFull, peer, ctx, k.t, k.t}))
     return false;
-  nicFence(v.gpuNic);
-  if (!v.defer) {
-    ringAfterFence(v.dbrec, v.uar, end, head, v.gpuNic);
+  nicFence(gpuNic);
+  if (!defer) {
+    ringAfterFence(dbrec, uar, end, head, gpuNic);
     fence<Scope::Device>();
   }
-  atomicStore<Scope::Device>(&v.st->ready, end, MemoryOrder::Relaxed);  // after a fence: a release
+  atomicStore<Scope::Device>(&st->ready, end, MemoryOrder::Relaxed);  // after a fence: a release
   return true;
 }
 
@@ -407,7 +408,7 @@ GIN_HD GIN_INLINE bool publish(const DevComm& c, const QpView& v, int ctx, int p
 template <class Make>
 GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t counter, Make make) {
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-  const QpView v = viewOf(c, qp);
+  const QpView v = viewOf(qp);
   const uint32_t nWqe = v.nWqe;
 #if GIN_DEVICE_CODE && GIN_IBGDA_WARP_AGGREGATE
   // Warp aggregation: the converged lanes of a warp that post to this QP
@@ -425,7 +426,7 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
       total += nl;
     }
     if (total <= nWqe) {
-      Claim k{0, 0, 0};
+      Claim k{0, 0};
       int ok = 1;
       if (lane == leader) {
         k = claim(v.st, total);
@@ -441,7 +442,7 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
       head = __shfl_sync(group, head, last);
       // Every lane's WQEs and counterOf entries before the leader's fence.
       __syncwarp(group);
-      if (lane == leader) ok = publish(c, v, ctx, peer, k, base + total, head) ? 1 : 0;
+      if (lane == leader) ok = publish(c, qp, v.st, ctx, peer, k, base + total, head) ? 1 : 0;
       return __shfl_sync(group, ok, leader) != 0;
     }
   }
@@ -449,7 +450,7 @@ GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t count
   const Claim k = claim(v.st, n);
   if (!room(c, qp, ctx, peer, k, n, nWqe)) return false;
   const uint64_t ctrlHead = fillWqes(v.sq, v.counterOf, nWqe, v.qpn, k.t, n, counter, make, true);
-  return publish(c, v, ctx, peer, k, k.t + n, ctrlHead);
+  return publish(c, qp, v.st, ctx, peer, k, k.t + n, ctrlHead);
 }
 
 // ---- WQE shapes ----
@@ -505,15 +506,24 @@ GIN_HD GIN_INLINE void makeNop(Wqe& q) {
 // by the caller (Actions::resolve).
 using Action = gin::Action;
 
-// The signal WQE of an action (remote != none).
-GIN_HD GIN_INLINE void makeSignal(const DevComm& c, const IbgdaQpDev* qp, int peer, const Action& a, Wqe& q) {
+// Where the signal WQE of an action goes, read before post() (its loads then
+// overlap the QP's; the WQE itself is built in the slot, so a post does not
+// hold 64 bytes of it in registers).
+struct SignalKeys {
+  uint64_t raddr, scratchAddr;
+  uint32_t rkey, scratchLkey;
+};
+GIN_HD GIN_INLINE SignalKeys signalKeys(const DevComm& c, const IbgdaQpDev* qp, int peer, const Action& a) {
   const IbgdaRemoteKey* sr = loadConst(&c.ibgda->signalRemotes) + peer;
-  const uint64_t raddr = loadConst(&sr->addr) + uint64_t(a.signal) * 8;
-  const uint32_t rkey = loadConst(&sr->rkey);
+  return SignalKeys{loadConst(&sr->addr) + uint64_t(a.signal) * 8, loadConst(&qp->scratchAddr), loadConst(&sr->rkey),
+                    loadConst(&qp->scratchLkey)};
+}
+// The signal WQE of an action (remote != none).
+GIN_HD GIN_INLINE void makeSignal(const SignalKeys& k, const Action& a, Wqe& q) {
   if (a.remote == RemoteOp::Add)
-    makeFetchAdd(q, raddr, rkey, a.value, loadConst(&qp->scratchAddr), loadConst(&qp->scratchLkey));
+    makeFetchAdd(q, k.raddr, k.rkey, a.value, k.scratchAddr, k.scratchLkey);
   else
-    (void)makeWriteInline(q, raddr, rkey, &a.value, 8, mlx5::kCtrlFence);  // 8 <= kIbgdaMaxInline: always built
+    (void)makeWriteInline(q, k.raddr, k.rkey, &a.value, 8, mlx5::kCtrlFence);  // 8 <= kIbgdaMaxInline: always built
 }
 
 // A window's key-table slot, or nullptr (recorded) when the window is not
@@ -553,8 +563,7 @@ GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst
     total = 1;
   }
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-  Wqe sigWqe{};  // built before post(): its loads then overlap the QP's
-  if (sig) makeSignal(c, qp, peer, a, sigWqe);
+
   const uint64_t batch = loadConst(&qp->nWqe) / 2 > 0 ? loadConst(&qp->nWqe) / 2 : 1;
   for (uint64_t i0 = 0; i0 < total; i0 += batch) {
     const uint32_t n = uint32_t(total - i0 < batch ? total - i0 : batch);
@@ -568,7 +577,7 @@ GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst
         const uint64_t len = bytes - off < maxB ? bytes - off : maxB;
         makeWrite(q, raddr + off, rkey, laddr + off, lkey, uint32_t(len));
       } else {
-        q = sigWqe;
+        makeSignal(signalKeys(c, qp, peer, a), a, q);
       }
     });
     if (!ok) return false;
@@ -592,22 +601,20 @@ GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev
   const uint32_t rkey = loadConst(&rk->rkey);
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
   const uint32_t n = a.remote != RemoteOp::None ? 2 : 1;
-  Wqe sigWqe{};  // built before post(): its loads then overlap the QP's
-  if (n == 2) makeSignal(c, qp, peer, a, sigWqe);
+  const SignalKeys sigKeys = n == 2 ? signalKeys(c, qp, peer, a) : SignalKeys{};
   return post(c, ctx, peer, n, a.counter, [&](uint32_t i, Wqe& q) {
     if (i == 0)
       (void)makeWriteInline(q, raddr, rkey, value, bytes, 0);  // bytes <= kIbgdaMaxInline: always built
     else
-      q = sigWqe;
+      makeSignal(sigKeys, a, q);
   });
 }
 
 // A remote action alone (nothing to do when there is none).
 GIN_HD inline bool signal(const DevComm& c, int ctx, int peer, const Action& a) {
   if (a.remote == RemoteOp::None) return true;
-  Wqe sigWqe;  // built before post(): its loads then overlap the QP's
-  makeSignal(c, qpOf(c, ctx, peer), peer, a, sigWqe);
-  return post(c, ctx, peer, 1, a.counter, [&](uint32_t, Wqe& q) { q = sigWqe; });
+  const SignalKeys sigKeys = signalKeys(c, qpOf(c, ctx, peer), peer, a);
+  return post(c, ctx, peer, 1, a.counter, [&](uint32_t, Wqe& q) { makeSignal(sigKeys, a, q); });
 }
 
 // Flush: every WQE reserved on context ctx's QPs before the call completes.
