@@ -335,6 +335,7 @@ GIN_HD GIN_INLINE uint64_t fillWqes(uint8_t* sq, uint32_t* counterOf, uint32_t n
 struct Claim {
   uint64_t t, done;
 };
+// How publish() reads `ready` (see there).
 inline constexpr MemoryOrder kTurnOrder = GIN_DEVICE_CODE ? MemoryOrder::Relaxed : MemoryOrder::Acquire;
 GIN_HD GIN_INLINE Claim claim(IbgdaQpState* st, uint64_t n) {
   Claim k;
@@ -402,9 +403,9 @@ GIN_HD GIN_INLINE bool publish(const DevComm& c, const IbgdaQpDev* qp, IbgdaQpSt
 // Post n (1 <= n <= nWqe) WQEs produced by make(i, Wqe&) for i in [0, n) to
 // the QP of (ctx, peer); `counter` (or kIbgdaNoCounter) is applied when the
 // last one completes. The caller's writes (a put's source) are ordered before
-// the NIC reads them by publish()'s fence. An uncontended post costs three
-// memory round trips: the reservation (with the loads of claim()), and the
-// two fences of publish().
+// the NIC reads them by publish()'s fence. An uncontended post waits for
+// four memory round trips (the QP's fields, the reservation with `done`,
+// the turn with the doorbell's addresses) and publish()'s two fences.
 template <class Make>
 GIN_HD bool post(const DevComm& c, int ctx, int peer, uint32_t n, uint32_t counter, Make make) {
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
@@ -563,7 +564,6 @@ GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst
     total = 1;
   }
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-
   const uint64_t batch = loadConst(&qp->nWqe) / 2 > 0 ? loadConst(&qp->nWqe) / 2 : 1;
   for (uint64_t i0 = 0; i0 < total; i0 += batch) {
     const uint32_t n = uint32_t(total - i0 < batch ? total - i0 : batch);
