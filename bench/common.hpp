@@ -17,7 +17,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
-#include <optional>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -27,6 +26,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>

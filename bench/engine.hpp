@@ -617,18 +617,12 @@ class GpuEngine final : public Engine {
   }
 #endif
   double postRate(int ctas, int threads, int peer, int count) override {
-    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
-    const double s =
-        timed([&] { postBurstKernel<<<ctas, threads, 0, stream_>>>(comm_.devComm(), peer, count, scratch_); });
-    if (fetch(0)) throw gin::Error("msg-rate: an ibgda flush gave up without a device error record");
-    return s;
+    return timedPostBurst(comm_.devComm(), ctas, threads, peer, count,
+                     "an ibgda flush gave up without a device error record");
   }
   double postRateNoNic(int ctas, int threads, int peer, int count) override {
     if (!noNic_) noNic_ = noNicComm();
-    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
-    const double s = timed([&] { postBurstKernel<<<ctas, threads, 0, stream_>>>(*noNic_, peer, count, scratch_); });
-    if (fetch(0)) throw gin::Error("msg-rate: a post to the NIC-free queues failed");
-    return s;
+    return timedPostBurst(*noNic_, ctas, threads, peer, count, "a post to the NIC-free queues failed");
   }
   double storeRate(int ctas, int threads, int count) override {
     if (!storeRing_) BENCH_CUDA(cudaMalloc(&storeRing_, size_t(kStoreRingSlots) * 64));
@@ -729,6 +723,13 @@ class GpuEngine final : public Engine {
   }
 
   void launched() { BENCH_CUDA(cudaGetLastError()); }
+  // Seconds for postBurstKernel over dc's QPs; throws `failure` if a producer failed.
+  double timedPostBurst(const gin::DevComm& dc, int ctas, int threads, int peer, int count, const char* failure) {
+    BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
+    const double s = timed([&] { postBurstKernel<<<ctas, threads, 0, stream_>>>(dc, peer, count, scratch_); });
+    if (fetch(0)) throw gin::Error(std::string("msg-rate: ") + failure);
+    return s;
+  }
   template <unsigned B>
   double putWith(CoopKind k, Shape sh, const gin::DevComm& dc, Window dst, Window src, size_t bytes, int iters,
                  uint32_t sig) {

@@ -103,6 +103,11 @@ GIN_HD GIN_INLINE const IbgdaQpDev* qpOf(const DevComm& c, int ctx, int peer) {
   return loadConst(&c.ibgda->qps) + size_t(ctx) * size_t(c.nRanks) + size_t(peer);
 }
 
+// A read that a fence after it acquires: relaxed on the GPU (a relaxed read
+// then fence.acq_rel is an acquire), acquire on the host (ThreadSanitizer
+// ties a fence to the last relaxed load only; acquire loads cost x86 nothing).
+inline constexpr MemoryOrder kFencedRead = GIN_DEVICE_CODE ? MemoryOrder::Relaxed : MemoryOrder::Acquire;
+
 GIN_HD GIN_INLINE bool deferred(const DevComm& c) { return loadConst(&c.ibgda->deferDoorbell) != 0; }
 GIN_HD GIN_INLINE bool nicOnGpu(const DevComm& c) { return loadConst(&c.ibgda->nicOnGpu) != 0; }
 
@@ -180,17 +185,15 @@ GIN_HD inline bool progress(const DevComm& c, const IbgdaQpDev* qp, int ctx, int
   while (more && ci - ci0 < nCqe) {
     // wqe_counter, signature and op_own share the CQE's last 4-byte word; the
     // NIC writes it last with release, so these loads and the fence after
-    // them (acquire) see each complete CQE whole.
-    // (On the host, acquire loads cost nothing extra and are what
-    // ThreadSanitizer follows; it ties a fence to the last load only.)
-    constexpr MemoryOrder kTail = GIN_DEVICE_CODE ? MemoryOrder::Relaxed : MemoryOrder::Acquire;
+    // them (acquire) see each complete CQE whole (kFencedRead).
     uint32_t tails[kCqBatch];
     GIN_UNROLL
     for (uint32_t k = 0; k < kCqBatch; ++k) {
       const uint32_t* tailWord = reinterpret_cast<const uint32_t*>(cq[(ci + k) & (nCqe - 1)].b + mlx5::kCqeWqeCounter);
-      tails[k] = gpuNic ? atomicLoad<Scope::Device>(tailWord, kTail) : atomicLoad<Scope::System>(tailWord, kTail);
+      tails[k] = gpuNic ? atomicLoad<Scope::Device>(tailWord, kFencedRead)
+                        : atomicLoad<Scope::System>(tailWord, kFencedRead);
     }
-    if constexpr (kTail == MemoryOrder::Relaxed) {
+    if constexpr (kFencedRead == MemoryOrder::Relaxed) {
       if (gpuNic)
         fence<Scope::Device>();
       else
@@ -335,8 +338,6 @@ GIN_HD GIN_INLINE uint64_t fillWqes(uint8_t* sq, uint32_t* counterOf, uint32_t n
 struct Claim {
   uint64_t t, done;
 };
-// How publish() reads `ready` (see there).
-inline constexpr MemoryOrder kTurnOrder = GIN_DEVICE_CODE ? MemoryOrder::Relaxed : MemoryOrder::Acquire;
 GIN_HD GIN_INLINE Claim claim(IbgdaQpState* st, uint64_t n) {
   Claim k;
   // Relaxed: the reservation orders nothing by itself.
@@ -386,9 +387,9 @@ GIN_HD GIN_INLINE bool publish(const DevComm& c, const IbgdaQpDev* qp, IbgdaQpSt
   // The turn: on the GPU relaxed loads that the fence below acquires (a
   // relaxed read then fence.acq_rel); on the host acquire loads (what
   // ThreadSanitizer follows). The first overlaps the loads above.
-  if (atomicLoad<Scope::Device>(&st->ready, kTurnOrder) != k.t &&
+  if (atomicLoad<Scope::Device>(&st->ready, kFencedRead) != k.t &&
       !detail::boundedWait(
-          c, &st->ready, kTurnOrder, [&](uint64_t r) { return r == k.t; },
+          c, &st->ready, kFencedRead, [&](uint64_t r) { return r == k.t; },
           detail::WaitWhat{Op::IbgdaFull, peer, ctx, k.t, k.t}))
     return false;
   nicFence(gpuNic);
