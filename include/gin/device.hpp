@@ -7,6 +7,7 @@
 #include "gin/device/action.hpp"
 #include "gin/device/allreduce.hpp"
 #include "gin/device/barrier.hpp"
+#include "gin/device/batch.hpp"
 #include "gin/device/comm.hpp"
 #include "gin/device/ll.hpp"
 #include "gin/device/net.hpp"

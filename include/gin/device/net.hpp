@@ -42,6 +42,8 @@ inline constexpr unsigned kBackendAll = kBackendLsa | kBackendProxy | kBackendIb
 
 template <class Coop, unsigned Backends = kBackendAll>
 class BarrierSession;  // gin/device/barrier.hpp
+template <unsigned Backends = kBackendAll>
+class PostBatch;  // gin/device/batch.hpp
 
 template <unsigned Backends = kBackendAll>
 class Net {
@@ -224,6 +226,8 @@ class Net {
 
   template <class, unsigned>
   friend class BarrierSession;
+  template <unsigned>
+  friend class PostBatch;
   // BarrierSession's rail round: SignalAdd{1} on barrier word `index`, one of
   // the signal words past the user's ids (nSignals + index), which the public
   // calls refuse. Rail peers are on other hosts: the proxy (or lsa if mapped).

@@ -308,6 +308,17 @@ struct Wqe {
 // order, so one CQE covers every WQE before it (the poller applies their
 // counters too), and the NIC writes, and the poller reads, one CQE per post
 // instead of one per WQE. Errors produce a CQE whatever the flag.
+// WQE q's control segment as slot t of QP qpn carries it: WQE index and QP
+// number patched in, the CQ-update flag set only if `cqe`.
+GIN_HD GIN_INLINE void finishCtrl(Wqe& q, uint64_t t, uint32_t qpn, bool cqe) {
+  mlx5::CtrlSeg ctrl;
+  __builtin_memcpy(&ctrl, q.w, sizeof ctrl);
+  ctrl = mlx5::makeCtrl(uint16_t(t), mlx5::ctrlOpcode(ctrl), mlx5::ctrlOpmod(ctrl), qpn, mlx5::ctrlDs(ctrl),
+                        uint8_t(cqe ? ctrl.fmCeSe | mlx5::kCtrlCqUpdate : ctrl.fmCeSe & ~mlx5::kCtrlCqUpdate),
+                        ctrl.imm, ctrl.signature);
+  __builtin_memcpy(q.w, &ctrl, sizeof ctrl);
+}
+
 template <class Make>
 GIN_HD GIN_INLINE uint64_t fillWqes(uint8_t* sq, uint32_t* counterOf, uint32_t nWqe, uint32_t qpn, uint64_t t,
                                     uint32_t n, uint32_t counter, Make& make, bool cqeLast) {
@@ -315,13 +326,7 @@ GIN_HD GIN_INLINE uint64_t fillWqes(uint8_t* sq, uint32_t* counterOf, uint32_t n
   for (uint32_t i = 0; i < n; ++i) {
     Wqe q;
     make(i, q);
-    mlx5::CtrlSeg ctrl;
-    __builtin_memcpy(&ctrl, q.w, sizeof ctrl);
-    const bool cqe = cqeLast && i + 1 == n;
-    ctrl = mlx5::makeCtrl(uint16_t(t + i), mlx5::ctrlOpcode(ctrl), mlx5::ctrlOpmod(ctrl), qpn, mlx5::ctrlDs(ctrl),
-                          uint8_t(cqe ? ctrl.fmCeSe | mlx5::kCtrlCqUpdate : ctrl.fmCeSe & ~mlx5::kCtrlCqUpdate),
-                          ctrl.imm, ctrl.signature);
-    __builtin_memcpy(q.w, &ctrl, sizeof ctrl);
+    finishCtrl(q, t + i, qpn, cqeLast && i + 1 == n);
     const uint64_t slot = (t + i) & (nWqe - 1);
     storeWqe(sq + slot * mlx5::kSendWqeBB, q.w);
     counterOf[slot] = i + 1 == n ? counter : kIbgdaNoCounter;
@@ -539,58 +544,86 @@ GIN_HD GIN_INLINE const IbgdaWindowKey* windowKey(const DevComm& c, int ctx, int
   return nullptr;
 }
 
-// put: payload WQEs of at most maxWqeBytes, then the signal WQE, the counter
-// on the last one; posted in batches of at most half the queue so a huge put
-// never needs more slots than exist (the batches stay in order on the QP).
-GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst, uint64_t dstOffset,
-                       const WindowDev* src, uint64_t srcOffset, uint64_t bytes, const Action& a) {
+// A put's WQEs: payload WRITEs of at most maxWqeBytes, then the signal WQE;
+// a zero-byte put with only a counter is one NOP. total == 0: nothing to post.
+struct PutWqes {
+  uint64_t raddr, laddr, maxB, nData, bytes, total;
+  uint32_t rkey, lkey;
+  bool nop;
+  // WQE k of the put (k < total).
+  GIN_HD GIN_INLINE void make(uint64_t k, Wqe& q, const DevComm& c, const IbgdaQpDev* qp, int peer,
+                              const Action& a) const {
+    if (nop)
+      makeNop(q);
+    else if (k < nData) {
+      const uint64_t off = k * maxB;
+      const uint64_t len = bytes - off < maxB ? bytes - off : maxB;
+      makeWrite(q, raddr + off, rkey, laddr + off, lkey, uint32_t(len));
+    } else {
+      makeSignal(signalKeys(c, qp, peer, a), a, q);
+    }
+  }
+};
+// False (recorded) when a window is not registered with ibgda.
+GIN_HD GIN_INLINE bool putWqes(const DevComm& c, int ctx, int peer, const WindowDev* dst, uint64_t dstOffset,
+                               const WindowDev* src, uint64_t srcOffset, uint64_t bytes, const Action& a, PutWqes& p) {
   uint32_t dslot = 0, sslot = 0;
   const IbgdaWindowKey* dk = windowKey(c, ctx, peer, loadConst(&dst->id), &dslot);
   const IbgdaWindowKey* sk = windowKey(c, ctx, peer, loadConst(&src->id), &sslot);
   if (!dk || !sk) return false;
   const IbgdaRemoteKey* rk = loadConst(&c.ibgda->windowRemotes) + size_t(dslot) * size_t(c.nRanks) + size_t(peer);
-  const uint64_t raddr = loadConst(&rk->addr) + dstOffset;
-  const uint32_t rkey = loadConst(&rk->rkey), lkey = loadConst(&sk->lkey);
-  const uint64_t laddr = uint64_t(reinterpret_cast<uintptr_t>(loadConst(&src->localBase))) + srcOffset;
+  p.raddr = loadConst(&rk->addr) + dstOffset;
+  p.rkey = loadConst(&rk->rkey);
+  p.lkey = loadConst(&sk->lkey);
+  p.laddr = uint64_t(reinterpret_cast<uintptr_t>(loadConst(&src->localBase))) + srcOffset;
   // The host refuses maxWqeBytes >= 2^31; the clamp keeps a corrupt table
   // from building a data segment the NIC would read as inline.
   const uint32_t maxWqe = loadConst(&c.ibgda->maxWqeBytes);
-  const uint64_t maxB = maxWqe < mlx5::kMaxDataSegBytes ? maxWqe : mlx5::kMaxDataSegBytes;
-  const uint64_t nData = (bytes + maxB - 1) / maxB;
-  const bool sig = a.remote != RemoteOp::None;
-  uint64_t total = nData + (sig ? 1 : 0);
-  const bool nop = total == 0;  // a zero-byte put with only a counter: a NOP carries it
-  if (nop) {
-    if (a.counter == kIbgdaNoCounter) return true;
-    total = 1;
-  }
+  p.maxB = maxWqe < mlx5::kMaxDataSegBytes ? maxWqe : mlx5::kMaxDataSegBytes;
+  p.bytes = bytes;
+  p.nData = (bytes + p.maxB - 1) / p.maxB;
+  p.total = p.nData + (a.remote != RemoteOp::None ? 1 : 0);
+  p.nop = p.total == 0 && a.counter != kIbgdaNoCounter;
+  if (p.nop) p.total = 1;
+  return true;
+}
+
+// put: the WQEs of putWqes, the counter on the last one; posted in batches of
+// at most half the queue so a huge put never needs more slots than exist (the
+// batches stay in order on the QP).
+GIN_HD inline bool put(const DevComm& c, int ctx, int peer, const WindowDev* dst, uint64_t dstOffset,
+                       const WindowDev* src, uint64_t srcOffset, uint64_t bytes, const Action& a) {
+  PutWqes p;
+  if (!putWqes(c, ctx, peer, dst, dstOffset, src, srcOffset, bytes, a, p)) return false;
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
   const uint64_t batch = loadConst(&qp->nWqe) / 2 > 0 ? loadConst(&qp->nWqe) / 2 : 1;
-  for (uint64_t i0 = 0; i0 < total; i0 += batch) {
-    const uint32_t n = uint32_t(total - i0 < batch ? total - i0 : batch);
-    const bool last = i0 + n == total;
-    const bool ok = post(c, ctx, peer, n, last ? a.counter : kIbgdaNoCounter, [&](uint32_t i, Wqe& q) {
-      const uint64_t k = i0 + i;
-      if (nop)
-        makeNop(q);
-      else if (k < nData) {
-        const uint64_t off = k * maxB;
-        const uint64_t len = bytes - off < maxB ? bytes - off : maxB;
-        makeWrite(q, raddr + off, rkey, laddr + off, lkey, uint32_t(len));
-      } else {
-        makeSignal(signalKeys(c, qp, peer, a), a, q);
-      }
-    });
+  for (uint64_t i0 = 0; i0 < p.total; i0 += batch) {
+    const uint32_t n = uint32_t(p.total - i0 < batch ? p.total - i0 : batch);
+    const bool last = i0 + n == p.total;
+    const bool ok = post(c, ctx, peer, n, last ? a.counter : kIbgdaNoCounter,
+                         [&](uint32_t i, Wqe& q) { p.make(i0 + i, q, c, qp, peer, a); });
     if (!ok) return false;
   }
   return true;
 }
 
-// putValue: one RDMA WRITE with the value inline, then the signal WQE. More
-// than kIbgdaMaxInline bytes are refused before any slot is reserved (a
-// reserved slot must be posted, or the queue stalls behind it).
-GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev* dst, uint64_t dstOffset,
-                            const void* value, uint32_t bytes, const Action& a) {
+// putValue's WQEs: one RDMA WRITE with the value inline, then the signal WQE.
+struct ValueWqes {
+  uint64_t raddr;
+  uint32_t rkey, n;
+  SignalKeys keys;  // n == 2
+  GIN_HD GIN_INLINE void make(uint32_t i, Wqe& q, const void* value, uint32_t bytes, const Action& a) const {
+    if (i == 0)
+      (void)makeWriteInline(q, raddr, rkey, value, bytes, 0);  // bytes <= kIbgdaMaxInline: always built
+    else
+      makeSignal(keys, a, q);
+  }
+};
+// More than kIbgdaMaxInline bytes, or a window not registered with ibgda,
+// are refused (recorded; false) before any slot is reserved (a reserved slot
+// must be posted, or the queue stalls behind it).
+GIN_HD GIN_INLINE bool valueWqes(const DevComm& c, int ctx, int peer, const WindowDev* dst, uint64_t dstOffset,
+                                 uint32_t bytes, const Action& a, ValueWqes& p) {
   if (bytes > kIbgdaMaxInline) {
     recordError(c, Op::BadArgument, peer, ctx, loadConst(&dst->id), bytes, kIbgdaMaxInline);
     return false;
@@ -598,17 +631,17 @@ GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev
   uint32_t dslot = 0;
   if (!windowKey(c, ctx, peer, loadConst(&dst->id), &dslot)) return false;
   const IbgdaRemoteKey* rk = loadConst(&c.ibgda->windowRemotes) + size_t(dslot) * size_t(c.nRanks) + size_t(peer);
-  const uint64_t raddr = loadConst(&rk->addr) + dstOffset;
-  const uint32_t rkey = loadConst(&rk->rkey);
-  const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-  const uint32_t n = a.remote != RemoteOp::None ? 2 : 1;
-  const SignalKeys sigKeys = n == 2 ? signalKeys(c, qp, peer, a) : SignalKeys{};
-  return post(c, ctx, peer, n, a.counter, [&](uint32_t i, Wqe& q) {
-    if (i == 0)
-      (void)makeWriteInline(q, raddr, rkey, value, bytes, 0);  // bytes <= kIbgdaMaxInline: always built
-    else
-      makeSignal(sigKeys, a, q);
-  });
+  p.raddr = loadConst(&rk->addr) + dstOffset;
+  p.rkey = loadConst(&rk->rkey);
+  p.n = a.remote != RemoteOp::None ? 2 : 1;
+  p.keys = p.n == 2 ? signalKeys(c, qpOf(c, ctx, peer), peer, a) : SignalKeys{};
+  return true;
+}
+GIN_HD inline bool putValue(const DevComm& c, int ctx, int peer, const WindowDev* dst, uint64_t dstOffset,
+                            const void* value, uint32_t bytes, const Action& a) {
+  ValueWqes p;
+  if (!valueWqes(c, ctx, peer, dst, dstOffset, bytes, a, p)) return false;
+  return post(c, ctx, peer, p.n, a.counter, [&](uint32_t i, Wqe& q) { p.make(i, q, value, bytes, a); });
 }
 
 // A remote action alone (nothing to do when there is none).
@@ -616,6 +649,178 @@ GIN_HD inline bool signal(const DevComm& c, int ctx, int peer, const Action& a) 
   if (a.remote == RemoteOp::None) return true;
   const SignalKeys sigKeys = signalKeys(c, qpOf(c, ctx, peer), peer, a);
   return post(c, ctx, peer, 1, a.counter, [&](uint32_t, Wqe& q) { makeSignal(sigKeys, a, q); });
+}
+
+// ---- batches (gin::PostBatch, gin/device/batch.hpp) ----
+// A group (the converged lanes of a warp that opened the batch; one thread on
+// the host) posts to one QP through reservations of slots+1 WQEs: each
+// batchAdd() writes the lanes' WQEs side by side into the next free slots
+// (no atomic, no fence), and batchClose() fills what is left with NOPs, the
+// last one asking for the reservation's one CQE, and publishes the whole
+// reservation with one fence and one doorbell. A batchAdd() that does not fit
+// closes the reservation and opens the next. Until it is closed a reservation
+// holds up every later post to the QP, and flush waits for it: a batch must
+// be closed before its group waits for anything.
+struct Batch {
+  QpView v;            // loaded at the first operation (v.st == nullptr before)
+  uint64_t base;       // the open reservation's first WQE
+  uint32_t slots;      // WQEs the group's operations fill per reservation (1 .. nWqe-1)
+  uint32_t cursor;     // WQEs filled in the open reservation
+  unsigned group;      // the lanes that opened the batch (1 on the host)
+  bool open, failed;
+};
+
+namespace detail {
+GIN_HD GIN_INLINE unsigned groupOfCaller() {
+#if GIN_DEVICE_CODE
+  return __activemask();
+#else
+  return 1u;
+#endif
+}
+GIN_HD GIN_INLINE int laneOfCaller() {
+#if GIN_DEVICE_CODE
+  return int(threadIdx.x & 31);
+#else
+  return 0;
+#endif
+}
+GIN_HD GIN_INLINE int lowestBit(unsigned m) {
+#if GIN_DEVICE_CODE
+  return __ffs(int(m)) - 1;
+#else
+  return __builtin_ctz(m);
+#endif
+}
+GIN_HD GIN_INLINE uint32_t bitCount(unsigned m) {
+#if GIN_DEVICE_CODE
+  return uint32_t(__popc(m));
+#else
+  return uint32_t(__builtin_popcount(m));
+#endif
+}
+// v as the group's lane `lane` holds it (a broadcast).
+template <class T>
+GIN_HD GIN_INLINE T fromLane(unsigned group, T v, int lane) {
+#if GIN_DEVICE_CODE
+  if constexpr (sizeof(T) == 8)
+    return T(__shfl_sync(group, static_cast<unsigned long long>(v), lane));
+  else
+    return T(__shfl_sync(group, static_cast<unsigned>(v), lane));
+#else
+  (void)group, (void)lane;
+  return v;
+#endif
+}
+// Whether v holds on every lane of the group.
+GIN_HD GIN_INLINE bool allOf(unsigned group, bool v) {
+#if GIN_DEVICE_CODE
+  return __all_sync(group, v) != 0;
+#else
+  (void)group;
+  return v;
+#endif
+}
+GIN_HD GIN_INLINE void syncGroup(unsigned group) {
+#if GIN_DEVICE_CODE
+  __syncwarp(group);
+#else
+  (void)group;
+#endif
+}
+}  // namespace detail
+
+// Called by every lane of the group.
+GIN_HD GIN_INLINE Batch batchBegin(uint32_t slots) {
+  Batch b{};
+  b.slots = slots == 0 ? 1 : slots;  // clamped to the queue at the first reservation
+  b.group = detail::groupOfCaller();
+  return b;
+}
+
+// Publish the open reservation: NOPs fill slots [cursor, slots], the last one
+// with the CQE; one fence and doorbell (publish()). Group-collective.
+GIN_HD inline bool batchClose(const DevComm& c, int ctx, int peer, Batch& b) {
+  if (!b.open) return !b.failed;
+  const int lane = detail::laneOfCaller(), leader = detail::lowestBit(b.group);
+  const uint32_t rank = detail::bitCount(b.group & ((1u << lane) - 1u));
+  const uint32_t size = detail::bitCount(b.group), m = b.slots + 1 - b.cursor;
+  auto nop = [](uint32_t, Wqe& q) { makeNop(q); };
+  for (uint32_t j = rank; j < m; j += size)
+    (void)fillWqes(b.v.sq, b.v.counterOf, b.v.nWqe, b.v.qpn, b.base + b.cursor + j, 1, kIbgdaNoCounter, nop,
+                   j + 1 == m);
+  // Every lane's WQEs and counterOf entries before the leader's fence.
+  detail::syncGroup(b.group);
+  int ok = 1;
+  if (lane == leader) {
+    Wqe last;  // the closing NOP's control head, what the UAR gets
+    makeNop(last);
+    finishCtrl(last, b.base + b.slots, b.v.qpn, true);
+    const IbgdaQpDev* qp = qpOf(c, ctx, peer);
+    ok = publish(c, qp, b.v.st, ctx, peer, Claim{b.base, 0}, b.base + b.slots + 1, last.w[0]) ? 1 : 0;
+  }
+  ok = detail::fromLane(b.group, ok, leader);
+  b.open = false;
+  b.failed = b.failed || !ok;
+  return ok != 0;
+}
+
+// The group's next operations: this lane's n WQEs from make(i, Wqe&), i in
+// [0, n) (n may be 0), `counter` on its last one; the lanes' WQEs go in lane
+// order. Group-collective. Operations larger than a reservation are posted
+// on their own (post()), after the open reservation is closed.
+template <class Make>
+GIN_HD bool batchAdd(const DevComm& c, int ctx, int peer, Batch& b, uint64_t n, uint32_t counter, Make make) {
+  const int lane = detail::laneOfCaller(), leader = detail::lowestBit(b.group);
+  uint64_t before = 0, total = 0;
+  for (unsigned m = b.group; m; m &= m - 1) {
+    const int l = detail::lowestBit(m);
+    const uint64_t nl = detail::fromLane(b.group, n, l);
+    if (l < lane) before += nl;
+    total += nl;
+  }
+  if (b.failed) return false;
+  if (total == 0) return true;
+  const IbgdaQpDev* qp = qpOf(c, ctx, peer);
+  if (b.v.st == nullptr) {  // the first operation: the QP's fields, the clamp
+    b.v = viewOf(qp);
+    if (b.slots > b.v.nWqe - 1) b.slots = b.v.nWqe - 1;
+  }
+  if (b.open && b.cursor + total > b.slots && !batchClose(c, ctx, peer, b)) return false;
+  if (total > b.slots) {
+    // Too large for a reservation: each lane posts its WQEs alone, in
+    // chunks of at most half the queue (as put()).
+    const uint64_t chunk = b.v.nWqe / 2 > 0 ? b.v.nWqe / 2 : 1;
+    bool ok = true;
+    for (uint64_t i0 = 0; i0 < n && ok; i0 += chunk) {
+      const uint32_t k = uint32_t(n - i0 < chunk ? n - i0 : chunk);
+      ok = post(c, ctx, peer, k, i0 + k == n ? counter : kIbgdaNoCounter,
+                [&](uint32_t i, Wqe& q) { make(uint32_t(i0 + i), q); });
+    }
+    b.failed = !detail::allOf(b.group, ok) || b.failed;
+    return ok;
+  }
+  if (!b.open) {
+    Claim k{0, 0};
+    int ok = 1;
+    if (lane == leader) {
+      k = claim(b.v.st, b.slots + 1);
+      ok = room(c, qp, ctx, peer, k, b.slots + 1, b.v.nWqe) ? 1 : 0;
+    }
+    // The leader's acquire (room) before the lanes' slot writes.
+    detail::syncGroup(b.group);
+    if (!detail::fromLane(b.group, ok, leader)) {
+      b.failed = true;
+      return false;
+    }
+    b.base = detail::fromLane(b.group, k.t, leader);
+    b.cursor = 0;
+    b.open = true;
+  }
+  (void)fillWqes(b.v.sq, b.v.counterOf, b.v.nWqe, b.v.qpn, b.base + b.cursor + before, uint32_t(n), counter, make,
+                 false);
+  b.cursor += uint32_t(total);
+  return true;
 }
 
 // Flush: every WQE reserved on context ctx's QPs before the call completes.
