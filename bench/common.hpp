@@ -197,6 +197,7 @@ struct Options {
   int contexts = 0;  // network contexts (CommConfig::nContexts); 0: the default
   int qpDepth = 0;            // ibgda: WQEs per QP (IbgdaConfig::qpDepth); 0: the default
   bool deferDoorbell = false;  // ibgda: IbgdaConfig::deferDoorbell
+  int postBatch = 0;           // ibgda msg-rate: PostBatch slots per warp; 0: one call at a time
 };
 
 // ---------------------------------------------------------------------------

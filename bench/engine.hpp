@@ -74,14 +74,15 @@ class Engine {
   virtual double rawEchoNs(int iters) = 0;
   // msg-rate over ibgda: seconds for `ctas` x `threads` producer threads to
   // post `count` WQEs each and see them completed; throws if a flush gave up.
-  virtual double postRate(int ctas, int threads, int peer, int count) = 0;
+  // batch > 0: through PostBatches of that many slots (one per warp).
+  virtual double postRate(int ctas, int threads, int peer, int count, int batch) = 0;
   // Its baseline: seconds for the same threads to store `count` 64-byte
   // records each with plain stores (GPU only; 0 on CPU ranks).
   virtual double storeRate(int, int, int) { return 0; }
   // The posting path alone (GPU only; 0 on CPU ranks): postRate's kernel on
   // copies of the QPs whose queues no NIC reads and whose completions are
   // granted in advance, so no post waits for room or for the NIC.
-  virtual double postRateNoNic(int, int, int, int) { return 0; }
+  virtual double postRateNoNic(int, int, int, int, int) { return 0; }
   // allreduce: fill `count` floats of rank `rank` at p (this rank's memory);
   // count the wrong floats at p and the disturbed guard bytes after them;
   // seconds for `iters` AllReduces of plan.count floats from send to recv.
@@ -230,12 +231,12 @@ class CpuEngine final : public Engine {
     return s;
   }
   // A CPU rank has one producer thread: the launch's threads run in turn.
-  double postRate(int ctas, int threads, int peer, int count) override {
+  double postRate(int ctas, int threads, int peer, int count, int batch) override {
     const gin::DevComm& dc = comm_.devComm();
     const int producers = ctas * threads;
     bool ok = true;
     const auto t0 = Clock::now();
-    for (int t = 0; t < producers; ++t) ok = postBurst(dc, postContext(t, dc.nContexts), peer, count) && ok;
+    for (int t = 0; t < producers; ++t) ok = postBurst(dc, postContext(t, dc.nContexts), peer, count, batch) && ok;
     const double s = seconds(t0);
     comm_.check();
     if (!ok) throw gin::Error("msg-rate: an ibgda flush gave up without a device error record");
@@ -616,13 +617,13 @@ class GpuEngine final : public Engine {
     return t;
   }
 #endif
-  double postRate(int ctas, int threads, int peer, int count) override {
-    return timedPostBurst(comm_.devComm(), ctas, threads, peer, count,
-                     "an ibgda flush gave up without a device error record");
+  double postRate(int ctas, int threads, int peer, int count, int batch) override {
+    return timedPostBurst(comm_.devComm(), ctas, threads, peer, count, batch,
+                          "an ibgda flush gave up without a device error record");
   }
-  double postRateNoNic(int ctas, int threads, int peer, int count) override {
+  double postRateNoNic(int ctas, int threads, int peer, int count, int batch) override {
     if (!noNic_) noNic_ = noNicComm();
-    return timedPostBurst(*noNic_, ctas, threads, peer, count, "a post to the NIC-free queues failed");
+    return timedPostBurst(*noNic_, ctas, threads, peer, count, batch, "a post to the NIC-free queues failed");
   }
   double storeRate(int ctas, int threads, int count) override {
     if (!storeRing_) BENCH_CUDA(cudaMalloc(&storeRing_, size_t(kStoreRingSlots) * 64));
@@ -724,9 +725,11 @@ class GpuEngine final : public Engine {
 
   void launched() { BENCH_CUDA(cudaGetLastError()); }
   // Seconds for postBurstKernel over dc's QPs; throws `failure` if a producer failed.
-  double timedPostBurst(const gin::DevComm& dc, int ctas, int threads, int peer, int count, const char* failure) {
+  double timedPostBurst(const gin::DevComm& dc, int ctas, int threads, int peer, int count, int batch,
+                        const char* failure) {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
-    const double s = timed([&] { postBurstKernel<<<ctas, threads, 0, stream_>>>(dc, peer, count, scratch_); });
+    const double s =
+        timed([&] { postBurstKernel<<<ctas, threads, 0, stream_>>>(dc, peer, count, batch, scratch_); });
     if (fetch(0)) throw gin::Error(std::string("msg-rate: ") + failure);
     return s;
   }

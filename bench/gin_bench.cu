@@ -6,7 +6,7 @@
 //
 //   gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX]
 //                [--iters K] [--json FILE] [--no-nccl] [--channels N] [--contexts C]
-//                [--qp-depth D] [--defer-doorbell]
+//                [--qp-depth D] [--defer-doorbell] [--post-batch B]
 //                [--mode normal|ll|both] [--tokens T] [--hidden H] [--batch B] [--slots S]
 //   OP: put-bw | signal-lat | barrier | msg-rate | allreduce | sendrecv | moe
 //
@@ -41,6 +41,7 @@ namespace bench {
 const char* kUsage =
     "usage: gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX] [--iters K]\n"
     "                    [--json FILE] [--no-nccl] [--contexts C] [--qp-depth D] [--defer-doorbell]\n"
+    "                    [--post-batch B]\n"
     "  OP            put-bw | signal-lat | barrier | msg-rate (descriptors/s into the proxy) |\n"
     "                allreduce (ring AllReduce, float sum, next to ncclAllReduce on GPUs) |\n"
     "                sendrecv (p2p send/recv ring shift, next to ncclSend/ncclRecv on GPUs) |\n"
@@ -71,6 +72,8 @@ const char* kUsage =
     "  --qp-depth D  ibgda: WQEs per QP (IbgdaConfig::qpDepth, a power of two from 2 to 32768;\n"
     "                default 256)\n"
     "  --defer-doorbell  ibgda: posts only publish; flush rings (IbgdaConfig::deferDoorbell)\n"
+    "  --post-batch B  msg-rate --transport ibgda: each warp posts through a PostBatch of B slots\n"
+    "                (gin/device/batch.hpp; B is clamped to the queue depth - 1)\n"
     "  --mode M      moe: normal (4096 tokens per rank), ll (low latency, 128 tokens) or both (default)\n"
     "  --tokens T    moe: tokens per rank (default by mode; emulated 256 normal, 32 ll)\n"
     "  --hidden H    moe: hidden size in bf16 elements (default 7168, emulated 1024)\n"
@@ -212,6 +215,12 @@ Options parseArgs(int argc, char** argv) {
       o.qpDepth = int(n);
     } else if (a == "--defer-doorbell") {
       o.deferDoorbell = true;
+    } else if (a == "--post-batch") {
+      long n = 0;
+      const std::string v = value();
+      if (!parseInt(v, 1, (1 << 15) - 1, &n))
+        usageError("--post-batch " + v + ": expected a whole number from 1 to 32767");
+      o.postBatch = int(n);
     } else if (a == "--hidden") {
       long n = 0;
       const std::string v = value();
@@ -250,6 +259,8 @@ Options parseArgs(int argc, char** argv) {
         "measure put-bw, barrier, allreduce or moe over a real NIC");
   if ((o.qpDepth || o.deferDoorbell) && o.transport != "ibgda")
     usageError("--qp-depth and --defer-doorbell apply to --transport ibgda");
+  if (o.postBatch && (o.transport != "ibgda" || o.op != Op::MsgRate))
+    usageError("--post-batch applies to msg-rate --transport ibgda");
   if (o.sizesGiven && o.op != Op::PutBw && o.op != Op::AllReduce && o.op != Op::SendRecv)
     usageError("--sizes applies to put-bw, allreduce and sendrecv");
   if (o.channels && o.op != Op::SendRecv && o.op != Op::Moe) usageError("--channels applies to sendrecv and moe");

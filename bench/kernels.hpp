@@ -110,12 +110,29 @@ GIN_HD inline int postContext(int t, int nContexts) { return (t / 32) % nContext
 
 // msg-rate over ibgda: one producer thread posts `count` SignalAdd WQEs
 // (fetch-add; nothing to publish) to `peer` on context `ctx`, then flushes:
-// it returns once the NIC completed them.
-GIN_HD inline bool postBurst(const gin::DevComm& dc, int ctx, int peer, int count) {
+// it returns once the NIC completed them. batch > 0: through a PostBatch,
+// opened by the warp's lanes together (one per warp), of that many slots or
+// as many as the warp posts if fewer (batchSlots).
+GIN_HD inline uint32_t batchSlots(int batch, int lanes, int count) {
+  return uint32_t(std::min<int64_t>(batch, int64_t(lanes) * count));
+}
+GIN_HD inline bool postBurst(const gin::DevComm& dc, int ctx, int peer, int count, int batch) {
   gin::Net<gin::kBackendIbgda> net(dc, ctx);
-  for (int i = 0; i < count; ++i)
-    net.signal(gin::teamWorld(dc), peer, gin::SignalAdd{kSigMsg, 1}, gin::CoopThread{}, gin::Scope::System);
-  return net.flush(gin::CoopThread{});
+  bool ok = true;
+  if (batch > 0) {
+#if GIN_DEVICE_CODE
+    const int lanes = __popc(__activemask());
+#else
+    const int lanes = 1;
+#endif
+    gin::PostBatch<gin::kBackendIbgda> b(net, gin::teamWorld(dc), peer, batchSlots(batch, lanes, count));
+    for (int i = 0; i < count; ++i) b.signal(gin::SignalAdd{kSigMsg, 1});
+    ok = b.close();
+  } else {
+    for (int i = 0; i < count; ++i)
+      net.signal(gin::teamWorld(dc), peer, gin::SignalAdd{kSigMsg, 1}, gin::CoopThread{}, gin::Scope::System);
+  }
+  return net.flush(gin::CoopThread{}) && ok;
 }
 
 // msg-rate latency: one descriptor at a time, from the push to the moment the
@@ -269,9 +286,9 @@ __global__ void storeWqesKernel(unsigned long long* ring, int count) {
 }
 
 // Every thread of the launch is a producer, on context (global warp index) % nContexts.
-__global__ void postBurstKernel(gin::DevComm dc, int peer, int count, unsigned long long* failed) {
+__global__ void postBurstKernel(gin::DevComm dc, int peer, int count, int batch, unsigned long long* failed) {
   const int t = int(blockIdx.x * blockDim.x + threadIdx.x);
-  if (!postBurst(dc, postContext(t, dc.nContexts), peer, count)) atomicAdd(failed, 1ull);
+  if (!postBurst(dc, postContext(t, dc.nContexts), peer, count, batch)) atomicAdd(failed, 1ull);
 }
 
 __global__ void msgLatencyKernel(gin::DevComm dc, int peer, int iters, unsigned long long* out) {

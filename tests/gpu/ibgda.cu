@@ -327,6 +327,23 @@ __global__ void putEveryWarpTo(DevComm dc, int peer, Window dst, Window src, siz
                SignalAdd{uint32_t(8 + ctx), 3}, CoopWarp{});
 }
 
+// putEveryWarpTo through a PostBatch of `slots` (gin/device/batch.hpp): lanes
+// 0-30 put uneven pieces of the warp's chunk, each with a CounterInc (31 per
+// warp; an empty piece is a NOP that carries it), then lane 0 alone adds the
+// SignalInc (after every lane's piece, as one QP orders them) and the value.
+__global__ void putBatchEveryWarpTo(DevComm dc, int peer, Window dst, Window src, size_t chunk, size_t puts,
+                                    uint32_t slots) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const size_t id = size_t(blockIdx.x) * kWarps + warp;
+  const int ctx = int(id % kContexts);
+  NetI net(dc, ctx);
+  PostBatch<kBackendIbgda> b(net, teamWorld(dc), peer, slots);
+  const auto edge = [&](int l) { return chunk * size_t(l) * size_t(l) / (31 * 31); };
+  const size_t o0 = edge(lane < 31 ? lane : 31), o1 = edge(lane < 31 ? lane + 1 : 31);
+  b.put(dst, id * chunk + o0, src, id * chunk + o0, o1 - o0, None{}, CounterInc{uint32_t(ctx)}, lane < 31);
+  b.signal(SignalInc{uint32_t(ctx)}, lane == 0);
+  b.putValue(dst, puts * chunk + id * 8, uint64_t(id + 1), SignalAdd{uint32_t(8 + ctx), 3}, lane == 0);
+}
 
 // Thread c: signal base + c reads exactly `value`; counts the matches.
 __global__ void exactSignals(DevComm dc, uint32_t base, uint64_t value, int* matches) {
@@ -345,8 +362,10 @@ CommConfig nicConfig(IbgdaConfig::Device device) {
 
 // Every rank puts ctasPerRank(n) x 16 chunks of 1000 bytes (and as many
 // values) to the next rank through `device`, n ranks sharing the GPU, then
-// checks what it received.
-void putsToNextRank(IbgdaConfig::Device device, std::initializer_list<int> rankCounts, int (*ctasPerRank)(int)) {
+// checks what it received. batchSlots > 0: through PostBatches of that many
+// slots (putBatchEveryWarpTo).
+void putsToNextRank(IbgdaConfig::Device device, std::initializer_list<int> rankCounts, int (*ctasPerRank)(int),
+                    uint32_t batchSlots = 0) {
   constexpr size_t kChunk = 1000;
   for (int n : rankCounts) {
     const int ctas = ctasPerRank(n);
@@ -372,7 +391,11 @@ void putsToNextRank(IbgdaConfig::Device device, std::initializer_list<int> rankC
           GPU_CHECK(cudaMalloc(&ok, kContexts * sizeof(int)));
           GPU_CHECK(cudaDeviceSynchronize());
           comm.bootstrap().barrier();
-          putEveryWarpTo<<<ctas, 32 * kWarps, 0, st>>>(comm.devComm(), next, dst, src, kChunk, puts);
+          if (batchSlots > 0)
+            putBatchEveryWarpTo<<<ctas, 32 * kWarps, 0, st>>>(comm.devComm(), next, dst, src, kChunk, puts,
+                                                              batchSlots);
+          else
+            putEveryWarpTo<<<ctas, 32 * kWarps, 0, st>>>(comm.devComm(), next, dst, src, kChunk, puts);
           GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
           // Every rank's posting kernel is queued before any rank's waiting
           // kernel: two ranks' streams may share a CUDA hardware queue (CUDA
@@ -382,7 +405,8 @@ void putsToNextRank(IbgdaConfig::Device device, std::initializer_list<int> rankC
           // starts (gputest::runRanksOnStreams).
           comm.bootstrap().barrier();
           const uint64_t perCtx = puts / kContexts;
-          waitAndFlush<<<kContexts, 128, 0, st>>>(comm.devComm(), perCtx, perCtx, ok);
+          const uint64_t countersPerCtx = batchSlots > 0 ? 31 * perCtx : perCtx;
+          waitAndFlush<<<kContexts, 128, 0, st>>>(comm.devComm(), perCtx, countersPerCtx, ok);
           GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
           // flush covers this coop's WQEs only (ibgda's contract): the values
           // have landed once their SignalAdds have.
@@ -474,6 +498,18 @@ TEST_CASE("GPU ibgda through the Comm: GPU ranks sharing a GPU put to the next r
   // an idle spell. 96 CTAs of 512 threads over all ranks leave room on
   // every Hopper; 132 per rank (the soft NIC case) fill an H100 from 4 ranks on.
   putsToNextRank(IbgdaConfig::Device::GpuSoft, {1, 2, 3, 4, 8}, [](int n) { return 96 / n; });
+}
+
+TEST_CASE("GPU ibgda through the Comm: warps post through PostBatches, ranks sharing a GPU, both NICs",
+          "[gpu][ibgda][comm][batch]") {
+  // 7 slots: reservations close on NOPs after most calls; 1000: clamped to
+  // the queue (255), several calls per reservation.
+  for (const uint32_t slots : {7u, 1000u}) {
+    CAPTURE(slots);
+    putsToNextRank(IbgdaConfig::Device::Soft, {1, 3}, [](int) { return kCtas; }, slots);
+    if (gputest::hardwareQueues() != 1)
+      putsToNextRank(IbgdaConfig::Device::GpuSoft, {1, 3}, [](int n) { return 96 / n; }, slots);
+  }
 }
 
 namespace {

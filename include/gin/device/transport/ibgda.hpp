@@ -721,6 +721,31 @@ GIN_HD GIN_INLINE bool allOf(unsigned group, bool v) {
   return v;
 #endif
 }
+// This lane's first WQE among the group's (*before) and the group's total,
+// when each lane has n: two ballots when no lane has more than 3 (puts of one
+// WRITE and a signal, values, signals), else a broadcast per lane.
+GIN_HD GIN_INLINE void groupPrefix(unsigned group, uint64_t n, uint64_t& before, uint64_t& total) {
+#if GIN_DEVICE_CODE
+  const unsigned below = (1u << (threadIdx.x & 31)) - 1u;
+  if (__all_sync(group, n <= 3)) {
+    const unsigned b0 = __ballot_sync(group, (n & 1) != 0), b1 = __ballot_sync(group, (n & 2) != 0);
+    before = uint64_t(__popc(b0 & below)) + 2 * uint64_t(__popc(b1 & below));
+    total = uint64_t(__popc(b0)) + 2 * uint64_t(__popc(b1));
+    return;
+  }
+  before = total = 0;
+  for (unsigned m = group; m; m &= m - 1) {
+    const int l = __ffs(int(m)) - 1;
+    const uint64_t nl = __shfl_sync(group, static_cast<unsigned long long>(n), l);
+    if (unsigned(l) < (threadIdx.x & 31)) before += nl;
+    total += nl;
+  }
+#else
+  (void)group;
+  before = 0;
+  total = n;
+#endif
+}
 GIN_HD GIN_INLINE void syncGroup(unsigned group) {
 #if GIN_DEVICE_CODE
   __syncwarp(group);
@@ -733,89 +758,103 @@ GIN_HD GIN_INLINE void syncGroup(unsigned group) {
 // Called by every lane of the group.
 GIN_HD GIN_INLINE Batch batchBegin(uint32_t slots) {
   Batch b{};
-  b.slots = slots == 0 ? 1 : slots;  // clamped to the queue at the first reservation
+  b.slots = slots == 0 ? 1 : slots;  // clamped to the queue at the first operation
   b.group = detail::groupOfCaller();
   return b;
 }
 
-// Publish the open reservation: NOPs fill slots [cursor, slots], the last one
-// with the CQE; one fence and doorbell (publish()). Group-collective.
-GIN_HD inline bool batchClose(const DevComm& c, int ctx, int peer, Batch& b) {
-  if (!b.open) return !b.failed;
+// The slow path, out of line (the fast path stays a few instructions in the
+// user's loop; the batch is passed and returned by value so it stays in
+// registers there): at the first operation load the QP's fields and clamp
+// slots; close the open reservation (NOPs fill slots [cursor, slots], the
+// last with the CQE; one publication); then, unless total == 0 (close only)
+// or total > slots (the caller posts alone), open the next reservation of
+// slots+1 WQEs. Group-collective.
+GIN_HD GIN_NOINLINE inline Batch batchSettle(const DevComm& c, int ctx, int peer, Batch b, uint64_t total) {
   const int lane = detail::laneOfCaller(), leader = detail::lowestBit(b.group);
-  const uint32_t rank = detail::bitCount(b.group & ((1u << lane) - 1u));
-  const uint32_t size = detail::bitCount(b.group), m = b.slots + 1 - b.cursor;
-  auto nop = [](uint32_t, Wqe& q) { makeNop(q); };
-  for (uint32_t j = rank; j < m; j += size)
-    (void)fillWqes(b.v.sq, b.v.counterOf, b.v.nWqe, b.v.qpn, b.base + b.cursor + j, 1, kIbgdaNoCounter, nop,
-                   j + 1 == m);
-  // Every lane's WQEs and counterOf entries before the leader's fence.
-  detail::syncGroup(b.group);
+  const IbgdaQpDev* qp = qpOf(c, ctx, peer);
+  if (b.v.st == nullptr) {
+    b.v = viewOf(qp);
+    if (b.slots > b.v.nWqe - 1) b.slots = b.v.nWqe - 1;
+  }
+  if (b.open) {
+    const uint32_t rank = detail::bitCount(b.group & ((1u << lane) - 1u));
+    const uint32_t size = detail::bitCount(b.group), m = b.slots + 1 - b.cursor;
+    auto nop = [](uint32_t, Wqe& q) { makeNop(q); };
+    for (uint32_t j = rank; j < m; j += size)
+      (void)fillWqes(b.v.sq, b.v.counterOf, b.v.nWqe, b.v.qpn, b.base + b.cursor + j, 1, kIbgdaNoCounter, nop,
+                     j + 1 == m);
+    // Every lane's WQEs and counterOf entries before the leader's fence.
+    detail::syncGroup(b.group);
+    int ok = 1;
+    if (lane == leader) {
+      Wqe last;  // the closing NOP's control head, what the UAR gets
+      makeNop(last);
+      finishCtrl(last, b.base + b.slots, b.v.qpn, true);
+      ok = publish(c, qp, b.v.st, ctx, peer, Claim{b.base, 0}, b.base + b.slots + 1, last.w[0]) ? 1 : 0;
+    }
+    b.open = false;
+    b.failed = b.failed || !detail::fromLane(b.group, ok, leader);
+  }
+  if (total == 0 || total > b.slots || b.failed) return b;
+  Claim k{0, 0};
   int ok = 1;
   if (lane == leader) {
-    Wqe last;  // the closing NOP's control head, what the UAR gets
-    makeNop(last);
-    finishCtrl(last, b.base + b.slots, b.v.qpn, true);
-    const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-    ok = publish(c, qp, b.v.st, ctx, peer, Claim{b.base, 0}, b.base + b.slots + 1, last.w[0]) ? 1 : 0;
+    k = claim(b.v.st, b.slots + 1);
+    ok = room(c, qp, ctx, peer, k, b.slots + 1, b.v.nWqe) ? 1 : 0;
   }
-  ok = detail::fromLane(b.group, ok, leader);
-  b.open = false;
-  b.failed = b.failed || !ok;
-  return ok != 0;
+  // The leader's acquire (room) before the lanes' slot writes.
+  detail::syncGroup(b.group);
+  if (!detail::fromLane(b.group, ok, leader)) {
+    b.failed = true;
+    return b;
+  }
+  b.base = detail::fromLane(b.group, k.t, leader);
+  b.cursor = 0;
+  b.open = true;
+  return b;
+}
+
+// Publish the open reservation. Group-collective.
+GIN_HD GIN_INLINE bool batchClose(const DevComm& c, int ctx, int peer, Batch& b) {
+  if (b.open) b = batchSettle(c, ctx, peer, b, 0);
+  return !b.failed;
+}
+
+// Operations too large for a reservation: this lane's n WQEs posted alone,
+// in chunks of at most half the queue (as put()). Group-collective.
+template <class Make>
+GIN_HD GIN_NOINLINE bool batchPostAlone(const DevComm& c, int ctx, int peer, unsigned group, uint32_t nWqe, uint64_t n,
+                                        uint32_t counter, Make make) {
+  const uint64_t chunk = nWqe / 2 > 0 ? nWqe / 2 : 1;
+  bool ok = true;
+  for (uint64_t i0 = 0; i0 < n && ok; i0 += chunk) {
+    const uint32_t k = uint32_t(n - i0 < chunk ? n - i0 : chunk);
+    ok = post(c, ctx, peer, k, i0 + k == n ? counter : kIbgdaNoCounter,
+              [&](uint32_t i, Wqe& q) { make(uint32_t(i0 + i), q); });
+  }
+  return detail::allOf(group, ok);
 }
 
 // The group's next operations: this lane's n WQEs from make(i, Wqe&), i in
 // [0, n) (n may be 0), `counter` on its last one; the lanes' WQEs go in lane
-// order. Group-collective. Operations larger than a reservation are posted
-// on their own (post()), after the open reservation is closed.
+// order. Group-collective. The fast path (the reservation has room) is the
+// lanes' offsets (two ballots when every lane has at most 3 WQEs) and the
+// WQE stores.
 template <class Make>
-GIN_HD bool batchAdd(const DevComm& c, int ctx, int peer, Batch& b, uint64_t n, uint32_t counter, Make make) {
-  const int lane = detail::laneOfCaller(), leader = detail::lowestBit(b.group);
+GIN_HD GIN_INLINE bool batchAdd(const DevComm& c, int ctx, int peer, Batch& b, uint64_t n, uint32_t counter,
+                                Make make) {
   uint64_t before = 0, total = 0;
-  for (unsigned m = b.group; m; m &= m - 1) {
-    const int l = detail::lowestBit(m);
-    const uint64_t nl = detail::fromLane(b.group, n, l);
-    if (l < lane) before += nl;
-    total += nl;
-  }
+  detail::groupPrefix(b.group, n, before, total);
   if (b.failed) return false;
   if (total == 0) return true;
-  const IbgdaQpDev* qp = qpOf(c, ctx, peer);
-  if (b.v.st == nullptr) {  // the first operation: the QP's fields, the clamp
-    b.v = viewOf(qp);
-    if (b.slots > b.v.nWqe - 1) b.slots = b.v.nWqe - 1;
-  }
-  if (b.open && b.cursor + total > b.slots && !batchClose(c, ctx, peer, b)) return false;
-  if (total > b.slots) {
-    // Too large for a reservation: each lane posts its WQEs alone, in
-    // chunks of at most half the queue (as put()).
-    const uint64_t chunk = b.v.nWqe / 2 > 0 ? b.v.nWqe / 2 : 1;
-    bool ok = true;
-    for (uint64_t i0 = 0; i0 < n && ok; i0 += chunk) {
-      const uint32_t k = uint32_t(n - i0 < chunk ? n - i0 : chunk);
-      ok = post(c, ctx, peer, k, i0 + k == n ? counter : kIbgdaNoCounter,
-                [&](uint32_t i, Wqe& q) { make(uint32_t(i0 + i), q); });
+  if (!b.open || b.cursor + total > b.slots) {
+    b = batchSettle(c, ctx, peer, b, total);
+    if (b.failed) return false;
+    if (!b.open) {
+      b.failed = !batchPostAlone(c, ctx, peer, b.group, b.v.nWqe, n, counter, make);
+      return !b.failed;
     }
-    b.failed = !detail::allOf(b.group, ok) || b.failed;
-    return ok;
-  }
-  if (!b.open) {
-    Claim k{0, 0};
-    int ok = 1;
-    if (lane == leader) {
-      k = claim(b.v.st, b.slots + 1);
-      ok = room(c, qp, ctx, peer, k, b.slots + 1, b.v.nWqe) ? 1 : 0;
-    }
-    // The leader's acquire (room) before the lanes' slot writes.
-    detail::syncGroup(b.group);
-    if (!detail::fromLane(b.group, ok, leader)) {
-      b.failed = true;
-      return false;
-    }
-    b.base = detail::fromLane(b.group, k.t, leader);
-    b.cursor = 0;
-    b.open = true;
   }
   (void)fillWqes(b.v.sq, b.v.counterOf, b.v.nWqe, b.v.qpn, b.base + b.cursor + before, uint32_t(n), counter, make,
                  false);
