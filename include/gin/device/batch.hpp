@@ -104,7 +104,13 @@ class PostBatch {
          [&](const DevComm& c, int ctx, const IbgdaQpDev* qp) {
            const Action a = acts.resolve(c, ctx);
            const bool any = active && a.remote != RemoteOp::None;
-           const ibgda::SignalKeys k = any ? ibgda::signalKeys(c, qp, world_, a) : ibgda::SignalKeys{};
+           // The peer's signal keys, loaded once per batch (a chain of
+           // loads that would cost every call more than its WQE's stores).
+           if (!sigKeysLoaded_) {
+             sigKeys_ = ibgda::signalKeys(c, qp, world_, Action{});
+             sigKeysLoaded_ = true;
+           }
+           const ibgda::SignalKeys k = ibgda::signalKeysAt(sigKeys_, a.signal);
            (void)ibgda::batchAdd(c, ctx, world_, b_, any ? 1 : 0, a.counter,
                                  [&](uint32_t, ibgda::Wqe& q) { ibgda::makeSignal(k, a, q); });
          });
@@ -122,7 +128,9 @@ class PostBatch {
   const Net<Backends>* net_;
   int world_;
   bool ok_;
+  bool sigKeysLoaded_ = false;
   ibgda::Batch b_;
+  ibgda::SignalKeys sigKeys_{};  // of signal 0 at the peer, once signal() needed them
 
   // onOther(backend) on lsa and the proxy, onIbgda(comm, ctx, qp) on ibgda:
   // the transport Net::dispatch picks for the peer (the same for every lane).
