@@ -145,16 +145,15 @@ void runMsgRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Re
 // ---- msg-rate over ibgda: the WQE post rate ----
 
 // The WQEs that `signals` one-WQE posts become when groups of `lanes` lanes
-// each post `count` through PostBatches of batchSlots() slots (0: none) on queues
-// of `depth` WQEs: every reservation is slots+1 WQEs (NOPs fill what the
-// adds left) and takes as many whole adds of `lanes` WQEs as fit; an add
-// larger than a reservation is posted alone.
-inline uint64_t batchedWqes(uint64_t signals, int lanes, int count, int batch, uint32_t depth) {
+// each post `count` through PostBatches of batchSlots() slots (`batch` 0:
+// none; already clamped to the queue): every reservation holds `slots` of
+// the group's WQEs (the last one what is left) and is slots+1 WQEs, NOPs
+// filling the rest.
+inline uint64_t batchedWqes(uint64_t signals, int lanes, int count, int batch) {
   if (batch <= 0) return signals;
-  const uint64_t slots = std::min<uint64_t>(batchSlots(batch, lanes, count), depth - 1), l = uint64_t(lanes);
-  if (l > slots) return signals;
-  const uint64_t addsPer = slots / l, groups = signals / (l * uint64_t(count));
-  return groups * ((uint64_t(count) + addsPer - 1) / addsPer) * (slots + 1);
+  const uint64_t slots = batchSlots(batch, lanes, count), perGroup = uint64_t(lanes) * uint64_t(count);
+  const uint64_t groups = signals / perGroup;
+  return groups * ((perGroup + slots - 1) / slots) * (slots + 1);
 }
 
 void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, Report* rep,
@@ -174,6 +173,10 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
     shapes.push_back({fmt("one warp per SM (%d CTAs x 32 threads)", sms), sms, 32});
     shapes.push_back({fmt("the whole GPU (%d CTAs x 256 threads)", sms), sms, 256});
   }
+  // --post-batch clamped as the batch clamps it on these QPs, so the NIC-free
+  // queues (deeper) post in the same batches.
+  const uint32_t mostSlots = gin::ibgda::batchMostSlots(ib->config().qpDepth);
+  const int batch = o.postBatch > 0 ? int(std::min<uint32_t>(uint32_t(o.postBatch), mostSlots)) : 0;
   // The sink consumes a few million WQEs/s: 256 Ki per run keeps the op under a minute.
   const uint64_t perShape = o.iters ? uint64_t(o.iters) : (gpu ? (256ull << 10) : (64ull << 10));
   std::vector<RateRes> res, stores, noNic;
@@ -188,12 +191,12 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
       if (me == 0) {
         const int count = run < 0 ? std::min(each, 16) : each;
         const uint64_t before = ib->nicExecuted();
-        const double t = e.postRate(sh.ctas, sh.threads, peer, count, o.postBatch);
+        const double t = e.postRate(sh.ctas, sh.threads, peer, count, batch);
         const uint64_t done = ib->nicExecuted() - before, want = uint64_t(producers) * uint64_t(count);
         // Every flush returned, so the NIC completed every WQE: exactly that many
         // (with the batches' NOPs).
         const uint64_t posted =
-            batchedWqes(want, gpu ? std::min(sh.threads, 32) : 1, count, o.postBatch, ib->config().qpDepth);
+            batchedWqes(want, gpu ? std::min(sh.threads, 32) : 1, count, batch);
         if (ib->softNic() && done != posted)
           throw Failure(fmt("msg-rate verification failed (%s): the NIC completed %" PRIu64 " WQEs, %" PRIu64
                             " were posted",
@@ -201,7 +204,7 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
         if (run >= 0) r.rates.push_back(double(want) / t / 1e6);
         const double ts = e.storeRate(sh.ctas, sh.threads, count);  // 0 on CPU ranks: no baseline row
         if (run >= 0 && ts > 0) st.rates.push_back(double(want) / ts / 1e6);
-        const double tn = e.postRateNoNic(sh.ctas, sh.threads, peer, count, o.postBatch);  // 0 on CPU ranks
+        const double tn = e.postRateNoNic(sh.ctas, sh.threads, peer, count, batch);  // 0 on CPU ranks
         if (run >= 0 && tn > 0) nn.rates.push_back(double(want) / tn / 1e6);
       }
     }
@@ -221,12 +224,13 @@ void runPostRate(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
           "alreadyReleased) to rank %d on context (warp index %% %d), then flush()es (polls its CQ up to its "
           "last WQE)",
           peer, comm.devComm().nContexts),
-      o.postBatch > 0 ? fmt("posted through a PostBatch per warp of %d slots, or as many as the warp posts if fewer "
-                            "(gin/device/batch.hpp): one reservation, fence and doorbell per slots+1 WQEs; the "
-                            "slots the calls leave become NOPs, which the rates do not count (WQEs = the signals)",
-                            o.postBatch)
-                      : std::string("posted one call at a time (Net::signal; a warp's converged lanes share one "
-                                    "reservation per call)"),
+      batch > 0 ? fmt("posted through a PostBatch per warp of %d slots (--post-batch %d, at most half the queue), or "
+                      "as many as the warp posts if fewer (gin/device/batch.hpp): one reservation, fence and doorbell "
+                      "per slots+1 WQEs; the slots the calls leave become NOPs, which the rates do not count (WQEs = "
+                      "the signals)",
+                      batch, o.postBatch)
+                : std::string("posted one call at a time (Net::signal; a warp's converged lanes share one "
+                              "reservation per call)"),
       fmt("queues: %d contexts x %d peers QPs of %u WQEs in %s; doorbell %s; NIC: %s", comm.devComm().nContexts, n,
           ic.qpDepth,
           ib->gpuNic() ? "the place the NIC's name says" : gpu ? "mapped pinned host memory" : "host memory",

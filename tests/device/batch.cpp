@@ -189,3 +189,42 @@ TEST_CASE("PostBatch over ibgda: one reservation, one publication, NOPs fill wha
       },
       configFor(Via::Ibgda, 256)));
 }
+
+// The rule "close before waiting", broken: a flush inside an open batch
+// waits for WQEs that only the close publishes; it gives up at the timeout
+// with an error that names the open batch, and nothing hangs. A peer out of
+// range is refused when the batch opens; nothing is posted.
+TEST_CASE("PostBatch: a flush inside an open batch times out naming it; a bad peer is refused", "[batch]") {
+  CommConfig shortTimeout = configFor(Via::Ibgda, 64);
+  shortTimeout.timeoutNs = 300'000'000ull;
+  const std::vector<std::string> errs = gintest::rankErrors(1, shortTimeout, [](Comm& comm) {
+    const DevComm dc = comm.devComm();
+    Net net(dc, 0);
+    PostBatch batch(net, teamWorld(dc), 0, 16);
+    batch.signal(SignalInc{0});
+    (void)net.flush(CoopThread{});
+    comm.check();
+  });
+  CHECK(errs[0].find("ibgdaFlush") != std::string::npos);
+  CHECK(errs[0].find("PostBatch") != std::string::npos);
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [](Comm& comm) {
+        const DevComm dc = comm.devComm();
+        Net net(dc, 0);
+        {
+          PostBatch batch(net, teamWorld(dc), 5, 16);  // 2 ranks: peer 5 does not exist
+          batch.signal(SignalInc{0});
+          expect(!batch.close(), "a batch to a peer out of range closed without failing");
+        }
+        expect(ibgda::qpOf(dc, 0, 1 - comm.rank())->state->resv == 0, "something was posted");
+        bool threw = false;
+        try {
+          comm.check();
+        } catch (const std::exception& e) {
+          threw = std::string(e.what()).find("badArgument") != std::string::npos;
+        }
+        expect(threw, "the bad peer was not recorded as a bad argument");
+      },
+      configFor(Via::Ibgda, 64)));
+}

@@ -14,11 +14,11 @@
 // store the same 64-byte WQEs (docs/performance.md). A batch pays them once
 // per `slots` WQEs: it reserves slots+1 WQEs of the peer's QP on the net's
 // context, each call writes the lanes' WQEs into the next free ones with
-// plain stores, and close() (or the destructor) fills the rest with NOPs and
-// publishes them with one fence and one doorbell (the last NOP carries the
-// reservation's one CQE). A call that does not fit closes the reservation
-// and opens the next. On lsa and the proxy each call runs at once, as the
-// same call on Net with CoopThread would.
+// plain stores (going on in the next reservation when one is full), and
+// close() (or the destructor) fills the rest with NOPs and publishes them
+// with one fence and one doorbell (the last NOP carries the reservation's
+// one CQE). On lsa and the proxy each call runs at once, as the same call
+// on Net with CoopThread would.
 //
 // Contract (beyond Net's):
 //  - Opened by the converged lanes of one warp (on CPU ranks: one thread); the
@@ -26,16 +26,19 @@
 //    call is its own operation (active = false: this lane has none this time).
 //  - Over ibgda nothing is visible to the NIC before the reservation it is in
 //    is closed; a reservation holds up every later post to the peer's QP on
-//    this context, and flush() waits for it. Close the batch before the warp
-//    waits for anything (a wait, a flush, a barrier): a wait that needs a
-//    post behind the open reservation ends in the timeout error, naming it.
+//    this context (the warp's own Net calls and other batches included), and
+//    flush() waits for it. While a batch is open its warp makes no other
+//    post to that peer on that context and waits for nothing (a wait, a
+//    flush, a barrier); batches to one peer close in the order they opened.
+//    Broken, the rule ends in the timeout error that names the open batch.
 //  - Order: the operations of a batch reach the peer in call order, and
 //    within a call in lane order; a signal follows every operation added
 //    before it (of any lane), as on one QP.
-//  - `slots` is clamped to the queue (qpDepth - 1); an operation larger than
-//    it (a huge put) is posted on its own, after the open reservation.
+//  - `slots` is clamped to half the queue less one (qpDepth/2 - 1), so the
+//    NIC runs one reservation while the next is filled.
 //  - close() returns false once a post of the batch gave up (the error
-//    record says why); after that the batch posts nothing.
+//    record says why); after that the batch posts nothing. A lane that
+//    leaves while the others go on calling breaks the warp's collectives.
 #pragma once
 
 #include <type_traits>
@@ -51,6 +54,14 @@ class PostBatch {
       : net_(&net), world_(teamToWorld(net.comm(), team, peer)) {
     ok_ = net.checkPeer(world_, team, peer);
     b_ = ibgda::batchBegin(slots);
+    // The transport, chosen once (Net::dispatch; none: recorded, ok_ false).
+    bool reached = false;
+    if (ok_)
+      net.dispatch(world_, [&](const auto& be) {
+        reached = true;
+        ibgda_ = std::is_same_v<std::decay_t<decltype(be)>, ibgda::Backend>;
+      });
+    ok_ = ok_ && reached;
   }
   GIN_HD ~PostBatch() { (void)close(); }
   PostBatch(const PostBatch&) = delete;
@@ -71,8 +82,11 @@ class PostBatch {
            ibgda::PutWqes p{};
            if (!mine || !ibgda::putWqes(c, ctx, world_, dstWin.dev, dstOffset, srcWin.dev, srcOffset, bytes, a, p))
              p.total = 0;
+           // By reference: a put's plan held by value costs a user kernel
+           // some 20 registers (signal() and putValue() capture by value:
+           // what their make() reads then stays in registers).
            (void)ibgda::batchAdd(c, ctx, world_, b_, p.total, a.counter,
-                                 [&](uint32_t i, ibgda::Wqe& q) { p.make(i, q, c, qp, world_, a); });
+                                 [&](uint64_t i, ibgda::Wqe& q) { p.make(i, q, c, qp, world_, a); });
          });
   }
 
@@ -90,7 +104,9 @@ class PostBatch {
            ibgda::ValueWqes p{};
            if (!mine || !ibgda::valueWqes(c, ctx, world_, dstWin.dev, dstOffset, sizeof(T), a, p)) p.n = 0;
            (void)ibgda::batchAdd(c, ctx, world_, b_, p.n, a.counter,
-                                 [&](uint32_t i, ibgda::Wqe& q) { p.make(i, q, &value, sizeof(T), a); });
+                                 [p, a, value](uint64_t i, ibgda::Wqe& q) {
+                                   p.make(uint32_t(i), q, &value, sizeof(T), a);
+                                 });
          });
   }
 
@@ -112,7 +128,7 @@ class PostBatch {
            }
            const ibgda::SignalKeys k = ibgda::signalKeysAt(sigKeys_, a.signal);
            (void)ibgda::batchAdd(c, ctx, world_, b_, any ? 1 : 0, a.counter,
-                                 [&](uint32_t, ibgda::Wqe& q) { ibgda::makeSignal(k, a, q); });
+                                 [k, a](uint64_t, ibgda::Wqe& q) { ibgda::makeSignal(k, a, q); });
          });
   }
 
@@ -128,20 +144,23 @@ class PostBatch {
   const Net<Backends>* net_;
   int world_;
   bool ok_;
+  bool ibgda_ = false;  // the peer is reached through ibgda
   bool sigKeysLoaded_ = false;
   ibgda::Batch b_;
   ibgda::SignalKeys sigKeys_{};  // of signal 0 at the peer, once signal() needed them
 
   // onOther(backend) on lsa and the proxy, onIbgda(comm, ctx, qp) on ibgda:
-  // the transport Net::dispatch picks for the peer (the same for every lane).
+  // the transport the constructor found (the same for every lane).
   template <class OnOther, class OnIbgda>
   GIN_HD GIN_INLINE void each(OnOther&& onOther, OnIbgda&& onIbgda) {
     if (!ok_) return;
+    if constexpr ((Backends & kBackendIbgda) != 0)
+      if (ibgda_) {
+        const DevComm& c = net_->comm();
+        return onIbgda(c, net_->context(), ibgda::qpOf(c, net_->context(), world_));
+      }
     net_->dispatch(world_, [&](const auto& be) {
-      if constexpr (std::is_same_v<std::decay_t<decltype(be)>, ibgda::Backend>)
-        onIbgda(net_->comm(), net_->context(), ibgda::qpOf(net_->comm(), net_->context(), world_));
-      else
-        onOther(be);
+      if constexpr (!std::is_same_v<std::decay_t<decltype(be)>, ibgda::Backend>) onOther(be);
     });
   }
 };

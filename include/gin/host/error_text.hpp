@@ -93,7 +93,8 @@ inline std::string describe(const DeviceErrorRecord& r) {
     s += " timed out on context " + std::to_string(r.context) + " to peer " + std::to_string(r.peer) +
          ": waited for WQE " + std::to_string(r.expected) + ", the QP had reached " + std::to_string(r.observed) +
          (op == Op::IbgdaFull ? " (free slots: completions, or earlier posts being published)" : " (completions)") +
-         ". Is the NIC (soft NIC thread) running? Raise CommConfig::timeoutNs if it is just slow.";
+         ". Is the NIC (soft NIC thread) running? Is a gin::PostBatch on this context still open (its WQEs go "
+         "to the NIC only when it closes: close it before waiting)? Raise CommConfig::timeoutNs if it is just slow.";
     return s;
   }
   s += " timed out";

@@ -665,13 +665,14 @@ GIN_HD inline bool signal(const DevComm& c, int ctx, int peer, const Action& a) 
 // ---- batches (gin::PostBatch, gin/device/batch.hpp) ----
 // A group (the converged lanes of a warp that opened the batch; one thread on
 // the host) posts to one QP through reservations of slots+1 WQEs: each
-// batchAdd() writes the lanes' WQEs side by side into the next free slots
-// (no atomic, no fence), and batchClose() fills what is left with NOPs, the
-// last one asking for the reservation's one CQE, and publishes the whole
-// reservation with one fence and one doorbell. A batchAdd() that does not fit
-// closes the reservation and opens the next. Until it is closed a reservation
-// holds up every later post to the QP, and flush waits for it: a batch must
-// be closed before its group waits for anything.
+// batchAdd() writes the lanes' WQEs, in lane order, into the next free slots
+// (no atomic, no fence), continuing in the next reservation when one is full,
+// and batchClose() fills what is left with NOPs, the last one asking for the
+// reservation's one CQE, and publishes it with one fence and one doorbell.
+// Until it is closed a reservation holds up every later post to the QP (the
+// group's own plain posts and other batches included), and flush waits for
+// it: a batch must be closed before its group posts otherwise to that QP or
+// waits for anything.
 struct Batch {
   QpView v;            // loaded at the first operation (v.st == nullptr before)
   uint64_t base;       // the open reservation's first WQE
@@ -774,19 +775,23 @@ GIN_HD GIN_INLINE Batch batchBegin(uint32_t slots) {
   return b;
 }
 
+// The most slots a batch uses per reservation on a queue of nWqe WQEs: a
+// reservation (slots+1) is at most half the queue.
+GIN_HD GIN_INLINE uint32_t batchMostSlots(uint32_t nWqe) { return nWqe / 2 > 1 ? nWqe / 2 - 1 : 1; }
+
 // The slow path, out of line (the fast path stays a few instructions in the
 // user's loop; the batch is passed and returned by value so it stays in
 // registers there): at the first operation load the QP's fields and clamp
-// slots; close the open reservation (NOPs fill slots [cursor, slots], the
-// last with the CQE; one publication); then, unless total == 0 (close only)
-// or total > slots (the caller posts alone), open the next reservation of
-// slots+1 WQEs. Group-collective.
-GIN_HD GIN_NOINLINE inline Batch batchSettle(const DevComm& c, int ctx, int peer, Batch b, uint64_t total) {
+// slots to half the queue (so the NIC runs one reservation while the next
+// is filled); close the open reservation (NOPs fill slots [cursor, slots],
+// the last with the CQE; one publication); then, if `reopen`, open the next
+// reservation of slots+1 WQEs. Group-collective.
+GIN_HD GIN_NOINLINE inline Batch batchSettle(const DevComm& c, int ctx, int peer, Batch b, bool reopen) {
   const int lane = detail::laneOfCaller(), leader = detail::lowestBit(b.group);
   const IbgdaQpDev* qp = qpOf(c, ctx, peer);
   if (b.v.st == nullptr) {
     b.v = viewOf(qp);
-    if (b.slots > b.v.nWqe - 1) b.slots = b.v.nWqe - 1;
+    if (b.slots > batchMostSlots(b.v.nWqe)) b.slots = batchMostSlots(b.v.nWqe);
   }
   if (b.open) {
     const uint32_t rank = detail::bitCount(b.group & ((1u << lane) - 1u));
@@ -807,7 +812,7 @@ GIN_HD GIN_NOINLINE inline Batch batchSettle(const DevComm& c, int ctx, int peer
     b.open = false;
     b.failed = b.failed || !detail::fromLane(b.group, ok, leader);
   }
-  if (total == 0 || total > b.slots || b.failed) return b;
+  if (!reopen || b.failed) return b;
   Claim k{0, 0};
   int ok = 1;
   if (lane == leader) {
@@ -828,48 +833,41 @@ GIN_HD GIN_NOINLINE inline Batch batchSettle(const DevComm& c, int ctx, int peer
 
 // Publish the open reservation. Group-collective.
 GIN_HD GIN_INLINE bool batchClose(const DevComm& c, int ctx, int peer, Batch& b) {
-  if (b.open) b = batchSettle(c, ctx, peer, b, 0);
+  if (b.open) b = batchSettle(c, ctx, peer, b, false);
   return !b.failed;
 }
 
-// Operations too large for a reservation: this lane's n WQEs posted alone,
-// in chunks of at most half the queue (as put()). Group-collective.
-template <class Make>
-GIN_HD GIN_NOINLINE bool batchPostAlone(const DevComm& c, int ctx, int peer, unsigned group, uint32_t nWqe, uint64_t n,
-                                        uint32_t counter, Make make) {
-  const uint64_t chunk = nWqe / 2 > 0 ? nWqe / 2 : 1;
-  bool ok = true;
-  for (uint64_t i0 = 0; i0 < n && ok; i0 += chunk) {
-    const uint32_t k = uint32_t(n - i0 < chunk ? n - i0 : chunk);
-    ok = post(c, ctx, peer, k, i0 + k == n ? counter : kIbgdaNoCounter,
-              [&](uint32_t i, Wqe& q) { make(uint32_t(i0 + i), q); });
-  }
-  return detail::allOf(group, ok);
-}
-
 // The group's next operations: this lane's n WQEs from make(i, Wqe&), i in
-// [0, n) (n may be 0), `counter` on its last one; the lanes' WQEs go in lane
-// order. Group-collective. The fast path (the reservation has room) is the
-// lanes' offsets (two ballots when every lane has at most 3 WQEs) and the
-// WQE stores.
+// [0, n) (n may be 0), `counter` on its last one. The call's WQEs go in lane
+// order into the open reservation's next slots; what does not fit goes on in
+// the next reservation (in order: reservations are published in order).
+// Group-collective. The fast path (the call fits) is the lanes' offsets (two
+// ballots when every lane has at most 3 WQEs) and the WQE stores.
 template <class Make>
 GIN_HD GIN_INLINE bool batchAdd(const DevComm& c, int ctx, int peer, Batch& b, uint64_t n, uint32_t counter,
                                 Make make) {
   uint64_t before = 0, total = 0;
   detail::groupPrefix(b.group, n, before, total);
   if (b.failed) return false;
-  if (total == 0) return true;
-  if (!b.open || b.cursor + total > b.slots) {
-    b = batchSettle(c, ctx, peer, b, total);
-    if (b.failed) return false;
-    if (!b.open) {
-      b.failed = !batchPostAlone(c, ctx, peer, b.group, b.v.nWqe, n, counter, make);
-      return !b.failed;
+  // Segments of the call's WQEs [done, done + seg), one per reservation.
+  for (uint64_t done = 0; done < total;) {
+    if (!b.open || b.cursor == b.slots) {
+      b = batchSettle(c, ctx, peer, b, true);
+      if (b.failed) return false;
     }
+    const uint64_t room = b.slots - b.cursor, seg = total - done < room ? total - done : room;
+    // This lane's WQEs in the segment: [lo, hi) of the call's, i.e. its own
+    // [lo - before, hi - before).
+    const uint64_t lo = before > done ? before : done, end = done + seg;
+    const uint64_t hi = before + n < end ? before + n : end;
+    if (lo < hi) {
+      auto part = [&](uint32_t i, Wqe& q) { make(lo - before + i, q); };
+      (void)fillWqes(b.v.sq, b.v.counterOf, b.v.nWqe, b.v.qpn, b.base + b.cursor + (lo - done), uint32_t(hi - lo),
+                     hi == before + n ? counter : kIbgdaNoCounter, part, false);
+    }
+    b.cursor += uint32_t(seg);
+    done = end;
   }
-  (void)fillWqes(b.v.sq, b.v.counterOf, b.v.nWqe, b.v.qpn, b.base + b.cursor + before, uint32_t(n), counter, make,
-                 false);
-  b.cursor += uint32_t(total);
   return true;
 }
 
