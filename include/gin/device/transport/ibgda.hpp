@@ -837,23 +837,16 @@ GIN_HD GIN_INLINE bool batchClose(const DevComm& c, int ctx, int peer, Batch& b)
   return !b.failed;
 }
 
-// The group's next operations: this lane's n WQEs from make(i, Wqe&), i in
-// [0, n) (n may be 0), `counter` on its last one. The call's WQEs go in lane
-// order into the open reservation's next slots; what does not fit goes on in
-// the next reservation (in order: reservations are published in order).
-// Group-collective. The fast path (the call fits) is the lanes' offsets (two
-// ballots when every lane has at most 3 WQEs) and the WQE stores.
+// A call's WQEs in segments [done, done + seg), one per reservation: the
+// slow path of batchAdd (out of line), when the call does not fit the open
+// reservation. Group-collective.
 template <class Make>
-GIN_HD GIN_INLINE bool batchAdd(const DevComm& c, int ctx, int peer, Batch& b, uint64_t n, uint32_t counter,
-                                Make make) {
-  uint64_t before = 0, total = 0;
-  detail::groupPrefix(b.group, n, before, total);
-  if (b.failed) return false;
-  // Segments of the call's WQEs [done, done + seg), one per reservation.
+GIN_HD GIN_NOINLINE Batch batchAddSpill(const DevComm& c, int ctx, int peer, Batch b, uint64_t n, uint64_t before,
+                                        uint64_t total, uint32_t counter, Make make) {
   for (uint64_t done = 0; done < total;) {
     if (!b.open || b.cursor == b.slots) {
       b = batchSettle(c, ctx, peer, b, true);
-      if (b.failed) return false;
+      if (b.failed) return b;
     }
     const uint64_t room = b.slots - b.cursor, seg = total - done < room ? total - done : room;
     // This lane's WQEs in the segment: [lo, hi) of the call's, i.e. its own
@@ -868,6 +861,29 @@ GIN_HD GIN_INLINE bool batchAdd(const DevComm& c, int ctx, int peer, Batch& b, u
     b.cursor += uint32_t(seg);
     done = end;
   }
+  return b;
+}
+
+// The group's next operations: this lane's n WQEs from make(i, Wqe&), i in
+// [0, n) (n may be 0), `counter` on its last one. The call's WQEs go in lane
+// order into the open reservation's next slots; what does not fit goes on in
+// the next reservation (in order: reservations are published in order).
+// Group-collective. The fast path (the call fits) is the lanes' offsets (two
+// ballots when every lane has at most 3 WQEs) and the WQE stores.
+template <class Make>
+GIN_HD GIN_INLINE bool batchAdd(const DevComm& c, int ctx, int peer, Batch& b, uint64_t n, uint32_t counter,
+                                Make make) {
+  uint64_t before = 0, total = 0;
+  detail::groupPrefix(b.group, n, before, total);
+  if (b.failed) return false;
+  if (total == 0) return true;
+  if (!b.open || b.cursor + total > b.slots) {
+    b = batchAddSpill(c, ctx, peer, b, n, before, total, counter, make);
+    return !b.failed;
+  }
+  (void)fillWqes(b.v.sq, b.v.counterOf, b.v.nWqe, b.v.qpn, b.base + b.cursor + before, uint32_t(n), counter, make,
+                 false);
+  b.cursor += uint32_t(total);
   return true;
 }
 
