@@ -73,7 +73,7 @@ const char* kUsage =
     "                default 256)\n"
     "  --defer-doorbell  ibgda: posts only publish; flush rings (IbgdaConfig::deferDoorbell)\n"
     "  --post-batch B  msg-rate --transport ibgda: each warp posts through a PostBatch of B slots\n"
-    "                (gin/device/batch.hpp; B is clamped to the queue depth - 1)\n"
+    "                (gin/device/batch.hpp; clamped to half the queue depth less one)\n"
     "  --mode M      moe: normal (4096 tokens per rank), ll (low latency, 128 tokens) or both (default)\n"
     "  --tokens T    moe: tokens per rank (default by mode; emulated 256 normal, 32 ll)\n"
     "  --hidden H    moe: hidden size in bf16 elements (default 7168, emulated 1024)\n"

@@ -308,13 +308,6 @@ struct Wqe {
   uint64_t w[8];
 };
 
-// Build WQEs [t, t+n) with make(i, Wqe&) into their send-queue slots (WQE
-// index and QP number patched into each control segment), mark the last
-// one's counter; returns the last one's control head (what the UAR gets).
-// Only the last WQE asks for a CQE, and only if cqeLast: an RC QP completes in
-// order, so one CQE covers every WQE before it (the poller applies their
-// counters too), and the NIC writes, and the poller reads, one CQE per post
-// instead of one per WQE. Errors produce a CQE whatever the flag.
 // WQE q's control segment as slot t of QP qpn carries it: WQE index and QP
 // number patched in, the CQ-update flag set only if `cqe`.
 GIN_HD GIN_INLINE void finishCtrl(Wqe& q, uint64_t t, uint32_t qpn, bool cqe) {
@@ -326,6 +319,13 @@ GIN_HD GIN_INLINE void finishCtrl(Wqe& q, uint64_t t, uint32_t qpn, bool cqe) {
   __builtin_memcpy(q.w, &ctrl, sizeof ctrl);
 }
 
+// Build WQEs [t, t+n) with make(i, Wqe&) into their send-queue slots (WQE
+// index and QP number patched into each control segment), mark the last
+// one's counter; returns the last one's control head (what the UAR gets).
+// Only the last WQE asks for a CQE, and only if cqeLast: an RC QP completes in
+// order, so one CQE covers every WQE before it (the poller applies their
+// counters too), and the NIC writes, and the poller reads, one CQE per post
+// instead of one per WQE. Errors produce a CQE whatever the flag.
 template <class Make>
 GIN_HD GIN_INLINE uint64_t fillWqes(uint8_t* sq, uint32_t* counterOf, uint32_t nWqe, uint32_t qpn, uint64_t t,
                                     uint32_t n, uint32_t counter, Make& make, bool cqeLast) {
@@ -676,7 +676,7 @@ GIN_HD inline bool signal(const DevComm& c, int ctx, int peer, const Action& a) 
 struct Batch {
   QpView v;            // loaded at the first operation (v.st == nullptr before)
   uint64_t base;       // the open reservation's first WQE
-  uint32_t slots;      // WQEs the group's operations fill per reservation (1 .. nWqe-1)
+  uint32_t slots;      // WQEs the group's operations fill per reservation (1 .. batchMostSlots(nWqe))
   uint32_t cursor;     // WQEs filled in the open reservation
   unsigned group;      // the lanes that opened the batch (1 on the host)
   bool open, failed;
@@ -848,7 +848,7 @@ GIN_HD GIN_NOINLINE Batch batchAddSpill(const DevComm& c, int ctx, int peer, Bat
       b = batchSettle(c, ctx, peer, b, true);
       if (b.failed) return b;
     }
-    const uint64_t room = b.slots - b.cursor, seg = total - done < room ? total - done : room;
+    const uint64_t left = b.slots - b.cursor, seg = total - done < left ? total - done : left;
     // This lane's WQEs in the segment: [lo, hi) of the call's, i.e. its own
     // [lo - before, hi - before).
     const uint64_t lo = before > done ? before : done, end = done + seg;
