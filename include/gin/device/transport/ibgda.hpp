@@ -724,15 +724,6 @@ GIN_HD GIN_INLINE T fromLane(unsigned group, T v, int lane) {
   return v;
 #endif
 }
-// Whether v holds on every lane of the group.
-GIN_HD GIN_INLINE bool allOf(unsigned group, bool v) {
-#if GIN_DEVICE_CODE
-  return __all_sync(group, v) != 0;
-#else
-  (void)group;
-  return v;
-#endif
-}
 // This lane's first WQE among the group's (*before) and the group's total,
 // when each lane has n: two ballots when no lane has more than 3 (puts of one
 // WRITE and a signal, values, signals), else a broadcast per lane.
