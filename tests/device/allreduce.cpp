@@ -100,13 +100,15 @@ std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
   v.push_back({"auto", {}});
   coll::RingTuning a;
   a.llMaxBytes = 0;      // the ring for small counts too ("auto" takes LL16 up to 1 MiB / n over lsa,
-  a.directMaxBytes = 0;  // then the two-shot direct path)
+  a.directMaxBytes = 0;  // then one-shot, then the two-shot direct path)
+  a.shotMaxBytes = 0;
   a.chunkBytes = tinyBytes;
   a.blocks = 3;
   a.bidirAgMaxBytes = -1;
   v.push_back({"tiny chunks, 3 blocks, bidirectional", a});
   coll::RingTuning b;
   b.llMaxBytes = 0;
+  b.shotMaxBytes = 0;
   b.directMaxBytes = 0;
   b.chunkBytes = 56;  // not a multiple of 16: rounded up to 64
   b.blocks = 2;
@@ -114,8 +116,13 @@ std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
   v.push_back({"56 B chunks, 2 blocks, one-way", b});
   coll::RingTuning d;
   d.llMaxBytes = 0;  // over lsa: every count two-shot direct (through the proxy: the ring)
+  d.shotMaxBytes = 0;
   d.directBlocks = 3;
   v.push_back({"two-shot direct, 3 blocks", d});
+  coll::RingTuning o;
+  o.llMaxBytes = 0;  // over lsa: one-shot up to the workspace's slots, then direct (through the proxy: the ring)
+  o.shotBlocks = 3;  // more where the slots need them
+  v.push_back({"one-shot, 3 blocks", o});
   return v;
 }
 
@@ -162,6 +169,7 @@ void allTypes(int n, const std::vector<size_t>& counts, CommConfig cfg, bool eve
         wc.tmpBytes = 4096;  // small: large counts take many units and the slots wrap
         wc.maxBlocks = 4;
         wc.signalBase = 8;
+        wc.shotMaxBytes = 8192;  // one-shot slots of 256 B: 1001 floats need 16 blocks, 1001 doubles 32
         const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
         Bufs b;
         b.bytes = kHead + maxCount * 8 + kTail;
@@ -370,8 +378,10 @@ TEST_CASE("ring AllReduce: called again and again with changing plans on one wor
       t.blocks = 1 + uint32_t(i % 4);
       t.bidirAgMaxBytes = i % 2 ? -1 : 0;
       if (i % 4 != 1) t.llMaxBytes = 0;      // every fourth call one-shot LL16,
-      if (i % 4 != 3) t.directMaxBytes = 0;  // every fourth two-shot direct, between ring calls
+      if (i % 4 != 3) t.directMaxBytes = 0;  // every fourth two-shot direct, every eighth
+      if (i % 8 != 2) t.shotMaxBytes = 0;    // one-shot stores, between ring calls
       t.directBlocks = 1 + uint32_t(i % 5);
+      t.shotBlocks = 1 + uint32_t(i % 7);
       const size_t count = size_t(1 + (i * 397) % 3000);
       oneCase<float, coll::Sum>(comm, ws, b, count, t, i % 3 == 0, uint64_t(i), results, "call " + std::to_string(i));
     }
@@ -383,7 +393,8 @@ TEST_CASE("ring AllReduce: called again and again with changing plans on one wor
   }));
 }
 
-TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only (LL and direct refused over the proxy)",
+TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only (LL, one-shot and direct refused over "
+          "the proxy)",
           "[allreduce][plan][ll]") {
   coll::RingWorkspace ws{};
   ws.tmpBytes = 32ull << 20;
@@ -434,11 +445,13 @@ TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only (L
         const coll::RingWorkspace w = coll::createRingWorkspace(comm);
         expect(coll::planRingAllReduce(comm, w, 16, 4).ll == 0, "LL planned over the proxy");
         expect(coll::planRingAllReduce(comm, w, 1 << 20, 4).direct == 0, "direct planned over the proxy");
-        coll::RingTuning direct;
-        direct.llMaxBytes = 0;
-        for (const auto& [tune, path] : {std::pair{coll::RingTuning{}, "LL16"}, std::pair{direct, "two-shot direct"}}) {
+        expect(coll::planRingAllReduce(comm, w, 1 << 18, 4).shot == 0, "one-shot planned over the proxy");
+        coll::RingTuning shot, direct;
+        shot.llMaxBytes = direct.llMaxBytes = direct.shotMaxBytes = 0;
+        for (const auto& [tune, path] : {std::pair{coll::RingTuning{}, "LL16"}, std::pair{shot, "one-shot"},
+                                         std::pair{direct, "two-shot direct"}}) {
           const coll::RingPlan p = coll::planRingAllReduce(2, w, 16, 4, tune);
-          expect(p.ll + p.direct == 1, std::string("the generic planner did not take the ") + path + " path");
+          expect(p.ll + p.shot + p.direct == 1, std::string("the generic planner did not take the ") + path + " path");
           try {
             coll::runRingAllReduce<float, coll::Sum>(comm, w, p, w.tmp, 0, w.tmp, 0);
             expect(false, std::string("a ") + path + " plan ran over the proxy");
@@ -538,6 +551,7 @@ TEST_CASE("direct AllReduce: back to back without barriers, 1 to 32 blocks, in p
     wc.tmpBytes = 4096;
     wc.maxBlocks = 2;
     wc.llMaxBytes = 0;
+    wc.shotMaxBytes = 0;
     REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
       backToBack(
           comm, wc, 5000, 40,
@@ -547,6 +561,107 @@ TEST_CASE("direct AllReduce: back to back without barriers, 1 to 32 blocks, in p
             return t;
           },
           [](const coll::RingPlan& p) { return p.direct == 1; }, "direct");
+    }));
+  }
+}
+
+TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over lsa only, blocks for the slots",
+          "[allreduce][plan][shot]") {
+  coll::RingWorkspace ws{};
+  ws.tmpBytes = 32ull << 20;
+  ws.maxBlocks = 16;
+  ws.llMaxBytes = 64 << 10;
+  ws.shotMaxBytes = 1 << 20;  // slots of 32 KiB
+  coll::RingTuning t{};
+  t.llMaxBytes = 64 << 10;
+  t.shotMaxBytes = 512 << 10;
+  t.directMaxBytes = 8 << 20;
+  auto plan = [&](int n, uint64_t bytes) { return coll::planRingAllReduce(n, ws, bytes / 4, 4, t); };
+  CHECK((plan(4, 64 << 10).ll == 1 && plan(4, 64 << 10).shot == 0));  // LL first
+  coll::RingPlan p = plan(4, (64 << 10) + 4);
+  CHECK((p.shot == 1 && p.ll == 0 && p.direct == 0 && p.nBlocks == 4 && p.blockSize == 512));  // one per 16 KiB
+  CHECK(plan(4, 512 << 10).shot == 1);
+  CHECK(plan(4, 512 << 10).nBlocks == 32);
+  CHECK((plan(4, (512 << 10) + 4).shot == 0 && plan(4, (512 << 10) + 4).direct == 1));  // past the limit: direct
+  CHECK(plan(8, 256 << 10).shot == 1);
+  CHECK(plan(9, 256 << 10).shot == 0);  // more ranks than pointers in registers
+  CHECK(plan(1, 256 << 10).shot == 0);  // one rank: a copy
+  t.shotBlocks = 3;
+  CHECK(plan(2, 80 << 10).nBlocks == 3);
+  CHECK(plan(2, 160 << 10).nBlocks == 5);  // three 53 KiB shares would not fit 32 KiB slots
+  t.shotBlocks = 0;
+  t.shotMaxBytes = 4 << 20;  // the workspace caps the tuning
+  CHECK((plan(2, 2 << 20).shot == 0 && plan(2, 1 << 20).shot == 1));
+  ws.shotMaxBytes = 0;  // a workspace without slots: never
+  CHECK(plan(2, 128 << 10).shot == 0);
+  ws.shotMaxBytes = 1 << 20;
+  {
+    gintest::EnvVar a("GIN_ALLREDUCE_SHOT_MAX_SIZE", "0");
+    CHECK(coll::planRingAllReduce(4, ws, 1 << 17, 4, coll::ringTuningFromEnv()).shot == 0);
+  }
+  {
+    gintest::EnvVar a("GIN_ALLREDUCE_SHOT_MAX_SIZE", "256K"), b("GIN_ALLREDUCE_SHOT_BLOCKS", "9");
+    const coll::RingPlan q = coll::planRingAllReduce(4, ws, 1 << 16, 4, coll::ringTuningFromEnv());
+    CHECK((q.shot == 1 && q.nBlocks == 9));
+    CHECK(coll::planRingAllReduce(4, ws, (1 << 16) + 1, 4, coll::ringTuningFromEnv()).shot == 0);
+  }
+  for (const char* bad : {"0", "33", "x"}) {
+    gintest::EnvVar e("GIN_ALLREDUCE_SHOT_BLOCKS", bad);
+    CHECK_THROWS_WITH(coll::ringTuningFromEnv(), Catch::Matchers::ContainsSubstring("GIN_ALLREDUCE_SHOT_BLOCKS=") &&
+                                                     Catch::Matchers::ContainsSubstring("from 1 to 32"));
+  }
+  if (const char* tr = std::getenv("GIN_TRANSPORT"); tr && std::string(tr) != "lsa") return;
+  // A hand-made plan whose shares do not fit the slots is refused
+  // (badArgument) and moves nothing; the environment grows the window.
+  CHECK_THROWS_WITH(runRanks(2,
+                             [](Comm& comm) {
+                               coll::RingWorkspaceConfig wc;
+                               wc.shotMaxBytes = 16 << 10;  // slots of 512 B
+                               const coll::RingWorkspace w = coll::createRingWorkspace(comm, wc);
+                               coll::RingTuning noLl;
+                               noLl.llMaxBytes = 0;
+                               coll::RingPlan big = coll::planRingAllReduce(comm, w, 1024, 4, noLl);
+                               expect(big.shot == 1 && big.nBlocks == 8, coll::describe(big));
+                               big.nBlocks = 7;  // 147 floats = 588 B a block
+                               coll::runRingAllReduce<float, coll::Sum>(comm, w, big, w.tmp, 0, w.tmp, 0);
+                             }),
+                    Catch::Matchers::ContainsSubstring("badArgument"));
+  gintest::EnvVar grow("GIN_ALLREDUCE_SHOT_MAX_SIZE", "3M");
+  REQUIRE_NOTHROW(runRanks(2, [](Comm& comm) {
+    const coll::RingWorkspace w = coll::createRingWorkspace(comm);
+    expect(w.shotMaxBytes == 3 << 20, "the environment did not grow the one-shot window");
+    comm.bootstrap().barrier();
+    coll::destroyRingWorkspace(comm, w);
+  }));
+}
+
+TEST_CASE("one-shot AllReduce: back to back without barriers, block counts changing, direct calls between",
+          "[allreduce][shot]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("one-shot runs over lsa only");
+  for (auto [n, blocks] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 5}, std::pair{5, 32}, std::pair{8, 3}}) {
+    CAPTURE(n, blocks);
+    coll::RingWorkspaceConfig wc;
+    wc.tmpBytes = 4096;
+    wc.maxBlocks = 2;
+    wc.llMaxBytes = 0;
+    wc.shotMaxBytes = 32 << 10;  // slots of 1 KiB: 5000 floats need 20 blocks
+    REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
+      int shots = 0;
+      backToBack(
+          comm, wc, 5000, 48,
+          [&](int call) {
+            coll::RingTuning t;
+            t.shotBlocks = uint32_t(call % 3 == 2 ? 1 : blocks);  // the block count changes (and the slots raise it)
+            if (call % 4 == 3) t.shotMaxBytes = 0;                  // two-shot direct, on the same call counts
+            t.directBlocks = uint32_t(1 + call % 6);
+            return t;
+          },
+          [&](const coll::RingPlan& p) {
+            shots += p.shot;
+            return p.shot + p.direct == 1;
+          },
+          "one-shot");
+      expect(shots == 36, "one-shot calls: " + std::to_string(shots));
     }));
   }
 }

@@ -3,8 +3,9 @@
 // double, int32 and int64 with sum, prod, min and max; counts 0, 1, primes and
 // 1 Mi + 3; in place and out of place; the auto plan, tiny chunks with
 // several blocks (the slots wrap many times), the one-way kernel variant, and
-// the two-shot direct path on 5 blocks for every count ("auto" takes LL16,
-// then direct, over lsa);
+// the two-shot direct path on 5 blocks for every count, the one-shot path on
+// 3 blocks or more ("auto" takes LL16, then one-shot, then direct, over lsa);
+// one-shot calls queued back to back with direct and ring calls between;
 // poisoned guards; results against the host reference
 // (tests/common/allreduce_ref.hpp) and bitwise identical on every rank.
 // Registered again with GIN_TRANSPORT=proxy. Skips (exit 77) without a GPU.
@@ -42,7 +43,8 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes, uint32_t l
         wc.tmpBytes = tmpBytes;
         wc.maxBlocks = 4;
         wc.signalBase = 8;
-        wc.llBlocks = llBlocks;  // the "auto" tuning's LL16 calls (lsa, up to 1 MiB / n)
+        wc.llBlocks = llBlocks;      // the "auto" tuning's LL16 calls (lsa, up to 1 MiB / n)
+        wc.shotMaxBytes = 64 << 10;  // one-shot slots of 2 KiB
         const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
         Bufs b;
         b.bytes = kHead + maxCount * 8 + kTail;
@@ -60,16 +62,23 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes, uint32_t l
         oneWay.bidirAgMaxBytes = 0;
         oneWay.llMaxBytes = 0;
         oneWay.directMaxBytes = 0;
+        tiny.shotMaxBytes = 0;
+        oneWay.shotMaxBytes = 0;
         coll::RingTuning direct;  // over lsa every count two-shot direct (with the proxy forced: the ring)
         direct.llMaxBytes = 0;
+        direct.shotMaxBytes = 0;
         direct.directBlocks = 5;
+        coll::RingTuning shot;  // over lsa one-shot up to the workspace's 64 KiB, then direct
+        shot.llMaxBytes = 0;
+        shot.shotBlocks = 3;  // more where the slots need them (4099 doubles: 17)
         const struct {
           const char* name;
           coll::RingTuning t;
         } tunings[] = {{"auto", {}},
                        {"48 B chunks, 3 blocks, bidirectional", tiny},
                        {"4 KiB chunks, 2 blocks, one-way kernel", oneWay},
-                       {"two-shot direct, 5 blocks", direct}};
+                       {"two-shot direct, 5 blocks", direct},
+                       {"one-shot, 3 blocks", shot}};
         for (const auto& tu : tunings) {
           const bool all = tu.t.chunkBytes == 0;  // auto and direct: quick enough for the largest count
           const std::vector<size_t> small(counts.begin(), counts.end() - (all ? 0 : 1));
@@ -117,6 +126,39 @@ TEST_CASE("GPU LL AllReduce with 32 blocks (the default): counts around the 512 
   for (int n : rankCounts()) {
     CAPTURE(n);
     REQUIRE_NOTHROW(run(n, {1, 3, 97, 4099, 65537, 131071}, 8u << 20, 32));
+  }
+}
+
+TEST_CASE("GPU one-shot AllReduce: 40 calls queued back to back, block counts changing, direct calls between",
+          "[gpu][allreduce][shot]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("one-shot runs over lsa only");
+  for (int n : rankCounts()) {
+    if (n == 1) continue;
+    CAPTURE(n);
+    std::vector<std::vector<uint8_t>> results(static_cast<size_t>(n), std::vector<uint8_t>{});
+    REQUIRE_NOTHROW(gputest::runRanksOnStreams(
+        n,
+        [&](Comm& comm, cudaStream_t st) {
+          coll::RingWorkspaceConfig wc;
+          wc.llMaxBytes = 0;
+          wc.shotMaxBytes = 256 << 10;  // slots of 8 KiB: 60000 floats need 30 blocks
+          const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
+          const int shots = backToBack(
+              comm, st, ws, 60000, 40,
+              [](int k) {
+                coll::RingTuning t;
+                t.shotBlocks = uint32_t(1 + k % 9);           // the slots raise it for the larger counts
+                if (k % 4 == 3) t.shotMaxBytes = 0;           // two-shot direct on the same call counts
+                if (k % 10 == 9) t.directMaxBytes = 0, t.shotMaxBytes = 0;  // and the ring
+                t.directBlocks = uint32_t(1 + k % 7);
+                return t;
+              },
+              results);
+          expect(shots == 28, "one-shot calls: " + std::to_string(shots));
+          comm.bootstrap().barrier();
+          coll::destroyRingWorkspace(comm, ws);
+        },
+        gputest::gpuConfig()));
   }
 }
 

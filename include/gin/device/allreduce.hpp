@@ -173,6 +173,8 @@ struct RingWorkspace {
   Window ll;            // per rank (nRanks > 1): LL and direct call counts (a word per block each), the direct
                         // path's flags (kLlMaxBlocks x nRanks words), then 2 x nRanks LL16 slots (llSlotOffset)
   uint64_t llMaxBytes;  // the largest message the LL path carries (0: no LL slots)
+  Window shot;          // per rank (nRanks > 1, shotMaxBytes > 0): the one-shot path's slots (shotOffset)
+  uint64_t shotMaxBytes;  // the largest message the one-shot path carries (0: none); a multiple of 16 x kLlMaxBlocks
 };
 // The LL buffer's first kLlHeaderBytes hold one LL call count per block, then
 // one direct call count per block (kDirectCallsOffset), then the direct
@@ -201,6 +203,14 @@ GIN_HD GIN_INLINE uint64_t llSlotOffset(const RingWorkspace& w, uint64_t parity,
 GIN_HD GIN_INLINE uint64_t llBufferBytes(const RingWorkspace& w) { return llSlotOffset(w, 2, 0); }
 // Blocks of an LL call on workspace w.
 GIN_HD GIN_INLINE uint32_t llBlocks(const RingWorkspace& w) { return w.llBlocks ? w.llBlocks : 1u; }
+// The one-shot window: per call parity, source rank and block, a fixed slot
+// of shotMaxBytes / kLlMaxBlocks bytes that only that block of every rank
+// touches (block b's share of a call must fit it).
+GIN_HD GIN_INLINE uint64_t shotSlotBytes(const RingWorkspace& w) { return w.shotMaxBytes / kLlMaxBlocks; }
+GIN_HD GIN_INLINE uint64_t shotOffset(const RingWorkspace& w, uint64_t parity, int src, uint32_t b) {
+  return ((parity * uint64_t(w.nRanks) + uint64_t(src)) * kLlMaxBlocks + b) * shotSlotBytes(w);
+}
+GIN_HD GIN_INLINE uint64_t shotBufferBytes(const RingWorkspace& w) { return shotOffset(w, 2, 0, 0); }
 
 // One call's shape (gin/host/allreduce.hpp: planRingAllReduce). Every rank
 // must use the same plan.
@@ -219,6 +229,7 @@ struct RingPlan {
   uint32_t bidir;      // 1: bidirectional AllGather
   uint32_t ll;         // 1: one-shot LL16 (small messages, lsa peers only; llBlocks blocks)
   uint32_t direct;     // 1: two-shot over load/store (lsa peers only, nBlocks <= kLlMaxBlocks)
+  uint32_t shot;       // 1: one-shot over stores into the peers' shot slots (lsa peers only, nBlocks <= kLlMaxBlocks)
 };
 static_assert(std::is_trivially_copyable_v<RingPlan>);
 
@@ -249,6 +260,13 @@ GIN_HD GIN_INLINE Piece shardPiece(const RingPlan& p, uint64_t u, int s) {
   const size_t b = size_t(s) * pe < len ? size_t(s) * pe : len;
   const size_t e = b + pe < len ? b + pe : len;
   return Piece{base + b, e - b};
+}
+
+// Elements per block of a one-shot call (the last block's share may be
+// shorter): whole 16-byte vectors where the element is smaller.
+GIN_HD GIN_INLINE uint64_t shotPiece(const RingPlan& p, uint64_t eltBytes) {
+  const uint64_t kV = eltBytes < 16 ? 16 / eltBytes : 1, nb = p.nBlocks ? p.nBlocks : 1;
+  return ((p.count + nb - 1) / nb + kV - 1) / kV * kV;
 }
 
 // ---- the reduction ----
@@ -337,6 +355,9 @@ class RingBlock {
       ok = ok && lsaPath && p_.nBlocks == llBlocks(ws_) && llBlocks(ws_) <= kLlMaxBlocks && bytes <= ws_.llMaxBytes;
     else if (p_.direct)
       ok = ok && lsaPath && p_.nBlocks <= kLlMaxBlocks && dc_.nRanks <= kDirectMaxRanks;
+    else if (p_.shot)
+      ok = ok && lsaPath && p_.nBlocks <= kLlMaxBlocks && dc_.nRanks <= kDirectMaxRanks && ws_.shotMaxBytes > 0 &&
+           fits(ws_.shot, 0, shotBufferBytes(ws_)) && shotPiece(p_, eltBytes) * eltBytes <= shotSlotBytes(ws_);
     else
       ok = ok && p_.nBlocks <= ws_.maxBlocks && p_.slots >= 2 && fits(ws_.tmp, 0, ws_.tmpBytes) &&
            p_.chunkBytes >= eltBytes && p_.chunkBytes % eltBytes == 0 &&
@@ -360,6 +381,7 @@ class RingBlock {
     }
     if (p_.ll) return runLL(coop, in, out, op);
     if (p_.direct) return runDirect<T>(coop, sendWin, sendOffset, recvWin, recvOffset, op);
+    if (p_.shot) return runShot<T>(coop, in, out, op);
     next_ = (me + 1) % n;
     prev_ = (me + n - 1) % n;
     const bool bidir = kBidir && p_.bidir != 0;
@@ -523,17 +545,8 @@ class RingBlock {
   // loads and stores when the windows are 16-byte aligned.
   template <class T, class Op, class Coop>
   GIN_HD bool runDirect(Coop coop, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset, Op op) {
-    using E = EltTraits<T>;
     const int n = dc_.nRanks, me = dc_.rank;
     const Team world = teamWorld(dc_);
-    const T* src[kDirectMaxRanks] = {};
-    T* dst[kDirectMaxRanks] = {};
-    GIN_UNROLL
-    for (int j = 0; j < kDirectMaxRanks; ++j)
-      if (j < n) {
-        src[j] = static_cast<const T*>(peerPointer(dc_, world, j, sendWin, sendOffset));
-        dst[j] = static_cast<T*>(peerPointer(dc_, world, j, recvWin, recvOffset));
-      }
     constexpr uint64_t kV = sizeof(T) < 16 ? 16 / sizeof(T) : 1;
     const uint64_t count = p_.count, nb = p_.nBlocks;
     const uint64_t shard = ((count + uint64_t(n) - 1) / uint64_t(n) + kV - 1) / kV * kV;
@@ -541,79 +554,133 @@ class RingBlock {
     const uint64_t sEnd = shard * uint64_t(me + 1) < count ? shard * uint64_t(me + 1) : count;
     uint64_t begin = shard * uint64_t(me) + piece * block_, end = begin + piece < sEnd ? begin + piece : sEnd;
     if (begin > end) begin = end;
+    // Every rank's input and output at this block's piece.
+    const T* src[kDirectMaxRanks] = {};
+    T* dst[kDirectMaxRanks] = {};
+    GIN_UNROLL
+    for (int j = 0; j < kDirectMaxRanks; ++j)
+      if (j < n) {
+        src[j] = static_cast<const T*>(peerPointer(dc_, world, j, sendWin, sendOffset)) + begin;
+        dst[j] = static_cast<T*>(peerPointer(dc_, world, j, recvWin, recvOffset)) + begin;
+      }
 
     uint64_t* calls = static_cast<uint64_t*>(localPointer(ws_.ll, size_t(kDirectCallsOffset + 8 * block_)));
     const uint64_t call = volatileLoad(calls) + 1;
     bool ok = directBarrier(coop, 2 * call - 1);
-    if (ok) {
-      uintptr_t bits = 0;
-      for (int j = 0; j < n; ++j) bits |= uintptr_t(src[j] + begin) | uintptr_t(dst[j] + begin);
-      uint64_t i = begin;
-#if GIN_DEVICE_CODE
-      if (sizeof(T) <= 16 && (bits & 15) == 0) {
-        // Two vectors per thread per round: 2n loads in flight before the first sum.
-        const uint64_t nv = (end - begin) / kV, stride = uint64_t(coop.size());
-        auto sum = [&](const uint4* x) {
-          typename E::Compute acc[kV];
-          const T* t0 = reinterpret_cast<const T*>(&x[0]);
-          GIN_UNROLL
-          for (uint64_t k = 0; k < kV; ++k) acc[k] = E::load(t0[k]);
-          GIN_UNROLL
-          for (int j = 1; j < kDirectMaxRanks; ++j)
-            if (j < n) {
-              const T* tj = reinterpret_cast<const T*>(&x[j]);
-              GIN_UNROLL
-              for (uint64_t k = 0; k < kV; ++k) acc[k] = op(acc[k], E::load(tj[k]));
-            }
-          uint4 z;
-          T* tz = reinterpret_cast<T*>(&z);
-          GIN_UNROLL
-          for (uint64_t k = 0; k < kV; ++k) tz[k] = E::store(acc[k]);
-          return z;
-        };
-        auto storeAll = [&](uint64_t e, uint4 z) {
-          GIN_UNROLL
-          for (int j = 0; j < kDirectMaxRanks; ++j)
-            if (j < n) *reinterpret_cast<uint4*>(dst[j] + e) = z;
-        };
-        uint64_t v = uint64_t(coop.rank());
-        for (; v + stride < nv; v += 2 * stride) {
-          const uint64_t e0 = begin + v * kV, e1 = e0 + stride * kV;
-          uint4 x0[kDirectMaxRanks], x1[kDirectMaxRanks];
-          GIN_UNROLL
-          for (int j = 0; j < kDirectMaxRanks; ++j)
-            if (j < n) x0[j] = directLoad(src[j] + e0), x1[j] = directLoad(src[j] + e1);
-          storeAll(e0, sum(x0));
-          storeAll(e1, sum(x1));
-        }
-        if (v < nv) {
-          const uint64_t e0 = begin + v * kV;
-          uint4 x0[kDirectMaxRanks];
-          GIN_UNROLL
-          for (int j = 0; j < kDirectMaxRanks; ++j)
-            if (j < n) x0[j] = directLoad(src[j] + e0);
-          storeAll(e0, sum(x0));
-        }
-        i = begin + nv * kV;
-      }
-#else
-      (void)bits;
-#endif
-      // The tail (or unaligned windows): element loads, ordered after the
-      // entry barrier's acquire by the coop sync.
-      for (i += uint64_t(coop.rank()); i < end; i += uint64_t(coop.size())) {
-        typename E::Compute acc = E::load(src[0][i]);
-        for (int j = 1; j < n; ++j) acc = op(acc, E::load(src[j][i]));
-        const T z = E::store(acc);
-        for (int j = 0; j < n; ++j) dst[j][i] = z;
-      }
-    }
+    if (ok) reduceInto<T>(coop, src, n, dst, n, end - begin, op);
     ok = ok && directBarrier(coop, 2 * call);
     ok = coop.syncAll(ok);
     if (coop.rank() == 0) volatileStore(calls, call);
     coop.sync();
     return ok;
   }
+  // The one-shot path (docs/design/allreduce.md): block b stores its share
+  // of the message into its slot at every peer (parity = this block's call
+  // count), one barrier publishes the stores, then it sums the n shares in
+  // rank order into its own output. No barrier out: nobody reads this rank's
+  // input or output, and a peer overwrites our slot of this parity only two
+  // calls on, after the next call's barrier, which this block reaches after
+  // it is done reading it (the same block of the next call runs later).
+  template <class T, class Op, class Coop>
+  GIN_HD bool runShot(Coop coop, const T* in, T* out, Op op) {
+    const int n = dc_.nRanks, me = dc_.rank;
+    const Team world = teamWorld(dc_);
+    const uint64_t piece = shotPiece(p_, sizeof(T)), count = p_.count;
+    const uint64_t begin = piece * block_ < count ? piece * block_ : count;
+    const uint64_t end = begin + piece < count ? begin + piece : count;
+    uint64_t* calls = static_cast<uint64_t*>(localPointer(ws_.ll, size_t(kDirectCallsOffset + 8 * block_)));
+    const uint64_t call = volatileLoad(calls) + 1, parity = call & 1;
+    for (int k = 1; k < n; ++k) {
+      const int peer = (me + k) % n;
+      lsa::coopCopy(coop, peerPointer(dc_, world, peer, ws_.shot, size_t(shotOffset(ws_, parity, me, block_))),
+                    in + begin, size_t(end - begin) * sizeof(T));
+    }
+    bool ok = directBarrier(coop, 2 * call);  // publishes the stores above; a direct call's exit value
+    if (ok) {
+      const T* from[kDirectMaxRanks] = {};
+      GIN_UNROLL
+      for (int j = 0; j < kDirectMaxRanks; ++j)
+        if (j < n)
+          from[j] = j == me ? in + begin
+                            : static_cast<const T*>(localPointer(ws_.shot, size_t(shotOffset(ws_, parity, j, block_))));
+      T* dst[kDirectMaxRanks] = {out + begin};
+      reduceInto<T>(coop, from, n, dst, 1, end - begin, op);
+    }
+    ok = coop.syncAll(ok);
+    if (coop.rank() == 0) volatileStore(calls, call);
+    coop.sync();
+    return ok;
+  }
+
+  // dst[d][i] = from[0][i] op from[1][i] ... op from[n - 1][i] for d < nd and
+  // i < len, split over the coop (no sync). On a GPU 16-byte vectors where
+  // every address is 16-byte aligned, two per thread per round (2n loads in
+  // flight before the first sum), loaded past the L1 (peers write them).
+  template <class T, class Op, class Coop>
+  GIN_HD static void reduceInto(Coop coop, const T* const* from, int n, T* const* dst, int nd, uint64_t len, Op op) {
+    using E = EltTraits<T>;
+    uint64_t i = 0;
+#if GIN_DEVICE_CODE
+    constexpr uint64_t kV = sizeof(T) < 16 ? 16 / sizeof(T) : 1;
+    uintptr_t bits = 0;
+    for (int j = 0; j < n; ++j) bits |= uintptr_t(from[j]);
+    for (int d = 0; d < nd; ++d) bits |= uintptr_t(dst[d]);
+    if (sizeof(T) <= 16 && (bits & 15) == 0) {
+      const uint64_t nv = len / kV, stride = uint64_t(coop.size());
+      auto sum = [&](const uint4* x) {
+        typename E::Compute acc[kV];
+        const T* t0 = reinterpret_cast<const T*>(&x[0]);
+        GIN_UNROLL
+        for (uint64_t k = 0; k < kV; ++k) acc[k] = E::load(t0[k]);
+        GIN_UNROLL
+        for (int j = 1; j < kDirectMaxRanks; ++j)
+          if (j < n) {
+            const T* tj = reinterpret_cast<const T*>(&x[j]);
+            GIN_UNROLL
+            for (uint64_t k = 0; k < kV; ++k) acc[k] = op(acc[k], E::load(tj[k]));
+          }
+        uint4 z;
+        T* tz = reinterpret_cast<T*>(&z);
+        GIN_UNROLL
+        for (uint64_t k = 0; k < kV; ++k) tz[k] = E::store(acc[k]);
+        return z;
+      };
+      auto storeAll = [&](uint64_t e, uint4 z) {
+        GIN_UNROLL
+        for (int d = 0; d < kDirectMaxRanks; ++d)
+          if (d < nd) *reinterpret_cast<uint4*>(dst[d] + e) = z;
+      };
+      uint64_t v = uint64_t(coop.rank());
+      for (; v + stride < nv; v += 2 * stride) {
+        const uint64_t e0 = v * kV, e1 = e0 + stride * kV;
+        uint4 x0[kDirectMaxRanks], x1[kDirectMaxRanks];
+        GIN_UNROLL
+        for (int j = 0; j < kDirectMaxRanks; ++j)
+          if (j < n) x0[j] = directLoad(from[j] + e0), x1[j] = directLoad(from[j] + e1);
+        storeAll(e0, sum(x0));
+        storeAll(e1, sum(x1));
+      }
+      if (v < nv) {
+        const uint64_t e0 = v * kV;
+        uint4 x0[kDirectMaxRanks];
+        GIN_UNROLL
+        for (int j = 0; j < kDirectMaxRanks; ++j)
+          if (j < n) x0[j] = directLoad(from[j] + e0);
+        storeAll(e0, sum(x0));
+      }
+      i = nv * kV;
+    }
+#endif
+    // The tail (or unaligned windows): element loads, ordered after the
+    // barrier's acquire by the coop sync.
+    for (i += uint64_t(coop.rank()); i < len; i += uint64_t(coop.size())) {
+      typename E::Compute acc = E::load(from[0][i]);
+      for (int j = 1; j < n; ++j) acc = op(acc, E::load(from[j][i]));
+      const T z = E::store(acc);
+      for (int d = 0; d < nd; ++d) dst[d][i] = z;
+    }
+  }
+
 #if GIN_DEVICE_CODE
   // A 16-byte load that bypasses the (incoherent) L1: the data is a peer's.
   GIN_DEVICE GIN_INLINE static uint4 directLoad(const void* p) {

@@ -68,6 +68,17 @@ struct RingTuning {
   // doubling up to 32 blocks helped from 1 MiB; on 4 they tied from 16).
   uint32_t directBlocks = 0;
   uint64_t directBlockBytes = 16ull << 10;
+  // Messages above the LL limit and up to this size (and the workspace's
+  // shotMaxBytes) take the one-shot path when every peer is reached by lsa
+  // and there are at most kDirectMaxRanks ranks: every rank stores its
+  // message into a slot at every peer, one barrier, then sums the n copies
+  // in its own memory (one barrier where the direct path has two, n - 1
+  // copies of the message sent where it sends two); 0: never.
+  uint64_t shotMaxBytes = 1ull << 20;
+  // Blocks of a one-shot call, 1 .. kLlMaxBlocks; 0: one per shotBlockBytes
+  // of the message. Never fewer than the workspace's slots need.
+  uint32_t shotBlocks = 0;
+  uint64_t shotBlockBytes = 16ull << 10;
 
   static constexpr uint64_t kLlAuto = ~uint64_t(0);
   static constexpr uint64_t kLlAutoBytes = 1ull << 20;
@@ -78,6 +89,7 @@ struct RingTuning {
 namespace detail {
 static_assert(env::find("GIN_ALLREDUCE_LL_BLOCKS")->hi == kLlMaxBlocks &&
                   env::find("GIN_ALLREDUCE_DIRECT_BLOCKS")->hi == kLlMaxBlocks &&
+                  env::find("GIN_ALLREDUCE_SHOT_BLOCKS")->hi == kLlMaxBlocks &&
                   env::find("GIN_ALLREDUCE_RING_BLOCK_SIZE")->hi == kRingMaxThreads,
               "gin/host/env.hpp's rows follow the kernel's limits");
 }  // namespace detail
@@ -94,6 +106,8 @@ inline RingTuning ringTuningFromEnv(RingTuning base = {}) {
   if (auto v = env::size("GIN_ALLREDUCE_LL_MAX_SIZE")) base.llMaxBytes = uint64_t(*v);
   if (auto v = env::size("GIN_ALLREDUCE_DIRECT_MAX_SIZE")) base.directMaxBytes = uint64_t(*v);
   if (auto v = env::integer("GIN_ALLREDUCE_DIRECT_BLOCKS")) base.directBlocks = uint32_t(*v);
+  if (auto v = env::size("GIN_ALLREDUCE_SHOT_MAX_SIZE")) base.shotMaxBytes = uint64_t(*v);
+  if (auto v = env::integer("GIN_ALLREDUCE_SHOT_BLOCKS")) base.shotBlocks = uint32_t(*v);
   if (auto v = env::integer("GIN_ALLREDUCE_RING_BLOCK_SIZE")) base.blockSize = uint32_t(*v);
   return base;
 }
@@ -115,6 +129,10 @@ struct RingWorkspaceConfig {
   // 32 blocks took 5.3 / 6.4 / 15.3 us at 4 KiB / 128 KiB / 1 MiB, against
   // 4.9 / 7.9 / 38.7 with 8 and 7.9 / 44 / 307 with one (docs/performance.md).
   uint32_t llBlocks = kLlMaxBlocks;
+  // Largest one-shot message: a window of 2 x nRanks x this bytes (nRanks >
+  // 1), rounded down to a multiple of 16 x kLlMaxBlocks; 0: none.
+  // GIN_ALLREDUCE_SHOT_MAX_SIZE, when larger, raises it.
+  uint64_t shotMaxBytes = 1ull << 20;
 };
 
 // Collective: allocates the temporary window and reserves the signal ids,
@@ -131,6 +149,12 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
   if (llBlocks < 1 || llBlocks > kLlMaxBlocks)
     throw Error("createRingWorkspace: llBlocks must be from 1 to " + std::to_string(kLlMaxBlocks) + " (got " +
                 std::to_string(llBlocks) + ")");
+  uint64_t shotMaxBytes = cfg.shotMaxBytes;
+  if (auto v = env::size("GIN_ALLREDUCE_SHOT_MAX_SIZE")) shotMaxBytes = std::max(shotMaxBytes, uint64_t(*v));
+  if (shotMaxBytes > (1ull << 30))
+    throw Error("createRingWorkspace: shotMaxBytes " + std::to_string(shotMaxBytes) +
+                " is larger than the 1 GiB the one-shot path allows (its window is 2 x nRanks x that)");
+  shotMaxBytes = shotMaxBytes / (16 * kLlMaxBlocks) * (16 * kLlMaxBlocks);
   if (cfg.tmpBytes < 64 || cfg.tmpBytes % 16 != 0 || cfg.maxBlocks < 1)
     throw Error("createRingWorkspace: tmpBytes must be a multiple of 16 of at least 64 and maxBlocks at least 1 (got " +
                 std::to_string(cfg.tmpBytes) + ", " + std::to_string(cfg.maxBlocks) + ")");
@@ -148,7 +172,9 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
   w.nRanks = comm.nRanks();
   w.llMaxBytes = llMaxBytes;
   w.llBlocks = llBlocks;
+  w.shotMaxBytes = comm.nRanks() > 1 ? shotMaxBytes : 0;
   if (comm.nRanks() > 1) w.ll = comm.allocWindow(size_t(llBufferBytes(w)));
+  if (w.shotMaxBytes > 0) w.shot = comm.allocWindow(size_t(shotBufferBytes(w)));
   return w;
 }
 
@@ -156,6 +182,7 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
 inline void destroyRingWorkspace(Comm& comm, const RingWorkspace& w) {
   comm.deregisterWindow(w.tmp);
   if (w.nRanks > 1) comm.deregisterWindow(w.ll);
+  if (w.shotMaxBytes > 0) comm.deregisterWindow(w.shot);
 }
 
 // Whether every peer is reached by lsa with no network transport forced: what
@@ -251,6 +278,15 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
     p.nBlocks = llBlocks(ws);
     const uint64_t packets = ((total + 7) / 8 + p.nBlocks - 1) / p.nBlocks;
     p.blockSize = t.blockSize ? t.blockSize : uint32_t(std::clamp<uint64_t>((packets + 31) / 32 * 32, 64, 512));
+  } else if (n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= std::min(t.shotMaxBytes, ws.shotMaxBytes)) {
+    // One barrier: each rank's message stored at every peer, then summed there.
+    p.shot = 1;
+    const uint64_t least = (total + shotSlotBytes(ws) - 1) / shotSlotBytes(ws);  // every block's share fits its slot
+    p.nBlocks = t.shotBlocks ? std::min(t.shotBlocks, kLlMaxBlocks)
+                             : uint32_t(std::clamp<uint64_t>(total / std::max<uint64_t>(t.shotBlockBytes, 1), 1,
+                                                             kLlMaxBlocks));
+    p.nBlocks = uint32_t(std::max<uint64_t>(p.nBlocks, least));
+    p.blockSize = t.blockSize ? t.blockSize : 512;
   } else if (n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= t.directMaxBytes) {
     // Mid-size messages: two-shot over load/store, one barrier in and one out.
     p.direct = 1;
@@ -264,13 +300,14 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
 }
 
 namespace detail {
-// LL16 and direct plans need every peer reached by lsa: refuse them elsewhere.
+// LL16, one-shot and direct plans need every peer reached by lsa: refuse them elsewhere.
 inline void checkLsaOnlyPlan(const Comm& comm, const RingPlan& plan, const char* call) {
-  if ((plan.ll || plan.direct) && !lsaOnly(comm))
-    throw Error(std::string(call) + ": the plan takes the " + (plan.ll ? "LL16" : "two-shot direct") +
+  if ((plan.ll || plan.shot || plan.direct) && !lsaOnly(comm))
+    throw Error(std::string(call) + ": the plan takes the " +
+                (plan.ll ? "LL16" : plan.shot ? "one-shot" : "two-shot direct") +
                 " path, which needs every peer reached by lsa, but this communicator uses the proxy or ibgda; make "
                 "the plan with planRingAllReduce(comm, ...) or set RingTuning::" +
-                (plan.ll ? "llMaxBytes" : "directMaxBytes") + " = 0");
+                (plan.ll ? "llMaxBytes" : plan.shot ? "shotMaxBytes" : "directMaxBytes") + " = 0");
 }
 }  // namespace detail
 
@@ -279,7 +316,7 @@ inline void checkLsaOnlyPlan(const Comm& comm, const RingPlan& plan, const char*
 inline RingPlan planRingAllReduce(const Comm& comm, const RingWorkspace& ws, uint64_t count, size_t eltBytes,
                                   const RingTuning& base = {}) {
   RingTuning t = ringTuningFromEnv(base);
-  if (!lsaOnly(comm)) t.llMaxBytes = t.directMaxBytes = 0;
+  if (!lsaOnly(comm)) t.llMaxBytes = t.shotMaxBytes = t.directMaxBytes = 0;
   return planRingAllReduce(comm.nRanks(), ws, count, eltBytes, t);
 }
 
@@ -289,6 +326,10 @@ inline std::string describe(const RingPlan& p) {
     return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
            " ranks: one-shot LL16 packets, " + std::to_string(p.nBlocks) + " x " + std::to_string(p.blockSize) +
            " threads";
+  if (p.shot)
+    return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
+           " ranks: one-shot stores and one barrier, " + std::to_string(p.nBlocks) + " x " +
+           std::to_string(p.blockSize) + " threads";
   if (p.direct)
     return std::to_string(p.count) + " x " + std::to_string(p.eltBytes) + " B on " + std::to_string(p.nRanks) +
            " ranks: two-shot direct loads and stores, " + std::to_string(p.nBlocks) + " x " +
