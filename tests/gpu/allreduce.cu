@@ -143,7 +143,7 @@ TEST_CASE("GPU one-shot AllReduce: 40 calls queued back to back, block counts ch
           wc.llMaxBytes = 0;
           wc.shotMaxBytes = 256 << 10;  // slots of 8 KiB: 60000 floats need 30 blocks
           const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
-          const int shots = backToBack(
+          const int shots = gputest::ar::backToBack(
               comm, st, ws, 60000, 40,
               [](int k) {
                 coll::RingTuning t;
