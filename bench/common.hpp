@@ -189,6 +189,7 @@ struct Options {
   std::string json;
   bool noNccl = false;
   int channels = 0;            // sendrecv: most channels; moe: normal mode's channels; 0: default
+  uint64_t channelBytes = 0;   // sendrecv: one channel per this many bytes; 0: kSrBytesPerChannel
   std::string mode = "both";   // moe: normal, ll or both
   int tokens = 0, hidden = 0;  // moe: 0: default
   int batch = 1;               // moe: normal mode's slots per tail/head signal

@@ -5,7 +5,7 @@
 // gin::Comm per GPU) or between CPU ranks (threads) running the same device API.
 //
 //   gin-bench OP [--transport lsa|proxy|ibgda] [--ranks N] [--emulate] [--sizes MIN:MAX]
-//                [--iters K] [--json FILE] [--no-nccl] [--channels N] [--contexts C]
+//                [--iters K] [--json FILE] [--no-nccl] [--channels N] [--channel-bytes B] [--contexts C]
 //                [--qp-depth D] [--defer-doorbell] [--post-batch B]
 //                [--mode normal|ll|both] [--tokens T] [--hidden H] [--batch B] [--slots S]
 //   OP: put-bw | signal-lat | barrier | msg-rate | allreduce | sendrecv | moe
@@ -67,6 +67,7 @@ const char* kUsage =
     "  --channels N  sendrecv: the most p2p channels (CTA pairs) a transfer is spread over (default\n"
     "                32, emulated 2); moe: channels of the normal mode (default 132 / (1 + ranks),\n"
     "                at most 64; half that over proxy or ibgda; emulated 2)\n"
+    "  --channel-bytes B  sendrecv: one channel per B bytes of the message (suffixes K/M; default 64K)\n"
     "  --contexts C  network contexts (QPs per peer; CommConfig::nContexts, default 4); msg-rate\n"
     "                puts the producers of warp w on context w % C\n"
     "  --qp-depth D  ibgda: WQEs per QP (IbgdaConfig::qpDepth, a power of two from 2 to 32768;\n"
@@ -181,6 +182,10 @@ Options parseArgs(int argc, char** argv) {
       const std::string v = value();
       if (!parseInt(v, 1, 64, &n)) usageError("--channels " + v + ": expected a whole number from 1 to 64");
       o.channels = int(n);
+    } else if (a == "--channel-bytes") {
+      const std::string v = value();
+      if (!parseSize(v, &o.channelBytes) || o.channelBytes == 0)
+        usageError("--channel-bytes " + v + ": expected a size of at least 1 byte (suffixes K, M, G)");
     } else if (a == "--batch") {
       long n = 0;
       const std::string v = value();
@@ -264,6 +269,7 @@ Options parseArgs(int argc, char** argv) {
   if (o.sizesGiven && o.op != Op::PutBw && o.op != Op::AllReduce && o.op != Op::SendRecv)
     usageError("--sizes applies to put-bw, allreduce and sendrecv");
   if (o.channels && o.op != Op::SendRecv && o.op != Op::Moe) usageError("--channels applies to sendrecv and moe");
+  if (o.channelBytes && o.op != Op::SendRecv) usageError("--channel-bytes applies to sendrecv");
   if ((o.modeGiven || o.tokensGiven || o.hidden || o.batch != 1 || o.slots) && o.op != Op::Moe)
     usageError("--mode, --tokens, --hidden, --batch and --slots apply to moe");
   if (o.op == Op::AllReduce && o.sizesGiven && o.minSize < 4)

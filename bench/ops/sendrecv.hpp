@@ -28,9 +28,11 @@ int srMaxChannels(const Options& o, bool gpu) {
   return o.channels ? o.channels : gpu ? kSrMaxChannelsGpu : kSrMaxChannelsCpu;
 }
 
-// One channel per kSrBytesPerChannel, at least one, at most the FIFO's.
-int srChannels(uint64_t bytes, int maxCh) {
-  const uint64_t want = (bytes + kSrBytesPerChannel - 1) / kSrBytesPerChannel;
+// One channel per `per` bytes (--channel-bytes, default kSrBytesPerChannel),
+// at least one, at most the FIFO's.
+uint64_t srBytesPerChannel(const Options& o) { return o.channelBytes ? o.channelBytes : kSrBytesPerChannel; }
+int srChannels(uint64_t bytes, int maxCh, uint64_t per) {
+  const uint64_t want = (bytes + per - 1) / per;
   return int(std::clamp<uint64_t>(want, 1, uint64_t(maxCh)));
 }
 
@@ -65,7 +67,7 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   };
   std::vector<Row> rows;
   for (uint64_t bytes : sizes) {
-    Row row{bytes, srChannels(bytes, maxCh), srIters(o, bytes, gpu), {}, {}};
+    Row row{bytes, srChannels(bytes, maxCh, srBytesPerChannel(o)), srIters(o, bytes, gpu), {}, {}};
     // Verified first, twice (the second call reuses the FIFO rings, their
     // step counts carried over in the signal shadows).
     for (int k = 0; k < 2; ++k) {
@@ -116,7 +118,7 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
       "  source window to rank+1 and receives BYTES from rank-1; one rank sends to itself",
       fmt("  the bytes are cut into CH contiguous shares, one p2p channel each (its own FIFO ring of %u x %s slots),",
           kSrSlots, sizeName(pc.chunkBytes).c_str()),
-      fmt("  CH = one per %s, 1 to %d (--channels)", sizeName(kSrBytesPerChannel).c_str(), maxCh),
+      fmt("  CH = one per %s, 1 to %d (--channels)", sizeName(srBytesPerChannel(o)).c_str(), maxCh),
       gpu ? fmt("launch: one kernel per shift, CH sending CTAs (Endpoint::send) + CH receiving CTAs (Endpoint::recv) x "
                 "%d threads, ITERS back to back on the rank's stream",
                 kSrThreads)
