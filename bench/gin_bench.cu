@@ -67,7 +67,7 @@ const char* kUsage =
     "  --channels N  sendrecv: the most p2p channels (CTA pairs) a transfer is spread over (default\n"
     "                32, emulated 2); moe: channels of the normal mode (default 132 / (1 + ranks),\n"
     "                at most 64; half that over proxy or ibgda; emulated 2)\n"
-    "  --channel-bytes B  sendrecv: one channel per B bytes of the message (suffixes K/M; default 64K)\n"
+    "  --channel-bytes B  sendrecv: one channel per B bytes of the message (suffixes K/M; default 16K)\n"
     "  --contexts C  network contexts (QPs per peer; CommConfig::nContexts, default 4); msg-rate\n"
     "                puts the producers of warp w on context w % C\n"
     "  --qp-depth D  ibgda: WQEs per QP (IbgdaConfig::qpDepth, a power of two from 2 to 32768;\n"

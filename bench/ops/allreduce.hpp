@@ -33,6 +33,7 @@ double busBw(uint64_t bytes, int n, double seconds) {
 
 std::string shortPlan(const gin::coll::RingPlan& p) {
   if (p.ll) return fmt("LL16 %ux%u", p.nBlocks, p.blockSize);
+  if (p.shot) return fmt("one-shot %ux%u", p.nBlocks, p.blockSize);
   if (p.direct) return fmt("direct %ux%u", p.nBlocks, p.blockSize);
   return fmt("d%u c%s %ux%u s%u %s", p.depth, sizeName(p.chunkBytes).c_str(), p.nBlocks, p.blockSize, p.slots,
              p.bidir ? "bi" : "uni");
@@ -137,7 +138,8 @@ void runAllReduce(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, 
       "gin: gin::coll ring AllReduce (CTRING: ReduceScatter + AllGather over puts into the next rank's temporary "
       "slots),",
       "  float sum, out of place, plan from gin::coll::planRingAllReduce (Hopper auto-tuning + GIN_ALLREDUCE_RING_*",
-      "  overrides); plan column: pipeline depth, chunk size, blocks x threads, slots per block, AllGather direction",
+      "  overrides); plan column: LL16, one-shot or direct with blocks x threads, else the ring's pipeline depth, chunk",
+      "  size, blocks x threads, slots per block, AllGather direction",
       gpu ? "launch: one kernel per AllReduce (launchRingAllReduce), ITERS back to back on the rank's stream"
           : "CPU emulation: each rank thread runs the plan's blocks one after another (runRingAllReduce)",
       fmt("timer: %s around ITERS AllReduces; per run the smallest time over the ranks / ITERS; warm-up ITERS/10;",

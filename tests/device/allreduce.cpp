@@ -121,7 +121,8 @@ std::vector<Tuned> tunings(uint64_t tinyBytes = 16) {
   v.push_back({"two-shot direct, 3 blocks", d});
   coll::RingTuning o;
   o.llMaxBytes = 0;  // over lsa: one-shot up to the workspace's slots, then direct (through the proxy: the ring)
-  o.shotBlocks = 3;  // more where the slots need them
+  o.shotMaxBytes = 1 << 20;  // any rank count (auto: 2 ranks only)
+  o.shotBlocks = 3;          // more where the slots need them
   v.push_back({"one-shot, 3 blocks", o});
   return v;
 }
@@ -379,7 +380,7 @@ TEST_CASE("ring AllReduce: called again and again with changing plans on one wor
       t.bidirAgMaxBytes = i % 2 ? -1 : 0;
       if (i % 4 != 1) t.llMaxBytes = 0;      // every fourth call one-shot LL16,
       if (i % 4 != 3) t.directMaxBytes = 0;  // every fourth two-shot direct, every eighth
-      if (i % 8 != 2) t.shotMaxBytes = 0;    // one-shot stores, between ring calls
+      t.shotMaxBytes = i % 8 == 2 ? 1 << 20 : 0;  // one-shot stores, between ring calls
       t.directBlocks = 1 + uint32_t(i % 5);
       t.shotBlocks = 1 + uint32_t(i % 7);
       const size_t count = size_t(1 + (i * 397) % 3000);
@@ -592,6 +593,9 @@ TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over l
   t.shotBlocks = 0;
   t.shotMaxBytes = 4 << 20;  // the workspace caps the tuning
   CHECK((plan(2, 2 << 20).shot == 0 && plan(2, 1 << 20).shot == 1));
+  t.shotMaxBytes = coll::RingTuning::kAuto;  // measured on 2 ranks only: 1 MiB there, off on more
+  CHECK((plan(2, 1 << 20).shot == 1 && plan(2, (1 << 20) + 4).shot == 0));
+  CHECK((plan(3, 256 << 10).shot == 0 && plan(3, 256 << 10).direct == 1));
   ws.shotMaxBytes = 0;  // a workspace without slots: never
   CHECK(plan(2, 128 << 10).shot == 0);
   ws.shotMaxBytes = 1 << 20;
@@ -626,10 +630,22 @@ TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over l
                                coll::runRingAllReduce<float, coll::Sum>(comm, w, big, w.tmp, 0, w.tmp, 0);
                              }),
                     Catch::Matchers::ContainsSubstring("badArgument"));
+  REQUIRE_NOTHROW(runRanks(3, [](Comm& comm) {
+    const coll::RingWorkspace w = coll::createRingWorkspace(comm);
+    expect(w.shotMaxBytes == 0, "a one-shot window on 3 ranks by default");
+    comm.bootstrap().barrier();
+    coll::destroyRingWorkspace(comm, w);
+  }));
   gintest::EnvVar grow("GIN_ALLREDUCE_SHOT_MAX_SIZE", "3M");
   REQUIRE_NOTHROW(runRanks(2, [](Comm& comm) {
     const coll::RingWorkspace w = coll::createRingWorkspace(comm);
     expect(w.shotMaxBytes == 3 << 20, "the environment did not grow the one-shot window");
+    comm.bootstrap().barrier();
+    coll::destroyRingWorkspace(comm, w);
+  }));
+  REQUIRE_NOTHROW(runRanks(3, [](Comm& comm) {  // auto: none on 3 ranks, unless the environment asks
+    const coll::RingWorkspace w = coll::createRingWorkspace(comm);
+    expect(w.shotMaxBytes == 3 << 20, "the environment did not make a one-shot window on 3 ranks");
     comm.bootstrap().barrier();
     coll::destroyRingWorkspace(comm, w);
   }));
@@ -652,7 +668,7 @@ TEST_CASE("one-shot AllReduce: back to back without barriers, block counts chang
           [&](int call) {
             coll::RingTuning t;
             t.shotBlocks = uint32_t(call % 3 == 2 ? 1 : blocks);  // the block count changes (and the slots raise it)
-            if (call % 4 == 3) t.shotMaxBytes = 0;                  // two-shot direct, on the same call counts
+            t.shotMaxBytes = call % 4 == 3 ? 0 : 1 << 20;          // else two-shot direct, on the same call counts
             t.directBlocks = uint32_t(1 + call % 6);
             return t;
           },

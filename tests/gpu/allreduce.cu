@@ -70,7 +70,8 @@ void run(int n, const std::vector<size_t>& counts, uint64_t tmpBytes, uint32_t l
         direct.directBlocks = 5;
         coll::RingTuning shot;  // over lsa one-shot up to the workspace's 64 KiB, then direct
         shot.llMaxBytes = 0;
-        shot.shotBlocks = 3;  // more where the slots need them (4099 doubles: 17)
+        shot.shotMaxBytes = 1 << 20;  // any rank count (auto: 2 ranks only)
+        shot.shotBlocks = 3;          // more where the slots need them (4099 doubles: 17)
         const struct {
           const char* name;
           coll::RingTuning t;
@@ -147,8 +148,8 @@ TEST_CASE("GPU one-shot AllReduce: 40 calls queued back to back, block counts ch
               comm, st, ws, 60000, 40,
               [](int k) {
                 coll::RingTuning t;
-                t.shotBlocks = uint32_t(1 + k % 9);           // the slots raise it for the larger counts
-                if (k % 4 == 3) t.shotMaxBytes = 0;           // two-shot direct on the same call counts
+                t.shotBlocks = uint32_t(1 + k % 9);                  // the slots raise it for the larger counts
+                t.shotMaxBytes = k % 4 == 3 ? 0 : 1 << 20;           // else two-shot direct on the same call counts
                 if (k % 10 == 9) t.directMaxBytes = 0, t.shotMaxBytes = 0;  // and the ring
                 t.directBlocks = uint32_t(1 + k % 7);
                 return t;

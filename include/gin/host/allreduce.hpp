@@ -73,17 +73,23 @@ struct RingTuning {
   // and there are at most kDirectMaxRanks ranks: every rank stores its
   // message into a slot at every peer, one barrier, then sums the n copies
   // in its own memory (one barrier where the direct path has two, n - 1
-  // copies of the message sent where it sends two); 0: never.
-  uint64_t shotMaxBytes = 1ull << 20;
+  // copies of the message sent where it sends two); 0: never; kAuto:
+  // shotAutoBytes(nRanks). On 2 H200s it beat the direct path at 1 MiB (12.8
+  // against 14.4 us) and tied it at 2 and 4 MiB; it sends n - 1 copies, and
+  // on more ranks it has not been measured yet, so auto keeps it to 2 ranks.
+  uint64_t shotMaxBytes = kAuto;
   // Blocks of a one-shot call, 1 .. kLlMaxBlocks; 0: one per shotBlockBytes
   // of the message. Never fewer than the workspace's slots need.
   uint32_t shotBlocks = 0;
   uint64_t shotBlockBytes = 16ull << 10;
 
   static constexpr uint64_t kLlAuto = ~uint64_t(0);
+  static constexpr uint64_t kAuto = ~uint64_t(0);  // shotMaxBytes: what shotAutoBytes says
   static constexpr uint64_t kLlAutoBytes = 1ull << 20;
   // What kLlAuto means on nRanks ranks (0 for one rank, which never takes LL).
   static constexpr uint64_t llAutoBytes(int nRanks) { return nRanks > 1 ? kLlAutoBytes / uint64_t(nRanks) : 0; }
+  // What kAuto means for shotMaxBytes on nRanks ranks: 1 MiB on 2, else 0.
+  static constexpr uint64_t shotAutoBytes(int nRanks) { return nRanks == 2 ? 1ull << 20 : 0; }
 };
 
 namespace detail {
@@ -130,9 +136,10 @@ struct RingWorkspaceConfig {
   // 4.9 / 7.9 / 38.7 with 8 and 7.9 / 44 / 307 with one (docs/performance.md).
   uint32_t llBlocks = kLlMaxBlocks;
   // Largest one-shot message: a window of 2 x nRanks x this bytes (nRanks >
-  // 1), rounded down to a multiple of 16 x kLlMaxBlocks; 0: none.
-  // GIN_ALLREDUCE_SHOT_MAX_SIZE, when larger, raises it.
-  uint64_t shotMaxBytes = 1ull << 20;
+  // 1), rounded down to a multiple of 16 x kLlMaxBlocks; 0: none;
+  // RingTuning::kAuto: what the default tuning takes (1 MiB on 2 ranks, else
+  // none). GIN_ALLREDUCE_SHOT_MAX_SIZE, when larger, raises it.
+  uint64_t shotMaxBytes = RingTuning::kAuto;
 };
 
 // Collective: allocates the temporary window and reserves the signal ids,
@@ -149,7 +156,8 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
   if (llBlocks < 1 || llBlocks > kLlMaxBlocks)
     throw Error("createRingWorkspace: llBlocks must be from 1 to " + std::to_string(kLlMaxBlocks) + " (got " +
                 std::to_string(llBlocks) + ")");
-  uint64_t shotMaxBytes = cfg.shotMaxBytes;
+  uint64_t shotMaxBytes =
+      cfg.shotMaxBytes == RingTuning::kAuto ? RingTuning::shotAutoBytes(comm.nRanks()) : cfg.shotMaxBytes;
   if (auto v = env::size("GIN_ALLREDUCE_SHOT_MAX_SIZE")) shotMaxBytes = std::max(shotMaxBytes, uint64_t(*v));
   if (shotMaxBytes > (1ull << 30))
     throw Error("createRingWorkspace: shotMaxBytes " + std::to_string(shotMaxBytes) +
@@ -278,7 +286,9 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
     p.nBlocks = llBlocks(ws);
     const uint64_t packets = ((total + 7) / 8 + p.nBlocks - 1) / p.nBlocks;
     p.blockSize = t.blockSize ? t.blockSize : uint32_t(std::clamp<uint64_t>((packets + 31) / 32 * 32, 64, 512));
-  } else if (n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= std::min(t.shotMaxBytes, ws.shotMaxBytes)) {
+  } else if (const uint64_t shotMax = t.shotMaxBytes == RingTuning::kAuto ? RingTuning::shotAutoBytes(nRanks)
+                                                                           : t.shotMaxBytes;
+             n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= std::min(shotMax, ws.shotMaxBytes)) {
     // One barrier: each rank's message stored at every peer, then summed there.
     p.shot = 1;
     const uint64_t least = (total + shotSlotBytes(ws) - 1) / shotSlotBytes(ws);  // every block's share fits its slot

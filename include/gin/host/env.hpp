@@ -145,7 +145,7 @@ inline constexpr Var kVars[] = {
     row::size("GIN_ALLREDUCE_DIRECT_MAX_SIZE", 0, 1ll << 40, "32M",
               "messages above the LL limit and up to this size take the two-shot direct path; 0: never"),
     row::integer("GIN_ALLREDUCE_DIRECT_BLOCKS", 1, 32, "one per 16K of the message", "blocks of a direct call"),
-    row::size("GIN_ALLREDUCE_SHOT_MAX_SIZE", 0, 1ll << 30, "1M",
+    row::size("GIN_ALLREDUCE_SHOT_MAX_SIZE", 0, 1ll << 30, "1M on 2 ranks, else 0",
               "messages above the LL limit and up to this size take the one-shot path (stores to every peer, one "
               "barrier); 0: never; createRingWorkspace makes its window at least this large"),
     row::integer("GIN_ALLREDUCE_SHOT_BLOCKS", 1, 32, "one per 16K of the message",
