@@ -450,9 +450,12 @@ TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only (L
         expect(coll::planRingAllReduce(comm, w, 1 << 18, 4).shot == 0, "one-shot planned over the proxy");
         coll::RingTuning shot, direct;
         shot.llMaxBytes = direct.llMaxBytes = direct.shotMaxBytes = 0;
+        expect(w.shotMaxBytes == 0, "a one-shot window over the proxy");
+        coll::RingWorkspace slots = w;  // for the generic planner only: the plan must be refused before it runs
+        slots.shotMaxBytes = 1 << 20;
         for (const auto& [tune, path] : {std::pair{coll::RingTuning{}, "LL16"}, std::pair{shot, "one-shot"},
                                          std::pair{direct, "two-shot direct"}}) {
-          const coll::RingPlan p = coll::planRingAllReduce(2, w, 16, 4, tune);
+          const coll::RingPlan p = coll::planRingAllReduce(2, slots, 16, 4, tune);
           expect(p.ll + p.shot + p.direct == 1, std::string("the generic planner did not take the ") + path + " path");
           try {
             coll::runRingAllReduce<float, coll::Sum>(comm, w, p, w.tmp, 0, w.tmp, 0);
@@ -597,6 +600,18 @@ TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over l
   t.shotMaxBytes = coll::RingTuning::kAuto;  // measured on 2 ranks only: 1 MiB there, off on more
   CHECK((plan(2, 1 << 20).shot == 1 && plan(2, (1 << 20) + 4).shot == 0));
   CHECK((plan(3, 256 << 10).shot == 0 && plan(3, 256 << 10).direct == 1));
+  {  // a hand-made window: slots of whole 16-byte vectors, at most 32 of them
+    coll::RingTuning u = t;
+    u.llMaxBytes = 0;
+    u.shotMaxBytes = 1 << 20;
+    coll::RingWorkspace odd = ws;
+    odd.shotMaxBytes = 1000;  // slots of 31 B: never
+    CHECK(coll::planRingAllReduce(2, odd, 4, 4, u).shot == 0);
+    odd.shotMaxBytes = 1040;  // slots of 32 B: up to 1024 B
+    const coll::RingPlan fits = coll::planRingAllReduce(2, odd, 256, 4, u);
+    CHECK((fits.shot == 1 && fits.nBlocks == 32));
+    CHECK(coll::planRingAllReduce(2, odd, 257, 4, u).shot == 0);
+  }
   ws.shotMaxBytes = 0;  // a workspace without slots: never
   CHECK(plan(2, 128 << 10).shot == 0);
   ws.shotMaxBytes = 1 << 20;
@@ -627,7 +642,7 @@ TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over l
                                noLl.llMaxBytes = 0;
                                coll::RingPlan big = coll::planRingAllReduce(comm, w, 1024, 4, noLl);
                                expect(big.shot == 1 && big.nBlocks == 8, coll::describe(big));
-                               big.nBlocks = 7;  // 147 floats = 588 B a block
+                               big.nBlocks = 7;  // 148 floats (147 rounded to 16-byte vectors) = 592 B a block
                                coll::runRingAllReduce<float, coll::Sum>(comm, w, big, w.tmp, 0, w.tmp, 0);
                              }),
                     Catch::Matchers::ContainsSubstring("badArgument"));

@@ -76,7 +76,8 @@ void allOps(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, const Bu
 // `calls` float-sum AllReduces queued back to back on the stream with no
 // synchronization or barrier between them (the path's own flags keep calls
 // apart): call k reads its own input (seed k) at send + k x stride and
-// writes recv + k x stride, sizes change every call up to maxCount, and
+// writes recv + k x stride (every third call: in place), sizes change
+// every call up to maxCount, and
 // tuning(k) picks the path; then every result is checked and must agree
 // bitwise across ranks. Returns how many calls took the one-shot path.
 int backToBack(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, size_t maxCount, int calls,

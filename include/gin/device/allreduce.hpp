@@ -15,8 +15,9 @@
 //    recvOffset names the same place on every rank; sendWin may equal recvWin
 //    at the same offset (in place). Inputs and outputs are registered windows.
 //  - Calls follow each other with no reset: counts live in signal shadows and
-//    the workspace. LL16 and direct calls must be separate kernels in stream
-//    order (or be separated by a grid-wide sync).
+//    the workspace. LL16, one-shot and direct calls must be separate kernels
+//    in stream order (or be separated by a grid-wide sync): no two calls on
+//    one workspace may run at once (other streams, graph branches, PDL).
 //  - Every rank gets the same bits (contributions reduced in rank order).
 //  - Waits are bounded: allReduceSend (waiting for a free slot) or
 //    allReduceRecv (waiting for data, or for a direct-path flag) with the
@@ -596,6 +597,11 @@ class RingBlock {
                     in + begin, size_t(end - begin) * sizeof(T));
     }
     bool ok = directBarrier(coop, 2 * call);  // publishes the stores above; a direct call's exit value
+#if defined(GIN_ALLREDUCE_TEST_READ_DELAY_NS) && GIN_DEVICE_CODE
+    // Tests only: one rank per call reads late, so a peer that overwrote a
+    // slot too early (no second parity, no barrier) would be caught.
+    if (uint64_t(me) == call % uint64_t(n)) __nanosleep(GIN_ALLREDUCE_TEST_READ_DELAY_NS);
+#endif
     if (ok) {
       const T* from[kDirectMaxRanks] = {};
       GIN_UNROLL

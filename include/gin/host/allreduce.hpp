@@ -136,11 +136,20 @@ struct RingWorkspaceConfig {
   // 4.9 / 7.9 / 38.7 with 8 and 7.9 / 44 / 307 with one (docs/performance.md).
   uint32_t llBlocks = kLlMaxBlocks;
   // Largest one-shot message: a window of 2 x nRanks x this bytes (nRanks >
-  // 1), rounded down to a multiple of 16 x kLlMaxBlocks; 0: none;
+  // 1, every peer reached by lsa), rounded down to a multiple of 16 x
+  // kLlMaxBlocks; 0: none;
   // RingTuning::kAuto: what the default tuning takes (1 MiB on 2 ranks, else
   // none). GIN_ALLREDUCE_SHOT_MAX_SIZE, when larger, raises it.
   uint64_t shotMaxBytes = RingTuning::kAuto;
 };
+
+// Whether every peer is reached by lsa with no network transport forced: what
+// the LL path and the lsa-only kernel need.
+inline bool lsaOnly(const Comm& comm) {
+  bool only = comm.devComm().proxyAll == 0 && comm.devComm().ibgdaAll == 0;
+  for (int r = 0; r < comm.nRanks(); ++r) only = only && comm.transportTo(r) == Transport::Lsa;
+  return only;
+}
 
 // Collective: allocates the temporary window and reserves the signal ids,
 // whose signals and shadows must be zero (unused) now: the AllReduce keeps
@@ -180,7 +189,7 @@ inline RingWorkspace createRingWorkspace(Comm& comm, const RingWorkspaceConfig& 
   w.nRanks = comm.nRanks();
   w.llMaxBytes = llMaxBytes;
   w.llBlocks = llBlocks;
-  w.shotMaxBytes = comm.nRanks() > 1 ? shotMaxBytes : 0;
+  w.shotMaxBytes = comm.nRanks() > 1 && lsaOnly(comm) ? shotMaxBytes : 0;  // no window where no plan can use it
   if (comm.nRanks() > 1) w.ll = comm.allocWindow(size_t(llBufferBytes(w)));
   if (w.shotMaxBytes > 0) w.shot = comm.allocWindow(size_t(shotBufferBytes(w)));
   return w;
@@ -191,14 +200,6 @@ inline void destroyRingWorkspace(Comm& comm, const RingWorkspace& w) {
   comm.deregisterWindow(w.tmp);
   if (w.nRanks > 1) comm.deregisterWindow(w.ll);
   if (w.shotMaxBytes > 0) comm.deregisterWindow(w.shot);
-}
-
-// Whether every peer is reached by lsa with no network transport forced: what
-// the LL path and the lsa-only kernel need.
-inline bool lsaOnly(const Comm& comm) {
-  bool only = comm.devComm().proxyAll == 0 && comm.devComm().ibgdaAll == 0;
-  for (int r = 0; r < comm.nRanks(); ++r) only = only && comm.transportTo(r) == Transport::Lsa;
-  return only;
 }
 
 // ---- plan ----
@@ -288,7 +289,8 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
     p.blockSize = t.blockSize ? t.blockSize : uint32_t(std::clamp<uint64_t>((packets + 31) / 32 * 32, 64, 512));
   } else if (const uint64_t shotMax = t.shotMaxBytes == RingTuning::kAuto ? RingTuning::shotAutoBytes(nRanks)
                                                                            : t.shotMaxBytes;
-             n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= std::min(shotMax, ws.shotMaxBytes)) {
+             n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= std::min(shotMax, ws.shotMaxBytes) &&
+             shotSlotBytes(ws) % 16 == 0 && total <= kLlMaxBlocks * shotSlotBytes(ws)) {  // (hand-made windows)
     // One barrier: each rank's message stored at every peer, then summed there.
     p.shot = 1;
     const uint64_t least = (total + shotSlotBytes(ws) - 1) / shotSlotBytes(ws);  // every block's share fits its slot
