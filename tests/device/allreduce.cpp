@@ -597,9 +597,11 @@ TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over l
   t.shotBlocks = 0;
   t.shotMaxBytes = 4 << 20;  // the workspace caps the tuning
   CHECK((plan(2, 2 << 20).shot == 0 && plan(2, 1 << 20).shot == 1));
-  t.shotMaxBytes = coll::RingTuning::kAuto;  // measured on 2 ranks only: 1 MiB there, off on more
+  t.shotMaxBytes = coll::RingTuning::kAuto;  // 1 MiB on 2 and 3 ranks, 512 KiB on 4, off on more (not measured)
   CHECK((plan(2, 1 << 20).shot == 1 && plan(2, (1 << 20) + 4).shot == 0));
-  CHECK((plan(3, 256 << 10).shot == 0 && plan(3, 256 << 10).direct == 1));
+  CHECK((plan(3, 1 << 20).shot == 1 && plan(4, 512 << 10).shot == 1 && plan(4, (512 << 10) + 4).direct == 1));
+  CHECK((plan(5, 256 << 10).shot == 0 && plan(5, 256 << 10).direct == 1));
+  CHECK((coll::RingTuning::llAutoBytes(4) == 128 << 10 && coll::RingTuning::llAutoBytes(2) == 512 << 10));
   {  // a hand-made window: slots of whole 16-byte vectors, at most 32 of them
     coll::RingTuning u = t;
     u.llMaxBytes = 0;
@@ -646,7 +648,7 @@ TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over l
                                coll::runRingAllReduce<float, coll::Sum>(comm, w, big, w.tmp, 0, w.tmp, 0);
                              }),
                     Catch::Matchers::ContainsSubstring("badArgument"));
-  // The default workspace's window: none on 3 ranks (auto), unless the
+  // The default workspace's window: none on 5 ranks (auto), unless the
   // environment asks for one, which it also grows on 2.
   auto shotWindow = [](int n) {
     std::atomic<uint64_t> bytes{~0ull};
@@ -659,10 +661,11 @@ TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over l
     return bytes.load();
   };
   CHECK(shotWindow(2) == 1 << 20);
-  CHECK(shotWindow(3) == 0);
+  CHECK(shotWindow(4) == 512 << 10);
+  CHECK(shotWindow(5) == 0);
   gintest::EnvVar grow("GIN_ALLREDUCE_SHOT_MAX_SIZE", "3M");
   CHECK(shotWindow(2) == 3 << 20);
-  CHECK(shotWindow(3) == 3 << 20);
+  CHECK(shotWindow(5) == 3 << 20);
 }
 
 TEST_CASE("one-shot AllReduce: back to back without barriers, block counts changing, direct calls between",

@@ -38,9 +38,10 @@ struct RingTuning {
   uint32_t blocks = 0;                  // exact block count; 0: auto (GIN_ALLREDUCE_RING_NUM_BLOCKS)
   // Messages up to this size take the one-shot LL16 path when every peer is
   // reached by lsa (and the workspace has an LL buffer that large); 0: never;
-  // kLlAuto: kLlAutoBytes / nRanks (512 KiB on 2 ranks, 128 KiB on 8: every
-  // rank writes its whole message to every peer, so the traffic grows with
-  // the ranks; from there the direct path was faster on 2, 3 and 4 H200s).
+  // kLlAuto: llAutoBytes(nRanks), kLlAutoBytes / nRanks (512 KiB on 2
+  // ranks, 128 KiB on 8: every rank writes its whole message to every peer,
+  // so the traffic grows with the ranks; from there the direct path was
+  // faster on 2, 3 and 4 H200s), but 128 KiB on 4 (the one-shot path next).
   uint64_t llMaxBytes = kLlAuto;
   // Messages of wideMinBytes or more: wideBlocks blocks (0: keep the
   // table), chunk = bytes / (nRanks x wideBlocks) within [wideMinChunkBytes,
@@ -74,9 +75,12 @@ struct RingTuning {
   // message into a slot at every peer, one barrier, then sums the n copies
   // in its own memory (one barrier where the direct path has two, n - 1
   // copies of the message sent where it sends two); 0: never; kAuto:
-  // shotAutoBytes(nRanks). On 2 H200s it beat the direct path at 1 MiB (12.8
-  // against 14.4 us) and tied it at 2 and 4 MiB; it sends n - 1 copies, and
-  // on more ranks it has not been measured yet, so auto keeps it to 2 ranks.
+  // shotAutoBytes(nRanks), from H200s (2026-11-28, docs/performance.md):
+  // against the direct path 12.8 / 14.4 us at 1 MiB on 2 ranks, 12.6 / 14.0
+  // at 512 KiB and 16.4 / 17.1 at 1 MiB on 3, 14.5 / 14.5 at 512 KiB and
+  // 19.9 / 16.7 at 1 MiB on 4, and on 4 ranks 12.3 us at 256 KiB against
+  // LL16's 12.9 (so LL16 stops at 128 KiB there). More ranks: not measured,
+  // off (it sends n - 1 copies of the message).
   uint64_t shotMaxBytes = kAuto;
   // Blocks of a one-shot call, 1 .. kLlMaxBlocks; 0: one per shotBlockBytes
   // of the message. Never fewer than the workspace's slots need.
@@ -86,10 +90,17 @@ struct RingTuning {
   static constexpr uint64_t kLlAuto = ~uint64_t(0);
   static constexpr uint64_t kAuto = ~uint64_t(0);  // shotMaxBytes: what shotAutoBytes says
   static constexpr uint64_t kLlAutoBytes = 1ull << 20;
-  // What kLlAuto means on nRanks ranks (0 for one rank, which never takes LL).
-  static constexpr uint64_t llAutoBytes(int nRanks) { return nRanks > 1 ? kLlAutoBytes / uint64_t(nRanks) : 0; }
-  // What kAuto means for shotMaxBytes on nRanks ranks: 1 MiB on 2, else 0.
-  static constexpr uint64_t shotAutoBytes(int nRanks) { return nRanks == 2 ? 1ull << 20 : 0; }
+  // What kLlAuto means on nRanks ranks (0 for one rank, which never takes
+  // LL): kLlAutoBytes / nRanks, but 128 KiB on 4 ranks, where the one-shot
+  // path took 256 KiB faster (shotMaxBytes).
+  static constexpr uint64_t llAutoBytes(int nRanks) {
+    return nRanks == 4 ? 128ull << 10 : nRanks > 1 ? kLlAutoBytes / uint64_t(nRanks) : 0;
+  }
+  // What kAuto means for shotMaxBytes on nRanks ranks: 1 MiB on 2 and 3,
+  // 512 KiB on 4, else 0.
+  static constexpr uint64_t shotAutoBytes(int nRanks) {
+    return nRanks == 2 || nRanks == 3 ? 1ull << 20 : nRanks == 4 ? 512ull << 10 : 0;
+  }
 };
 
 namespace detail {
@@ -128,7 +139,8 @@ struct RingWorkspaceConfig {
   // Largest LL message: an LL window (nRanks > 1) of 512 + 256 x nRanks +
   // 2 x nRanks x 2 x this bytes (call counts, the direct path's flags, the
   // slots); 0: no slots; RingTuning::kLlAuto: what the default tuning takes on this many
-  // ranks (1 MiB / nRanks, so the window is 4 MiB at any rank count).
+  // ranks (llAutoBytes: 1 MiB / nRanks, so the window is 4 MiB, but 128
+  // KiB on 4 ranks).
   uint64_t llMaxBytes = RingTuning::kLlAuto;
   // Blocks of every LL call, 1 .. kLlMaxBlocks (GIN_ALLREDUCE_LL_BLOCKS
   // overrides): each writes and reduces its share of the packets. On 2 H200s
@@ -138,8 +150,9 @@ struct RingWorkspaceConfig {
   // Largest one-shot message: a window of 2 x nRanks x this bytes (nRanks >
   // 1, every peer reached by lsa), rounded down to a multiple of 16 x
   // kLlMaxBlocks; 0: none;
-  // RingTuning::kAuto: what the default tuning takes (1 MiB on 2 ranks, else
-  // none). GIN_ALLREDUCE_SHOT_MAX_SIZE, when larger, raises it.
+  // RingTuning::kAuto: what the default tuning takes (shotAutoBytes: 1 MiB
+  // on 2 and 3 ranks, 512 KiB on 4, else none). GIN_ALLREDUCE_SHOT_MAX_SIZE,
+  // when larger, raises it.
   uint64_t shotMaxBytes = RingTuning::kAuto;
 };
 
