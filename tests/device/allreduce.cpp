@@ -11,9 +11,9 @@
 // barriers check its flags and buffer halves.
 // Registered twice: as is (lsa) and with GIN_TRANSPORT=proxy. The p2p
 // baseline (examples/allreduce/ring_allreduce.hpp) keeps one small test.
+#include <atomic>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -157,6 +157,22 @@ void backToBack(Comm& comm, const coll::RingWorkspaceConfig& wc, size_t maxCount
   comm.deregisterWindow(send);
   comm.deregisterWindow(recv);
   coll::destroyRingWorkspace(comm, ws);
+}
+
+// The direct and one-shot back-to-back cases: 2 to 8 ranks, each with the
+// block count `blocks` its body uses, on a workspace without LL slots and
+// with `shotMaxBytes` of one-shot slots.
+void overRanksAndBlocks(uint64_t shotMaxBytes,
+                        const std::function<void(Comm&, const coll::RingWorkspaceConfig&, int)>& body) {
+  for (auto [n, blocks] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 5}, std::pair{5, 32}, std::pair{8, 3}}) {
+    CAPTURE(n, blocks);
+    coll::RingWorkspaceConfig wc;
+    wc.tmpBytes = 4096;
+    wc.maxBlocks = 2;
+    wc.llMaxBytes = 0;
+    wc.shotMaxBytes = shotMaxBytes;
+    REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) { body(comm, wc, blocks); }));
+  }
 }
 
 void allTypes(int n, const std::vector<size_t>& counts, CommConfig cfg, bool everyType = true,
@@ -379,8 +395,8 @@ TEST_CASE("ring AllReduce: called again and again with changing plans on one wor
       t.chunkBytes = 16u << (i % 5);
       t.blocks = 1 + uint32_t(i % 4);
       t.bidirAgMaxBytes = i % 2 ? -1 : 0;
-      if (i % 4 != 1) t.llMaxBytes = 0;      // every fourth call one-shot LL16,
-      if (i % 4 != 3) t.directMaxBytes = 0;  // every fourth two-shot direct, every eighth
+      if (i % 4 != 1) t.llMaxBytes = 0;           // every fourth call one-shot LL16,
+      if (i % 4 != 3) t.directMaxBytes = 0;       // every fourth two-shot direct, every eighth
       t.shotMaxBytes = i % 8 == 2 ? 1 << 20 : 0;  // one-shot stores, between ring calls
       t.directBlocks = 1 + uint32_t(i % 5);
       t.shotBlocks = 1 + uint32_t(i % 7);
@@ -395,9 +411,10 @@ TEST_CASE("ring AllReduce: called again and again with changing plans on one wor
   }));
 }
 
-TEST_CASE("LL AllReduce: the plan takes LL16 for small messages over lsa only (LL, one-shot and direct refused over "
-          "the proxy)",
-          "[allreduce][plan][ll]") {
+TEST_CASE(
+    "LL AllReduce: the plan takes LL16 for small messages over lsa only (LL, one-shot and direct refused over "
+    "the proxy)",
+    "[allreduce][plan][ll]") {
   coll::RingWorkspace ws{};
   ws.tmpBytes = 32ull << 20;
   ws.maxBlocks = 16;
@@ -550,24 +567,16 @@ TEST_CASE("direct AllReduce: the plan takes the two-shot path above the LL limit
 TEST_CASE("direct AllReduce: back to back without barriers, 1 to 32 blocks, in place and not, every rank checks",
           "[allreduce][direct]") {
   if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("direct runs over lsa only");
-  for (auto [n, blocks] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 5}, std::pair{5, 32}, std::pair{8, 3}}) {
-    CAPTURE(n, blocks);
-    coll::RingWorkspaceConfig wc;
-    wc.tmpBytes = 4096;
-    wc.maxBlocks = 2;
-    wc.llMaxBytes = 0;
-    wc.shotMaxBytes = 0;
-    REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
-      backToBack(
-          comm, wc, 5000, 40,
-          [&](int call) {
-            coll::RingTuning t;
-            t.directBlocks = uint32_t(call % 3 == 2 ? 1 : blocks);  // the block count changes too
-            return t;
-          },
-          [](const coll::RingPlan& p) { return p.direct == 1; }, "direct");
-    }));
-  }
+  overRanksAndBlocks(0, [](Comm& comm, const coll::RingWorkspaceConfig& wc, int blocks) {
+    backToBack(
+        comm, wc, 5000, 40,
+        [&](int call) {
+          coll::RingTuning t;
+          t.directBlocks = uint32_t(call % 3 == 2 ? 1 : blocks);  // the block count changes too
+          return t;
+        },
+        [](const coll::RingPlan& p) { return p.direct == 1; }, "direct");
+  });
 }
 
 TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over lsa only, blocks for the slots",
@@ -671,32 +680,25 @@ TEST_CASE("one-shot AllReduce: the plan takes it between LL16 and direct, over l
 TEST_CASE("one-shot AllReduce: back to back without barriers, block counts changing, direct calls between",
           "[allreduce][shot]") {
   if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("one-shot runs over lsa only");
-  for (auto [n, blocks] : {std::pair{2, 1}, std::pair{3, 2}, std::pair{4, 5}, std::pair{5, 32}, std::pair{8, 3}}) {
-    CAPTURE(n, blocks);
-    coll::RingWorkspaceConfig wc;
-    wc.tmpBytes = 4096;
-    wc.maxBlocks = 2;
-    wc.llMaxBytes = 0;
-    wc.shotMaxBytes = 32 << 10;  // slots of 1 KiB: 5000 floats need 20 blocks
-    REQUIRE_NOTHROW(runRanks(n, [&](Comm& comm) {
-      int shots = 0;
-      backToBack(
-          comm, wc, 5000, 48,
-          [&](int call) {
-            coll::RingTuning t;
-            t.shotBlocks = uint32_t(call % 3 == 2 ? 1 : blocks);  // the block count changes (and the slots raise it)
-            t.shotMaxBytes = call % 4 == 3 ? 0 : 1 << 20;          // else two-shot direct, on the same call counts
-            t.directBlocks = uint32_t(1 + call % 6);
-            return t;
-          },
-          [&](const coll::RingPlan& p) {
-            shots += p.shot;
-            return p.shot + p.direct == 1;
-          },
-          "one-shot");
-      expect(shots == 36, "one-shot calls: " + std::to_string(shots));
-    }));
-  }
+  // Slots of 1 KiB: 5000 floats need 20 blocks.
+  overRanksAndBlocks(32 << 10, [](Comm& comm, const coll::RingWorkspaceConfig& wc, int blocks) {
+    int shots = 0;
+    backToBack(
+        comm, wc, 5000, 48,
+        [&](int call) {
+          coll::RingTuning t;
+          t.shotBlocks = uint32_t(call % 3 == 2 ? 1 : blocks);  // the block count changes (and the slots raise it)
+          t.shotMaxBytes = call % 4 == 3 ? 0 : 1 << 20;         // else two-shot direct, on the same call counts
+          t.directBlocks = uint32_t(1 + call % 6);
+          return t;
+        },
+        [&](const coll::RingPlan& p) {
+          shots += p.shot;
+          return p.shot + p.direct == 1;
+        },
+        "one-shot");
+    expect(shots == 36, "one-shot calls: " + std::to_string(shots));
+  });
 }
 
 TEST_CASE("ring AllReduce over the ibgda soft NIC", "[allreduce][ibgda]") {
