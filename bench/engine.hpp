@@ -391,14 +391,16 @@ class GpuEngine final : public Engine {
     BENCH_CUDA(cudaFuncGetAttributes(&a, ginBarrierCheckKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, arFillKernel));
     BENCH_CUDA(cudaFuncGetAttributes(&a, arCheckKernel));
-    BENCH_CUDA(
-        cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, true, gin::kBackendLsa>));
-    BENCH_CUDA(
-        cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, false, gin::kBackendLsa>));
-    BENCH_CUDA(
-        cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, true, gin::kBackendAll>));
-    BENCH_CUDA(
-        cudaFuncGetAttributes(&a, gin::coll::ringAllReduceKernel<float, gin::coll::Sum, false, gin::kBackendAll>));
+    {
+      using gin::coll::ringAllReduceKernel, gin::coll::Sum;
+      using namespace gin;
+      BENCH_CUDA(cudaFuncGetAttributes(&a, ringAllReduceKernel<float, Sum, true, kBackendLsa, coll::kPathRing>));
+      BENCH_CUDA(cudaFuncGetAttributes(&a, ringAllReduceKernel<float, Sum, false, kBackendLsa, coll::kPathRing>));
+      BENCH_CUDA(cudaFuncGetAttributes(&a, ringAllReduceKernel<float, Sum, true, kBackendLsa, coll::kPathLl>));
+      BENCH_CUDA(cudaFuncGetAttributes(&a, ringAllReduceKernel<float, Sum, true, kBackendLsa, coll::kPathDirect>));
+      BENCH_CUDA(cudaFuncGetAttributes(&a, ringAllReduceKernel<float, Sum, true, kBackendLsa, coll::kPathShot>));
+      BENCH_CUDA(cudaFuncGetAttributes(&a, ringAllReduceKernel<float, Sum, true, kBackendAll, coll::kPathRing>));
+    }
     BENCH_CUDA(cudaFuncGetAttributes(&a, ringShiftKernel<gin::kBackendLsa>));
     BENCH_CUDA(cudaFuncGetAttributes(&a, ringShiftKernel<gin::kBackendProxy>));
     BENCH_CUDA(cudaFuncGetAttributes(&a, ringShiftKernel<gin::kBackendIbgda>));
@@ -678,7 +680,7 @@ class GpuEngine final : public Engine {
   cudaEvent_t e0_ = nullptr, e1_ = nullptr;
   unsigned long long* scratch_ = nullptr;
   unsigned long long* storeRing_ = nullptr;  // msg-rate's plain-store baseline
-  std::optional<gin::DevComm> noNic_;         // msg-rate's NIC-free queues (postRateNoNic)
+  std::optional<gin::DevComm> noNic_;        // msg-rate's NIC-free queues (postRateNoNic)
   std::vector<void*> noNicMem_;
 
   template <class T>
@@ -728,8 +730,7 @@ class GpuEngine final : public Engine {
   double timedPostBurst(const gin::DevComm& dc, int ctas, int threads, int peer, int count, int batch,
                         const char* failure) {
     BENCH_CUDA(cudaMemsetAsync(scratch_, 0, sizeof(unsigned long long), stream_));
-    const double s =
-        timed([&] { postBurstKernel<<<ctas, threads, 0, stream_>>>(dc, peer, count, batch, scratch_); });
+    const double s = timed([&] { postBurstKernel<<<ctas, threads, 0, stream_>>>(dc, peer, count, batch, scratch_); });
     if (fetch(0)) throw gin::Error(std::string("msg-rate: ") + failure);
     return s;
   }

@@ -6,6 +6,8 @@
 // the two-shot direct path on 5 blocks for every count, the one-shot path on
 // 3 blocks or more ("auto" takes LL16, then one-shot, then direct, over lsa);
 // one-shot calls queued back to back with direct and ring calls between;
+// LL16, one-shot, direct and ring calls back to back with 2-8 ranks sharing
+// the GPUs (the progress rule: lsa flags set by a kernel on the same GPU);
 // poisoned guards; results against the host reference
 // (tests/common/allreduce_ref.hpp) and bitwise identical on every rank.
 // Registered again with GIN_TRANSPORT=proxy. Skips (exit 77) without a GPU.
@@ -145,22 +147,77 @@ TEST_CASE("GPU one-shot AllReduce: 40 calls queued back to back, block counts ch
           wc.shotMaxBytes = 256 << 10;  // slots of 8 KiB: 60000 floats need 30 blocks
           const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
           const int shots = gputest::ar::backToBack(
-              comm, st, ws, 60000, 40,
-              [](int k) {
-                coll::RingTuning t;
-                t.shotBlocks = uint32_t(1 + k % 9);                  // the slots raise it for the larger counts
-                t.shotMaxBytes = k % 4 == 3 ? 0 : 1 << 20;           // else two-shot direct on the same call counts
-                if (k % 10 == 9) t.directMaxBytes = 0, t.shotMaxBytes = 0;  // and the ring
-                t.directBlocks = uint32_t(1 + k % 7);
-                return t;
-              },
-              results);
+                                comm, st, ws, 60000, 40,
+                                [](int k) {
+                                  coll::RingTuning t;
+                                  t.shotBlocks = uint32_t(1 + k % 9);  // the slots raise it for the larger counts
+                                  t.shotMaxBytes =
+                                      k % 4 == 3 ? 0 : 1 << 20;  // else two-shot direct on the same call counts
+                                  if (k % 10 == 9) t.directMaxBytes = 0, t.shotMaxBytes = 0;  // and the ring
+                                  t.directBlocks = uint32_t(1 + k % 7);
+                                  return t;
+                                },
+                                results)
+                                .shot;
           expect(shots == 28, "one-shot calls: " + std::to_string(shots));
           comm.bootstrap().barrier();
           coll::destroyRingWorkspace(comm, ws);
         },
         gputest::gpuConfig()));
   }
+}
+
+// The progress rule with ranks sharing a GPU (round-robin, one process, one
+// stream each): every lsa path spins on flags that another rank's kernel on
+// the same GPU sets, so those kernels must run side by side. 40 calls queued
+// with no sync, cycling LL16, one-shot, two-shot direct and the ring.
+TEST_CASE("GPU AllReduce with ranks sharing GPUs: LL16, one-shot, direct and ring calls back to back",
+          "[gpu][allreduce][shared]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa")
+    SKIP("LL16, one-shot and direct run over lsa only");
+  const int gpus = gputest::gpuCount();
+  bool ran = false;
+  for (int n : {2, 3, 4, 8}) {
+    if (n <= gpus || n > 4 * gpus || n > gputest::maxRanks()) continue;
+    if (!gputest::queuesFor(n)) {
+      WARN("skipped " << n << " ranks on " << gpus << " GPU(s): CUDA_DEVICE_MAX_CONNECTIONS="
+                      << gputest::hardwareQueues() << " gives their streams too few hardware queues");
+      continue;
+    }
+    CAPTURE(n);
+    ran = true;
+    std::vector<std::vector<uint8_t>> results(static_cast<size_t>(n), std::vector<uint8_t>{});
+    REQUIRE_NOTHROW(gputest::runRanksOnStreams(
+        n,
+        [&](Comm& comm, cudaStream_t st) {
+          coll::RingWorkspaceConfig wc;
+          wc.llMaxBytes = 64 << 10;
+          wc.llBlocks = 4;
+          wc.shotMaxBytes = 256 << 10;
+          wc.maxBlocks = 4;
+          const coll::RingWorkspace ws = coll::createRingWorkspace(comm, wc);
+          const gputest::ar::PathCounts p = gputest::ar::backToBack(
+              comm, st, ws, 60000, 40,
+              [](int k) {
+                coll::RingTuning t;  // k % 4: LL16 (where the count fits 64 KiB), one-shot, direct, ring
+                t.llMaxBytes = k % 4 == 0 ? 1 << 20 : 0;
+                t.shotMaxBytes = k % 4 <= 1 ? 1 << 20 : 0;
+                t.directMaxBytes = k % 4 <= 2 ? uint64_t(1) << 30 : 0;
+                t.shotBlocks = uint32_t(1 + k % 5);
+                t.directBlocks = uint32_t(1 + k % 3);
+                t.blocks = uint32_t(1 + k % 4);
+                return t;
+              },
+              results);
+          expect(p.ll > 0 && p.shot > 0 && p.direct > 0 && p.ring > 0,
+                 "paths taken: LL16 " + std::to_string(p.ll) + ", one-shot " + std::to_string(p.shot) + ", direct " +
+                     std::to_string(p.direct) + ", ring " + std::to_string(p.ring));
+          comm.bootstrap().barrier();
+          coll::destroyRingWorkspace(comm, ws);
+        },
+        gputest::gpuConfig()));
+  }
+  if (!ran) SKIP("no rank count shares these " << gpus << " GPU(s) within the hardware queues");
 }
 
 int main(int argc, char** argv) {

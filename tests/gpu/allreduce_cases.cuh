@@ -79,14 +79,17 @@ void allOps(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, const Bu
 // writes recv + k x stride (every third call: in place), sizes change
 // every call up to maxCount, and
 // tuning(k) picks the path; then every result is checked and must agree
-// bitwise across ranks. Returns how many calls took the one-shot path.
-int backToBack(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, size_t maxCount, int calls,
-               coll::RingTuning (*tuning)(int), std::vector<std::vector<uint8_t>>& results);
+// bitwise across ranks. Returns how many calls took each path.
+struct PathCounts {
+  int ll = 0, shot = 0, direct = 0, ring = 0;
+};
+PathCounts backToBack(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, size_t maxCount, int calls,
+                      coll::RingTuning (*tuning)(int), std::vector<std::vector<uint8_t>>& results);
 
 // One explicit instantiation per type, each in its own unit.
-#define GIN_AR_ALLOPS(T)                                                                                       \
-  template void allOps<T>(gin::Comm&, cudaStream_t, const gin::coll::RingWorkspace&, const Bufs&,              \
-                          const std::vector<size_t>&, const gin::coll::RingTuning&, bool,                     \
+#define GIN_AR_ALLOPS(T)                                                                          \
+  template void allOps<T>(gin::Comm&, cudaStream_t, const gin::coll::RingWorkspace&, const Bufs&, \
+                          const std::vector<size_t>&, const gin::coll::RingTuning&, bool,         \
                           std::vector<std::vector<uint8_t>>&, const std::string&)
 extern GIN_AR_ALLOPS(float);
 extern GIN_AR_ALLOPS(gin::coll::Half);

@@ -8,8 +8,8 @@ namespace gputest::ar {
 GIN_AR_ALLOPS(float);
 GIN_AR_ALLOPS(gin::coll::Half);
 
-int backToBack(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, size_t maxCount, int calls,
-               coll::RingTuning (*tuning)(int), std::vector<std::vector<uint8_t>>& results) {
+PathCounts backToBack(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, size_t maxCount, int calls,
+                      coll::RingTuning (*tuning)(int), std::vector<std::vector<uint8_t>>& results) {
   const int me = comm.rank();
   const size_t stride = maxCount * 4 + 64;  // 64 guard bytes after each output
   const Window send = comm.allocWindow(stride * size_t(calls)), recv = comm.allocWindow(stride * size_t(calls));
@@ -24,10 +24,11 @@ int backToBack(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, size_
   GPU_CHECK(cudaMemset(comm.localPointer(recv), kPoison, h.size()));
   GPU_CHECK(cudaDeviceSynchronize());
   comm.bootstrap().barrier();
-  int shots = 0;
+  PathCounts paths;
   for (int k = 0; k < calls; ++k) {  // every third call in place
     const coll::RingPlan plan = coll::planRingAllReduce(comm, ws, count[size_t(k)], 4, tuning(k));
-    shots += int(plan.shot);
+    int& path = plan.ll ? paths.ll : plan.shot ? paths.shot : plan.direct ? paths.direct : paths.ring;
+    ++path;
     coll::launchRingAllReduce<float, coll::Sum>(comm, ws, plan, send, size_t(k) * stride, k % 3 == 2 ? send : recv,
                                                 size_t(k) * stride, st);
   }
@@ -56,6 +57,6 @@ int backToBack(Comm& comm, cudaStream_t st, const coll::RingWorkspace& ws, size_
   comm.bootstrap().barrier();
   comm.deregisterWindow(send);
   comm.deregisterWindow(recv);
-  return shots;
+  return paths;
 }
 }  // namespace gputest::ar

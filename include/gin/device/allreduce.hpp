@@ -170,11 +170,11 @@ struct RingWorkspace {
   uint32_t signalBase;  // ids [signalBase, signalBase + 4 * maxBlocks) belong to the AllReduce
   uint32_t maxBlocks;   // blocks a plan may use
   int32_t nRanks;
-  uint32_t llBlocks;    // blocks of every LL call, 1 .. kLlMaxBlocks (0 reads as 1)
-  Window ll;            // per rank (nRanks > 1): LL and direct call counts (a word per block each), the direct
-                        // path's flags (kLlMaxBlocks x nRanks words), then 2 x nRanks LL16 slots (llSlotOffset)
-  uint64_t llMaxBytes;  // the largest message the LL path carries (0: no LL slots)
-  Window shot;          // per rank (nRanks > 1, shotMaxBytes > 0): the one-shot path's slots (shotOffset)
+  uint32_t llBlocks;      // blocks of every LL call, 1 .. kLlMaxBlocks (0 reads as 1)
+  Window ll;              // per rank (nRanks > 1): LL and direct call counts (a word per block each), the direct
+                          // path's flags (kLlMaxBlocks x nRanks words), then 2 x nRanks LL16 slots (llSlotOffset)
+  uint64_t llMaxBytes;    // the largest message the LL path carries (0: no LL slots)
+  Window shot;            // per rank (nRanks > 1, shotMaxBytes > 0): the one-shot path's slots (shotOffset)
   uint64_t shotMaxBytes;  // the largest message the one-shot path carries (0: none); a multiple of 16 x kLlMaxBlocks
 };
 // The LL buffer's first kLlHeaderBytes hold one LL call count per block, then
@@ -233,6 +233,16 @@ struct RingPlan {
   uint32_t shot;       // 1: one-shot over stores into the peers' shot slots (lsa peers only, nBlocks <= kLlMaxBlocks)
 };
 static_assert(std::is_trivially_copyable_v<RingPlan>);
+
+// The plan's paths, as bits: ringAllReduceBlock's `Paths` names the ones a
+// caller compiles in (the host launcher gives each path a kernel of its own,
+// so each is compiled and register-allocated alone). A plan whose path is not
+// in Paths is refused (badArgument) like any plan that does not fit.
+inline constexpr unsigned kPathRing = 1u, kPathLl = 2u, kPathDirect = 4u, kPathShot = 8u;
+inline constexpr unsigned kPathAll = kPathRing | kPathLl | kPathDirect | kPathShot;
+GIN_HD GIN_INLINE unsigned planPath(const RingPlan& p) {
+  return p.ll ? kPathLl : p.direct ? kPathDirect : p.shot ? kPathShot : kPathRing;
+}
 
 // Signal ids of block b.
 GIN_HD GIN_INLINE uint32_t rsDataSignal(const RingWorkspace& w, uint32_t b) { return w.signalBase + 4u * b; }
@@ -344,10 +354,13 @@ class RingBlock {
   // does not fit this communicator or workspace.
   // Two slots at least: the lsa path reduces into next's slot while it holds
   // its own, and with one slot per block the ring would wait on itself.
-  GIN_HD bool valid(size_t eltBytes, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset) const {
+  // `paths`: the paths this caller compiled in (kPathAll for every one).
+  GIN_HD bool valid(size_t eltBytes, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset,
+                    unsigned paths = kPathAll) const {
     const uint64_t bytes = p_.count * p_.eltBytes;
     bool ok = p_.nRanks == dc_.nRanks && ws_.nRanks == dc_.nRanks && p_.eltBytes == eltBytes && p_.nBlocks >= 1 &&
-              block_ < p_.nBlocks && fits(sendWin, sendOffset, bytes) && fits(recvWin, recvOffset, bytes);
+              block_ < p_.nBlocks && fits(sendWin, sendOffset, bytes) && fits(recvWin, recvOffset, bytes) &&
+              (planPath(p_) & paths) != 0;
     // LL16 and direct: load/store to every peer (all in the lsa team, no
     // network forced), flags in the LL window. Checked in run()'s order.
     const bool lsaPath =
@@ -370,19 +383,34 @@ class RingBlock {
     return ok;
   }
 
-  template <class T, class Op, bool kBidir, class Coop>
+  template <class T, class Op, bool kBidir, unsigned Paths = kPathAll, class Coop>
   GIN_HD bool run(Coop coop, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset, Op op) {
-    if (!valid(sizeof(T), sendWin, sendOffset, recvWin, recvOffset)) return coop.syncAll(false);
-    const int n = dc_.nRanks, me = dc_.rank;
+    if (!valid(sizeof(T), sendWin, sendOffset, recvWin, recvOffset, Paths)) return coop.syncAll(false);
     const T* in = static_cast<const T*>(localPointer(sendWin, sendOffset));
     T* out = static_cast<T*>(localPointer(recvWin, recvOffset));
-    if (n == 1) {  // nothing to reduce: a copy when out of place
+    if (dc_.nRanks == 1) {  // nothing to reduce: a copy when out of place
       if (in != out && block_ == 0) lsa::coopCopy(coop, out, in, size_t(p_.count) * sizeof(T));
       return coop.syncAll(true);
     }
-    if (p_.ll) return runLL(coop, in, out, op);
-    if (p_.direct) return runDirect<T>(coop, sendWin, sendOffset, recvWin, recvOffset, op);
-    if (p_.shot) return runShot<T>(coop, in, out, op);
+    if constexpr ((Paths & kPathLl) != 0)
+      if (p_.ll) return runLL(coop, in, out, op);
+    if constexpr ((Paths & kPathDirect) != 0)
+      if (p_.direct) return runDirect<T>(coop, sendWin, sendOffset, recvWin, recvOffset, op);
+    if constexpr ((Paths & kPathShot) != 0)
+      if (p_.shot) return runShot<T>(coop, in, out, op);
+    if constexpr ((Paths & kPathRing) != 0)
+      return runRing<T, Op, kBidir>(coop, sendWin, sendOffset, recvWin, recvOffset, in, out, op);
+    else
+      return coop.syncAll(false);  // not reached: valid() refused a path outside Paths
+  }
+
+ private:
+  // The ring: ReduceScatter then AllGather, every step a put (or lsa stores)
+  // with a signal to a neighbour.
+  template <class T, class Op, bool kBidir, class Coop>
+  GIN_HD bool runRing(Coop coop, Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset, const T* in,
+                      T* out, Op op) {
+    const int n = dc_.nRanks, me = dc_.rank;
     next_ = (me + 1) % n;
     prev_ = (me + n - 1) % n;
     const bool bidir = kBidir && p_.bidir != 0;
@@ -488,7 +516,6 @@ class RingBlock {
     return coop.syncAll(ok);
   }
 
- private:
   // The one-shot LL16 path (docs/design/allreduce.md). A packet carries 8
   // bytes, a whole number of elements. This block's packets are [first,
   // last); thread t handles first + t, first + t + size, ... in both phases,
@@ -847,14 +874,15 @@ class RingBlock {
 // Every block 0 .. plan.nBlocks - 1 of every rank must run, each by
 // one coop (a CTA on a GPU; CPU ranks may run them one after another).
 // kBidir = false compiles the reverse AllGather out (fewer registers); the
-// plan's bidir flag then is ignored. Returns false on every thread of the
-// coop if a wait gave up or the plan does not fit (badArgument).
-template <class T, class Op, bool kBidir = true, unsigned Backends = kBackendAll, class Coop>
+// plan's bidir flag then is ignored. Paths (kPath* bits) compiles in only
+// the paths named; a plan taking another is refused. Returns false on every
+// thread of the coop if a wait gave up or the plan does not fit (badArgument).
+template <class T, class Op, bool kBidir = true, unsigned Backends = kBackendAll, unsigned Paths = kPathAll, class Coop>
 GIN_HD bool ringAllReduceBlock(Coop coop, const DevComm& dc, const RingWorkspace& ws, const RingPlan& plan,
                                Window sendWin, size_t sendOffset, Window recvWin, size_t recvOffset, uint32_t block,
                                Op op = Op{}) {
   RingBlock<Backends> rb(dc, ws, plan, block);
-  return rb.template run<T, Op, kBidir>(coop, sendWin, sendOffset, recvWin, recvOffset, op);
+  return rb.template run<T, Op, kBidir, Paths>(coop, sendWin, sendOffset, recvWin, recvOffset, op);
 }
 
 }  // namespace gin::coll

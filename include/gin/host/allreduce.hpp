@@ -15,6 +15,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <string>
@@ -300,16 +301,16 @@ inline RingPlan planRingAllReduce(int nRanks, const RingWorkspace& ws, uint64_t 
     p.nBlocks = llBlocks(ws);
     const uint64_t packets = ((total + 7) / 8 + p.nBlocks - 1) / p.nBlocks;
     p.blockSize = t.blockSize ? t.blockSize : uint32_t(std::clamp<uint64_t>((packets + 31) / 32 * 32, 64, 512));
-  } else if (const uint64_t shotMax = t.shotMaxBytes == RingTuning::kAuto ? RingTuning::shotAutoBytes(nRanks)
-                                                                           : t.shotMaxBytes;
+  } else if (const uint64_t shotMax =
+                 t.shotMaxBytes == RingTuning::kAuto ? RingTuning::shotAutoBytes(nRanks) : t.shotMaxBytes;
              n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= std::min(shotMax, ws.shotMaxBytes) &&
              shotSlotBytes(ws) % 16 == 0 && total <= kLlMaxBlocks * shotSlotBytes(ws)) {  // (hand-made windows)
     // One barrier: each rank's message stored at every peer, then summed there.
     p.shot = 1;
     const uint64_t least = (total + shotSlotBytes(ws) - 1) / shotSlotBytes(ws);  // every block's share fits its slot
-    p.nBlocks = t.shotBlocks ? std::min(t.shotBlocks, kLlMaxBlocks)
-                             : uint32_t(std::clamp<uint64_t>(total / std::max<uint64_t>(t.shotBlockBytes, 1), 1,
-                                                             kLlMaxBlocks));
+    p.nBlocks = t.shotBlocks
+                    ? std::min(t.shotBlocks, kLlMaxBlocks)
+                    : uint32_t(std::clamp<uint64_t>(total / std::max<uint64_t>(t.shotBlockBytes, 1), 1, kLlMaxBlocks));
     p.nBlocks = uint32_t(std::max<uint64_t>(p.nBlocks, least));
     p.blockSize = t.blockSize ? t.blockSize : 512;
   } else if (n > 1 && n <= uint64_t(kDirectMaxRanks) && total > 0 && total <= t.directMaxBytes) {
@@ -329,10 +330,15 @@ namespace detail {
 inline void checkLsaOnlyPlan(const Comm& comm, const RingPlan& plan, const char* call) {
   if ((plan.ll || plan.shot || plan.direct) && !lsaOnly(comm))
     throw Error(std::string(call) + ": the plan takes the " +
-                (plan.ll ? "LL16" : plan.shot ? "one-shot" : "two-shot direct") +
+                (plan.ll     ? "LL16"
+                 : plan.shot ? "one-shot"
+                             : "two-shot direct") +
                 " path, which needs every peer reached by lsa, but this communicator uses the proxy or ibgda; make "
                 "the plan with planRingAllReduce(comm, ...) or set RingTuning::" +
-                (plan.ll ? "llMaxBytes" : plan.shot ? "shotMaxBytes" : "directMaxBytes") + " = 0");
+                (plan.ll     ? "llMaxBytes"
+                 : plan.shot ? "shotMaxBytes"
+                             : "directMaxBytes") +
+                " = 0");
 }
 }  // namespace detail
 
@@ -386,14 +392,37 @@ void runRingAllReduce(Comm& comm, const RingWorkspace& ws, const RingPlan& plan,
 
 #if defined(__CUDACC__)
 // One CTA per block of the plan. kBidir = false: the one-way variant (no
-// reverse AllGather code, fewer registers).
-template <class T, class Op, bool kBidir, unsigned Backends>
+// reverse AllGather code, fewer registers). Paths: the plan paths compiled in
+// (the launcher below gives each path its own kernel).
+template <class T, class Op, bool kBidir, unsigned Backends, unsigned Paths = kPathAll>
 __global__ void __launch_bounds__(kRingMaxThreads)
     ringAllReduceKernel(DevComm dc, RingWorkspace ws, RingPlan plan, Window sendWin, size_t sendOffset, Window recvWin,
                         size_t recvOffset) {
-  (void)ringAllReduceBlock<T, Op, kBidir, Backends>(CoopBlock{}, dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset,
-                                                    blockIdx.x, Op{});
+  (void)ringAllReduceBlock<T, Op, kBidir, Backends, Paths>(CoopBlock{}, dc, ws, plan, sendWin, sendOffset, recvWin,
+                                                           recvOffset, blockIdx.x, Op{});
 }
+
+namespace detail {
+// CUDA loads a kernel at its first launch (lazy loading, its default), and
+// that load may wait for the device to go idle: if it happened while a peer's
+// AllReduce kernel on the same GPU waits for ours, neither would finish. So
+// the first call of each T/Op on a device loads all of its path kernels.
+template <class T, class Op>
+void loadRingKernels(int device) {
+  static std::atomic<uint64_t> loaded{0};
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (loaded.load(std::memory_order_acquire) & bit) != 0) return;
+  cudaFuncAttributes a{};
+  for (const void* k : {(const void*)ringAllReduceKernel<T, Op, true, kBackendAll, kPathRing>,
+                        (const void*)ringAllReduceKernel<T, Op, true, kBackendLsa, kPathLl>,
+                        (const void*)ringAllReduceKernel<T, Op, true, kBackendLsa, kPathDirect>,
+                        (const void*)ringAllReduceKernel<T, Op, true, kBackendLsa, kPathShot>,
+                        (const void*)ringAllReduceKernel<T, Op, true, kBackendLsa, kPathRing>,
+                        (const void*)ringAllReduceKernel<T, Op, false, kBackendLsa, kPathRing>})
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, k));
+  loaded.fetch_or(bit, std::memory_order_release);
+}
+}  // namespace detail
 
 // Launch on `stream`; errors surface through comm.check()/synchronize().
 // Lsa-only communicators get a kernel with the other transports compiled out.
@@ -421,24 +450,27 @@ void launchRingAllReduce(const Comm& comm, const RingWorkspace& ws, const RingPl
     return;
   }
   detail::checkLsaOnlyPlan(comm, plan, "launchRingAllReduce");
+  detail::loadRingKernels<T, Op>(comm.cudaDevice());
   const DevComm& dc = comm.devComm();
   const dim3 grid(plan.nBlocks), block(plan.blockSize);
-  if (lsaOnly(comm)) {
-    if (plan.bidir)
-      ringAllReduceKernel<T, Op, true, kBackendLsa>
-          <<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
-    else
-      ringAllReduceKernel<T, Op, false, kBackendLsa>
-          <<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
-  } else {
-    // One kernel for both plan shapes (it reads plan.bidir, as CPU ranks do):
-    // with every transport compiled in, each instantiation costs ~30 s of
-    // nvcc (ptxas) on 2 cores against ~7 s for lsa alone. The one-way
-    // kernel's fewer registers were measured on lsa only; over the proxy the
-    // engine's round trips set the pace.
-    ringAllReduceKernel<T, Op, true, kBackendAll>
-        <<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
-  }
+  // A kernel per path: each compiles and allocates registers alone (one kernel
+  // holding every path spilled, and ptxas took 26 s for it against 60 s with
+  // every transport compiled in). Only the ring runs beside the proxy or ibgda.
+  const auto launch = [&](auto kernel) {
+    kernel<<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
+  };
+  if (!lsaOnly(comm))
+    launch(ringAllReduceKernel<T, Op, true, kBackendAll, kPathRing>);
+  else if (plan.ll)
+    launch(ringAllReduceKernel<T, Op, true, kBackendLsa, kPathLl>);
+  else if (plan.direct)
+    launch(ringAllReduceKernel<T, Op, true, kBackendLsa, kPathDirect>);
+  else if (plan.shot)
+    launch(ringAllReduceKernel<T, Op, true, kBackendLsa, kPathShot>);
+  else if (plan.bidir)
+    launch(ringAllReduceKernel<T, Op, true, kBackendLsa, kPathRing>);
+  else
+    launch(ringAllReduceKernel<T, Op, false, kBackendLsa, kPathRing>);
   GIN_CUDA_CHECK(cudaGetLastError());
 }
 #endif
