@@ -38,16 +38,18 @@ def size_label(b):
 
 
 def device_of(rep):
-    """'2 x NVIDIA H200 (132 SMs)' from the per-rank descriptions."""
+    """'NVIDIA H200, 132 SMs' from the per-rank descriptions."""
     devs = rep.get("rank_devices") or ["?"]
     d = re.sub(r"^GPU \d+ \(", "", devs[0]).rstrip(")")
-    d = re.sub(r", pid \d+$", "", d)
-    return f"{rep.get('ranks', len(devs))} x {d}"
+    return re.sub(r", pid \d+$", "", d)
 
 
 def title_of(op, reps):
+    """'2 x NVIDIA H200, ...', or '1, 2 and 4 x ...' when the reports' rank counts differ."""
     r = reps[0]
-    t = f"gin-bench {op}: {device_of(r)}, transport {r.get('transport', '?')}"
+    counts = sorted({int(x.get("ranks", len(x.get("rank_devices") or [1]))) for x in reps})
+    n = str(counts[0]) if len(counts) == 1 else ", ".join(map(str, counts[:-1])) + f" and {counts[-1]}"
+    t = f"gin-bench {op}: {n} x {device_of(r)}, transport {r.get('transport', '?')}"
     if any(x.get("mode") != "gpu" for x in reps):
         t += "\nCPU EMULATION: CPU numbers, not GPU figures"
     return t
@@ -131,7 +133,7 @@ def bars(ax, groups, series, ylabel):
         b = ax.bar(xs, ys, w, label=name)
         ax.bar_label(b, labels=[f"{v:.3g}" if v is not None else "-" for v in vals], fontsize=7)
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups)
+    ax.set_xticklabels(groups, fontsize=8)
     ax.set_ylabel(ylabel)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
@@ -143,7 +145,7 @@ def plot_moe(reps, out):
     groups, series_t, series_b = [], {}, {}
     for rep in reps:
         for r in rep.get("results", []):
-            g = f"{r['mode']} {r['phase']}\n{r['tokens']} tok" + (f", {rep.get('ranks')}r" if many else "")
+            g = f"{r['mode']}\n{r['phase']}\n{r['tokens']} tok" + (f"\n{rep.get('ranks')} rank(s)" if many else "")
             groups.append(g)
     for who in ("gin", "nccl"):
         t, b = [], []

@@ -453,9 +453,10 @@ void launchRingAllReduce(const Comm& comm, const RingWorkspace& ws, const RingPl
   detail::loadRingKernels<T, Op>(comm.cudaDevice());
   const DevComm& dc = comm.devComm();
   const dim3 grid(plan.nBlocks), block(plan.blockSize);
-  // A kernel per path: each compiles and allocates registers alone (one kernel
-  // holding every path spilled, and ptxas took 26 s for it against 60 s with
-  // every transport compiled in). Only the ring runs beside the proxy or ibgda.
+  // A kernel per path, each compiled and allocated registers alone: one
+  // kernel holding every path spilled (636 bytes per thread) and its one-shot
+  // calls were 5-6% slower on 4 H200s. Beside the proxy or ibgda only the
+  // ring runs (detail::checkLsaOnlyPlan), with every transport compiled in.
   const auto launch = [&](auto kernel) {
     kernel<<<grid, block, 0, stream>>>(dc, ws, plan, sendWin, sendOffset, recvWin, recvOffset);
   };
