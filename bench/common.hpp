@@ -190,13 +190,14 @@ struct Options {
   bool noNccl = false;
   int channels = 0;            // sendrecv: most channels; moe: normal mode's channels; 0: default
   uint64_t channelBytes = 0;   // sendrecv: one channel per this many bytes; 0: kSrBytesPerChannel
+  int64_t llBytes = -1;        // sendrecv: p2p::Config::llMaxBytes; -1: its default
   std::string mode = "both";   // moe: normal, ll or both
   int tokens = 0, hidden = 0;  // moe: 0: default
   int batch = 1;               // moe: normal mode's slots per tail/head signal
   int slots = 0;               // moe: normal mode's ring slots; 0: default
   bool modeGiven = false, tokensGiven = false;
-  int contexts = 0;  // network contexts (CommConfig::nContexts); 0: the default
-  int qpDepth = 0;            // ibgda: WQEs per QP (IbgdaConfig::qpDepth); 0: the default
+  int contexts = 0;            // network contexts (CommConfig::nContexts); 0: the default
+  int qpDepth = 0;             // ibgda: WQEs per QP (IbgdaConfig::qpDepth); 0: the default
   bool deferDoorbell = false;  // ibgda: IbgdaConfig::deferDoorbell
   int postBatch = 0;           // ibgda msg-rate: PostBatch slots per warp; 0: one call at a time
 };

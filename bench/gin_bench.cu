@@ -68,6 +68,8 @@ const char* kUsage =
     "                32, emulated 2); moe: channels of the normal mode (default 132 / (1 + ranks),\n"
     "                at most 64; half that over proxy or ibgda; emulated 2)\n"
     "  --channel-bytes B  sendrecv: one channel per B bytes of the message (suffixes K/M; default 16K)\n"
+    "  --ll-bytes B  sendrecv: a channel's share of up to B bytes goes as one LL16 step over lsa\n"
+    "                (p2p::Config::llMaxBytes; default 16K; 0: always the FIFO)\n"
     "  --contexts C  network contexts (QPs per peer; CommConfig::nContexts, default 4); msg-rate\n"
     "                puts the producers of warp w on context w % C\n"
     "  --qp-depth D  ibgda: WQEs per QP (IbgdaConfig::qpDepth, a power of two from 2 to 32768;\n"
@@ -186,6 +188,12 @@ Options parseArgs(int argc, char** argv) {
       const std::string v = value();
       if (!parseSize(v, &o.channelBytes) || o.channelBytes == 0)
         usageError("--channel-bytes " + v + ": expected a size of at least 1 byte (suffixes K, M, G)");
+    } else if (a == "--ll-bytes") {
+      const std::string v = value();
+      uint64_t b = 0;
+      if (v != "0" && (!parseSize(v, &b) || b > (64u << 20)))
+        usageError("--ll-bytes " + v + ": expected a size from 0 to 64M (suffixes K, M, G)");
+      o.llBytes = int64_t(b);
     } else if (a == "--batch") {
       long n = 0;
       const std::string v = value();
@@ -270,6 +278,7 @@ Options parseArgs(int argc, char** argv) {
     usageError("--sizes applies to put-bw, allreduce and sendrecv");
   if (o.channels && o.op != Op::SendRecv && o.op != Op::Moe) usageError("--channels applies to sendrecv and moe");
   if (o.channelBytes && o.op != Op::SendRecv) usageError("--channel-bytes applies to sendrecv");
+  if (o.llBytes >= 0 && o.op != Op::SendRecv) usageError("--ll-bytes applies to sendrecv");
   if ((o.modeGiven || o.tokensGiven || o.hidden || o.batch != 1 || o.slots) && o.op != Op::Moe)
     usageError("--mode, --tokens, --hidden, --batch and --slots apply to moe");
   if (o.op == Op::AllReduce && o.sizesGiven && o.minSize < 4)

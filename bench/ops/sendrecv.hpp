@@ -47,6 +47,7 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
   pc.nChannels = uint32_t(maxCh);
   pc.chunkBytes = gpu ? kSrChunkGpu : kSrChunkCpu;
   pc.nSlots = kSrSlots;
+  if (o.llBytes >= 0) pc.llMaxBytes = uint64_t(o.llBytes);
   const gin::p2p::Fifo fifo = gin::p2p::create(comm, pc);
   Window src = comm.allocWindow(size_t(maxBytes)), dst = comm.allocWindow(size_t(maxBytes + kGuard));
   uint64_t seed = 1;
@@ -119,6 +120,10 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
       fmt("  the bytes are cut into CH contiguous shares, one p2p channel each (its own FIFO ring of %u x %s slots),",
           kSrSlots, sizeName(pc.chunkBytes).c_str()),
       fmt("  CH = one per %s, 1 to %d (--channels)", sizeName(srBytesPerChannel(o)).c_str(), maxCh),
+      pc.llMaxBytes ? fmt("  a share of up to %s to an lsa peer goes as one LL16 step (flagged packets, no fence; "
+                          "--ll-bytes)",
+                          sizeName(pc.llMaxBytes).c_str())
+                    : std::string("  every share through the FIFO slots (--ll-bytes 0)"),
       gpu ? fmt("launch: one kernel per shift, CH sending CTAs (Endpoint::send) + CH receiving CTAs (Endpoint::recv) x "
                 "%d threads, ITERS back to back on the rank's stream",
                 kSrThreads)
@@ -168,6 +173,7 @@ void runSendRecv(gin::Comm& comm, Engine& e, const Options& o, const Setup& s, R
                               .set("operation", "gin::p2p ring shift: send to rank+1, recv from rank-1")
                               .set("chunk_bytes", double(pc.chunkBytes))
                               .set("slots", double(kSrSlots))
+                              .set("ll_max_bytes", double(pc.llMaxBytes))
                               .set("max_channels", double(maxCh))
                               .set("runs", double(kSrRuns))
                               .set("statistic", "median over runs of the smallest per-rank time / iters")

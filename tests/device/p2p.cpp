@@ -228,34 +228,42 @@ TEST_CASE("p2p send and recv from separate threads on 1 and 3 channels at once: 
   }
 }
 
-TEST_CASE("p2p step counters near 2^64 wrap and the rings keep their order", "[p2p][wrap]") {
-  REQUIRE_NOTHROW(runRanks(
-      3,
-      [](Comm& comm) {
-        const DevComm dc = comm.devComm();
-        p2p::Config cfg;
-        cfg.chunkBytes = 32;
-        p2p::Fifo fifo = p2p::create(comm, cfg);
-        // Pretend 2^64 - 20 steps already went through every connector: data
-        // and credit signals, and the step counts in their shadows, all agree.
-        const uint64_t start = ~uint64_t(0) - 19;
-        for (uint32_t id = fifo.signalBase; id < fifo.signalBase + 2 * fifo.nChannels * uint32_t(fifo.nRanks); ++id)
-          dc.signals[id] = dc.signalShadows[id] = start;
-        comm.bootstrap().barrier();
-        Buffers b = makeBuffers(comm, 1000);
-        p2p::Endpoint ep(Net(dc, 0), fifo);
-        const int n = comm.nRanks(), me = comm.rank(), to = (me + 1) % n, from = (me + n - 1) % n;
-        for (int it = 0; it < 6; ++it) {
-          const size_t bytes = 100 + size_t(it) * 151;
-          fillSource(comm, b, 0, bytes, 5, it, to);
-          std::memset(b.dst.data(), kPoison, b.dst.size());
-          expect(ep.sendRecv(CoopThread{}, to, b.src, 0, bytes, from, b.dst.data(), bytes), "sendRecv across wrap");
-          checkDest(b, 0, bytes, 5, it, from, me, "wrap");
-        }
-        expect(*Net(dc, 0).getSignalShadowPtr(p2p::creditSignal(fifo, 0, to)) < 1000, "step count wrapped");
-        comm.check();
-      },
-      lsaConfig()));
+TEST_CASE("p2p step counters near 2^64 wrap and the rings keep their order (FIFO steps, LL steps, both)",
+          "[p2p][wrap]") {
+  // llMax 0: every message through the FIFO (many steps each); 1000: every
+  // message one LL step (flags from the step count, across the wrap); 400:
+  // the two kinds alternate on one connector.
+  for (const uint64_t llMax : {uint64_t(0), uint64_t(1000), uint64_t(400)}) {
+    CAPTURE(llMax);
+    REQUIRE_NOTHROW(runRanks(
+        3,
+        [llMax](Comm& comm) {
+          const DevComm dc = comm.devComm();
+          p2p::Config cfg;
+          cfg.chunkBytes = 32;
+          cfg.llMaxBytes = llMax;
+          p2p::Fifo fifo = p2p::create(comm, cfg);
+          // Pretend 2^64 - 3 steps already went through every connector: data
+          // and credit signals, and the step counts in their shadows, all agree.
+          const uint64_t start = ~uint64_t(0) - 2;
+          for (uint32_t id = fifo.signalBase; id < fifo.signalBase + 2 * fifo.nChannels * uint32_t(fifo.nRanks); ++id)
+            dc.signals[id] = dc.signalShadows[id] = start;
+          comm.bootstrap().barrier();
+          Buffers b = makeBuffers(comm, 1000);
+          p2p::Endpoint ep(Net(dc, 0), fifo);
+          const int n = comm.nRanks(), me = comm.rank(), to = (me + 1) % n, from = (me + n - 1) % n;
+          for (int it = 0; it < 6; ++it) {
+            const size_t bytes = 100 + size_t(it) * 151;
+            fillSource(comm, b, 0, bytes, 5, it, to);
+            std::memset(b.dst.data(), kPoison, b.dst.size());
+            expect(ep.sendRecv(CoopThread{}, to, b.src, 0, bytes, from, b.dst.data(), bytes), "sendRecv across wrap");
+            checkDest(b, 0, bytes, 5, it, from, me, "wrap");
+          }
+          expect(*Net(dc, 0).getSignalShadowPtr(p2p::creditSignal(fifo, 0, to)) < 1000, "step count wrapped");
+          comm.check();
+        },
+        lsaConfig()));
+  }
 }
 
 TEST_CASE("p2p over the proxy and ibgda (soft NIC) transports: ring, all-to-all and threads per channel",
@@ -289,56 +297,70 @@ TEST_CASE("p2p over the proxy and ibgda (soft NIC) transports: ring, all-to-all 
 
 TEST_CASE("p2p: a recv nobody sends to, and a send nobody receives, give errors naming p2pRecv / p2pSend",
           "[p2p][errors]") {
-  std::string recvMsg, sendMsg;
-  bool recvOk = true, sendOk = true;
-  REQUIRE_NOTHROW(runRanks(
-      2,
-      [&](Comm& comm) {
-        const DevComm dc = comm.devComm();
-        p2p::Config cfg;
-        cfg.chunkBytes = 64;
-        cfg.nSlots = 2;
-        cfg.nChannels = 2;
-        p2p::Fifo fifo = p2p::create(comm, cfg);
-        Window src = comm.allocWindow(1024);
-        // Rank 1 sends to rank 0 on channel 0; rank 0 receives from rank 1 on channel 1.
-        p2p::Endpoint ep(Net(dc, 2), fifo, comm.rank() == 0 ? 1 : 0);
-        std::vector<uint8_t> dst(1024);
-        auto message = [&] {
-          try {
-            comm.check();
-          } catch (const Error& e) {
-            return std::string(e.what());
+  // FIFO steps (no LL), then LL steps (a send of 1000 bytes is one LL step:
+  // the third waits for the first's release).
+  const char* forced = std::getenv("GIN_TRANSPORT");
+  for (const bool ll : {false, true}) {
+    if (ll && forced && std::string(forced) != "lsa") continue;  // LL steps are lsa's
+    CAPTURE(ll);
+    std::string recvMsg, sendMsg;
+    bool recvOk = true, sendOk = true;
+    REQUIRE_NOTHROW(runRanks(
+        2,
+        [&](Comm& comm) {
+          const DevComm dc = comm.devComm();
+          p2p::Config cfg;
+          cfg.chunkBytes = 64;
+          cfg.nSlots = 2;
+          cfg.nChannels = 2;
+          cfg.llMaxBytes = ll ? 1024 : 0;
+          p2p::Fifo fifo = p2p::create(comm, cfg);
+          Window src = comm.allocWindow(1024);
+          // Rank 1 sends to rank 0 on channel 0; rank 0 receives from rank 1 on channel 1.
+          p2p::Endpoint ep(Net(dc, 2), fifo, comm.rank() == 0 ? 1 : 0);
+          std::vector<uint8_t> dst(1024);
+          auto message = [&] {
+            try {
+              comm.check();
+            } catch (const Error& e) {
+              return std::string(e.what());
+            }
+            return std::string();
+          };
+          if (comm.rank() == 0) {
+            recvOk = ep.recv(CoopThread{}, 1, dst.data(), 100);
+            recvMsg = message();
+          } else {
+            // FIFO: two slots of 64 bytes fill; the third step waits for a
+            // credit forever. LL: two LL sends fill the two LL slots.
+            sendOk = ep.send(CoopThread{}, 0, src, 0, 1000);
+            if (ll) {
+              expect(sendOk, "the first LL send");
+              expect(ep.send(CoopThread{}, 0, src, 0, 1000), "the second LL send");
+              sendOk = ep.send(CoopThread{}, 0, src, 0, 1000);
+            }
+            sendMsg = message();
           }
-          return std::string();
-        };
-        if (comm.rank() == 0) {
-          recvOk = ep.recv(CoopThread{}, 1, dst.data(), 100);
-          recvMsg = message();
-        } else {
-          // Two slots of 64 bytes fill; the third step waits for a credit forever.
-          sendOk = ep.send(CoopThread{}, 0, src, 0, 1000);
-          sendMsg = message();
-        }
-        comm.bootstrap().barrier();
-      },
-      lsaConfig(150'000'000ull)));
-  CHECK_FALSE(recvOk);
-  CHECK_FALSE(sendOk);
-  // The first to give up names its own wait; the other may stop on that
-  // failure instead of its own timeout (peerFailed, naming the first).
-  const bool recvFirst = recvMsg.find("peerFailed") == std::string::npos;
-  CHECK((recvFirst || sendMsg.find("peerFailed") == std::string::npos));
-  if (recvFirst)
-    CHECK_THAT(recvMsg, ContainsSubstring("p2pRecv") && ContainsSubstring("rank 0") && ContainsSubstring("peer 1") &&
-                            ContainsSubstring("context 2") && ContainsSubstring("expected 1"));
-  else
-    CHECK_THAT(recvMsg, ContainsSubstring("stopped its p2pRecv") && ContainsSubstring("because rank 1 failed first"));
-  if (sendMsg.find("peerFailed") == std::string::npos)
-    CHECK_THAT(sendMsg, ContainsSubstring("p2pSend") && ContainsSubstring("rank 1") && ContainsSubstring("peer 0") &&
-                            ContainsSubstring("expected 1") && ContainsSubstring("observed 0"));
-  else
-    CHECK_THAT(sendMsg, ContainsSubstring("stopped its p2pSend") && ContainsSubstring("because rank 0 failed first"));
+          comm.bootstrap().barrier();
+        },
+        lsaConfig(150'000'000ull)));
+    CHECK_FALSE(recvOk);
+    CHECK_FALSE(sendOk);
+    // The first to give up names its own wait; the other may stop on that
+    // failure instead of its own timeout (peerFailed, naming the first).
+    const bool recvFirst = recvMsg.find("peerFailed") == std::string::npos;
+    CHECK((recvFirst || sendMsg.find("peerFailed") == std::string::npos));
+    if (recvFirst)
+      CHECK_THAT(recvMsg, ContainsSubstring("p2pRecv") && ContainsSubstring("rank 0") && ContainsSubstring("peer 1") &&
+                              ContainsSubstring("context 2") && ContainsSubstring("expected 1"));
+    else
+      CHECK_THAT(recvMsg, ContainsSubstring("stopped its p2pRecv") && ContainsSubstring("because rank 1 failed first"));
+    if (sendMsg.find("peerFailed") == std::string::npos)
+      CHECK_THAT(sendMsg, ContainsSubstring("p2pSend") && ContainsSubstring("rank 1") && ContainsSubstring("peer 0") &&
+                              ContainsSubstring("expected 1") && ContainsSubstring("observed 0"));
+    else
+      CHECK_THAT(sendMsg, ContainsSubstring("stopped its p2pSend") && ContainsSubstring("because rank 0 failed first"));
+  }
 }
 
 TEST_CASE("p2p::create refuses configs it cannot serve, with the reason", "[p2p][errors]") {

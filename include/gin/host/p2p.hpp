@@ -5,7 +5,8 @@
 //   gin::p2p::destroy(comm, fifo);                                                         // collective
 //
 // create() allocates one FIFO window (every rank: nChannels x nRanks rings of
-// nSlots x chunkBytes) and reserves 2 x nChannels x nRanks signal ids. The
+// nSlots x chunkBytes, then 2 LL slots per ring for messages up to
+// llMaxBytes) and reserves 2 x nChannels x nRanks signal ids. The
 // signals and their shadows must not have been used before (they are zero
 // when the Comm is built): p2p keeps its step counts in them.
 #pragma once
@@ -22,6 +23,9 @@ struct Config {
   uint64_t chunkBytes = 128u << 10;  // slot size: a multiple of 16 bytes
   uint32_t nChannels = 1;            // independent connector sets (one per concurrently sending coop)
   int64_t signalBase = -1;           // first signal id p2p uses; -1: the top 2 x nChannels x nRanks ids
+  // Messages of 1 .. llMaxBytes to lsa peers go as one LL16 step (flagged
+  // packets, twice their size, in two LL slots per connector); 0: never.
+  uint64_t llMaxBytes = 16u << 10;
 };
 
 // Signal ids the FIFOs of `cfg` need on a communicator of nRanks ranks.
@@ -44,9 +48,16 @@ inline Fifo create(Comm& comm, const Config& cfg = {}) {
     throw Error("p2p::create: needs " + std::to_string(need) + " signal ids (2 x " + std::to_string(cfg.nChannels) +
                 " channels x " + std::to_string(n) + " ranks) from " + std::to_string(base) + ", but the Comm has " +
                 std::to_string(have) + "; raise CommConfig::nSignals or lower Config::signalBase");
-  const uint64_t bytes = uint64_t(cfg.nChannels) * uint64_t(n) * cfg.nSlots * cfg.chunkBytes;
+  if (cfg.llMaxBytes > (64u << 20))
+    throw Error("p2p::create: llMaxBytes " + std::to_string(cfg.llMaxBytes) +
+                " is above 64 MiB (LL16 packets take twice the message, per connector and parity); lower it or "
+                "use 0 for no LL steps");
+  const uint64_t fifoBytes = uint64_t(cfg.nChannels) * uint64_t(n) * cfg.nSlots * cfg.chunkBytes;
+  const uint64_t llBytes = uint64_t(cfg.nChannels) * uint64_t(n) * 2 * ll::bufferBytes<ll::Packet16>(cfg.llMaxBytes);
   Fifo f{};
-  f.window = comm.allocWindow(size_t(bytes));
+  f.window = comm.allocWindow(size_t(fifoBytes + llBytes));
+  f.llMaxBytes = cfg.llMaxBytes;
+  f.llOffset = fifoBytes;
   f.chunkBytes = cfg.chunkBytes;
   f.nSlots = cfg.nSlots;
   f.nChannels = cfg.nChannels;
