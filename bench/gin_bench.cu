@@ -191,8 +191,8 @@ Options parseArgs(int argc, char** argv) {
     } else if (a == "--ll-bytes") {
       const std::string v = value();
       uint64_t b = 0;
-      if (v != "0" && (!parseSize(v, &b) || b > (64u << 20)))
-        usageError("--ll-bytes " + v + ": expected a size from 0 to 64M (suffixes K, M, G)");
+      if (v != "0" && (!parseSize(v, &b) || b > (1u << 20)))
+        usageError("--ll-bytes " + v + ": expected a size from 0 to 1M (suffixes K, M)");
       o.llBytes = int64_t(b);
     } else if (a == "--batch") {
       long n = 0;

@@ -3,6 +3,7 @@
 // sends, separate sender and receiver threads on several channels, random
 // sizes and data, poisoned destinations, many iterations that wrap the rings
 // (and the 64-bit step counters), over lsa, the proxy and ibgda (soft NIC).
+#include <atomic>
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 #include <cstdlib>
@@ -232,7 +233,7 @@ TEST_CASE("p2p step counters near 2^64 wrap and the rings keep their order (FIFO
           "[p2p][wrap]") {
   // llMax 0: every message through the FIFO (many steps each); 1000: every
   // message one LL step (flags from the step count, across the wrap); 400:
-  // the two kinds alternate on one connector.
+  // LL steps, then FIFO steps, on one connector.
   for (const uint64_t llMax : {uint64_t(0), uint64_t(1000), uint64_t(400)}) {
     CAPTURE(llMax);
     REQUIRE_NOTHROW(runRanks(
@@ -390,6 +391,66 @@ TEST_CASE("p2p::create refuses configs it cannot serve, with the reason", "[p2p]
   p2p::Config base;
   base.signalBase = 255;
   CHECK_THAT(attempt(base), ContainsSubstring("signal ids"));
+  p2p::Config bigLl;
+  bigLl.llMaxBytes = (1u << 20) + 1;
+  CHECK_THAT(attempt(bigLl), ContainsSubstring("llMaxBytes") && ContainsSubstring("1 MiB"));
+  // Ranks that pass different llMaxBytes would disagree on which messages go
+  // as LL steps: every rank throws at create instead.
+  std::atomic<int> threw{0};
+  REQUIRE_NOTHROW(runRanks(
+      2,
+      [&](Comm& comm) {
+        p2p::Config c;
+        c.llMaxBytes = comm.rank() == 0 ? 1000 : 1008;
+        try {
+          (void)p2p::create(comm, c);
+        } catch (const Error& e) {
+          if (std::string(e.what()).find("disagree on llMaxBytes") != std::string::npos) ++threw;
+        }
+      },
+      lsaConfig()));
+  CHECK(threw == 2);
+}
+
+TEST_CASE("p2p LL steps: up to nSlots small messages in flight before the first recv, as through the FIFO",
+          "[p2p][ll]") {
+  if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("LL steps are lsa's");
+  for (const uint32_t slots : {1u, 2u, 8u}) {
+    CAPTURE(slots);
+    REQUIRE_NOTHROW(runRanks(
+        2,
+        [slots](Comm& comm) {
+          p2p::Config cfg;
+          cfg.nSlots = slots;
+          cfg.chunkBytes = 1024;
+          p2p::Fifo fifo = p2p::create(comm, cfg);
+          expect(fifo.llMaxBytes == cfg.llMaxBytes, "LL steps on over lsa");
+          Buffers b = makeBuffers(comm, 3000);
+          p2p::Endpoint ep(Net(comm.devComm(), 0), fifo);
+          const int me = comm.rank(), other = 1 - me;
+          // nSlots LL messages to ourselves and to the other rank, then a FIFO
+          // one (3000 bytes over 1 KiB chunks would need 3 slots: only with 8).
+          for (int k = 0; k < int(slots); ++k) {
+            fillSource(comm, b, 0, 100 + size_t(k), 9, k, me);
+            expect(ep.send(CoopThread{}, me, b.src, 0, 100 + size_t(k)), "LL send to self");
+            fillSource(comm, b, 0, 200 + size_t(k), 9, k, other);
+            expect(ep.send(CoopThread{}, other, b.src, 0, 200 + size_t(k)), "LL send to the other rank");
+          }
+          for (int k = 0; k < int(slots); ++k) {
+            std::memset(b.dst.data(), kPoison, b.dst.size());
+            expect(ep.recv(CoopThread{}, me, b.dst.data(), 100 + size_t(k)), "LL recv from self");
+            checkDest(b, 0, 100 + size_t(k), 9, k, me, me, "LL self");
+            std::memset(b.dst.data(), kPoison, b.dst.size());
+            expect(ep.recv(CoopThread{}, other, b.dst.data(), 200 + size_t(k)), "LL recv from the other rank");
+            checkDest(b, 0, 200 + size_t(k), 9, k, other, me, "LL pair");
+          }
+          comm.bootstrap().barrier();
+          comm.check();
+          comm.deregisterWindow(b.src);
+          p2p::destroy(comm, fifo);
+        },
+        lsaConfig()));
+  }
 }
 
 TEST_CASE("p2p: a peer out of range or a source past its window is a bad argument on every call", "[p2p][errors]") {

@@ -20,7 +20,10 @@
 //    forced) go as one LL16 step: the sender stores flagged packets into the
 //    receiver's LL slot, which the receiver polls (no fence, no signal to wait
 //    for); larger ones, and every message over the proxy or ibgda, go through
-//    the FIFO slots. Both sides decide from the size, so they agree.
+//    the FIFO slots. Both sides decide from the size and the communicator
+//    (not from Net's Backends), so they agree when the sizes match. LL steps
+//    take slots in their own ring of nSlots, so up to nSlots messages may be
+//    in flight either way.
 //  - Waits are bounded: p2pSend (waiting for a free slot) or p2pRecv (waiting
 //    for data), with the peer's world rank, in the error record. Every call
 //    returns false on every thread of the coop if something failed.
@@ -40,8 +43,9 @@ struct Fifo {
   uint32_t nChannels;   // independent connector sets
   uint32_t signalBase;  // ids [signalBase, signalBase + 2 * nChannels * nRanks) are p2p's
   int32_t nRanks;
-  uint64_t llMaxBytes;  // messages of 1 .. llMaxBytes to lsa peers take one LL16 step (0: never)
-  uint64_t llOffset;    // where the LL slots start in the window: [nChannels][nRanks senders][2] slots
+  uint64_t llMaxBytes;  // messages of 1 .. llMaxBytes to lsa peers take one LL16 step (0: none)
+  uint64_t llOffset;    // where the LL slots start: [nChannels][llRanks lsa senders][nSlots] slots
+  int32_t llRanks;      // lsa team size when LL steps are on (the LL area is per lsa sender)
 };
 static_assert(std::is_trivially_copyable_v<Fifo>);
 
@@ -58,13 +62,18 @@ GIN_HD GIN_INLINE uint32_t creditSignal(const Fifo& f, int channel, int to) {
 GIN_HD GIN_INLINE size_t ringOffset(const Fifo& f, int channel, int from) {
   return (size_t(channel) * size_t(f.nRanks) + size_t(from)) * size_t(f.nSlots) * f.chunkBytes;
 }
-// The LL area: bytes of one slot (llMaxBytes as LL16 packets), and the slot
-// of parity `parity` that holds `from`'s LL steps on `channel`.
+// The LL area: bytes of one slot (llMaxBytes as LL16 packets), and where the
+// LL ring of the lsa member with lsa index `fromLsa` starts on `channel`
+// (step k in its slot k % nSlots).
 GIN_HD GIN_INLINE size_t llSlotBytes(const Fifo& f) { return ll::bufferBytes<ll::Packet16>(f.llMaxBytes); }
-GIN_HD GIN_INLINE size_t llRingOffset(const Fifo& f, int channel, int from, uint64_t parity) {
+GIN_HD GIN_INLINE size_t llRingOffset(const Fifo& f, int channel, int fromLsa) {
   return size_t(f.llOffset) +
-         ((size_t(channel) * size_t(f.nRanks) + size_t(from)) * 2 + size_t(parity)) * llSlotBytes(f);
+         (size_t(channel) * size_t(f.llRanks) + size_t(fromLsa)) * size_t(f.nSlots) * llSlotBytes(f);
 }
+// The flag of LL step k: bit 31 set (never 0, the zeroed slots' value) and
+// k's low 31 bits, so it repeats only every 2^31 steps, also across the
+// 2^64 wrap of the step counts (2^31 divides 2^64).
+GIN_HD GIN_INLINE uint32_t llStepFlag(uint64_t step) { return 0x80000000u | uint32_t(step & 0x7fffffffu); }
 
 // Steps (slots) a message of `bytes` takes.
 GIN_HD GIN_INLINE uint64_t stepCount(const Fifo& f, size_t bytes) { return (bytes + f.chunkBytes - 1) / f.chunkBytes; }
@@ -230,34 +239,29 @@ class Endpoint {
   }
 
   // Whether a message of `bytes` to or from `peer` goes as one LL step: the
-  // same answer on both sides (the size is the same, and lsa reach is mutual).
+  // same answer on both sides (the size is the same, lsa reach is mutual and
+  // create() leaves llMaxBytes 0 where a network transport is forced). The
+  // packets go by load/store whatever Backends this Net compiled in.
   GIN_HD bool llTo(int peer, size_t bytes) const {
-    if constexpr ((Backends & kBackendLsa) == 0) {
-      return false;
-    } else {
-      const DevComm& c = net_.comm();
-      return bytes > 0 && bytes <= f_.llMaxBytes && lsaIndexOf(c, peer) >= 0 && !lsa::Backend::forced(c, false);
-    }
+    return bytes > 0 && bytes <= f_.llMaxBytes && lsaIndexOf(net_.comm(), peer) >= 0;
   }
 
-  // An LL message: one step, in the LL slot of the step's parity, flagged
-  // with the step (the slot last held step - 2 or earlier, flagged with
-  // that). The slot is free once the receiver released step s.step - 2 (its
-  // release after reading pairs with this acquire). The data signal still
-  // counts the step (relaxed: the packets carry their own flags), so both
-  // sides' step counts stay those of the FIFO.
+  // An LL message: one step, in LL slot s.step % nSlots, flagged with the
+  // step (the slot last held step s.step - nSlots or earlier). The slot is
+  // free once the receiver released step s.step - nSlots, the FIFO's rule
+  // (its release after reading pairs with this acquire). The data signal
+  // still counts the step (relaxed: the packets carry their own flags), so
+  // both sides' step counts stay those of the FIFO.
   template <class Coop>
   GIN_HD bool sendLL(Coop coop, Sender& s, Window srcWin, size_t srcOffset, size_t bytes) const {
-    const uint64_t depth = f_.nSlots < 2 ? f_.nSlots : 2;
     bool ok = true;
-    if (coop.rank() == 0) ok = waitAtLeast(s.credit, s.step + 1 - depth, &s.creditSeen, Op::P2pSend, s.peer);
+    if (coop.rank() == 0) ok = waitAtLeast(s.credit, s.step + 1 - f_.nSlots, &s.creditSeen, Op::P2pSend, s.peer);
     if (!coop.syncAll(ok)) return false;
     const DevComm& c = net_.comm();
     const Team world = teamWorld(c);
-    const int me = c.rank;
-    if (!ll::putPacketsToPeer<ll::Packet16>(coop, c, world, s.peer, f_.window,
-                                            llRingOffset(f_, channel_, me, s.step & 1), localPointer(srcWin, srcOffset),
-                                            bytes, ll::flagForRound(s.step)))
+    const size_t off = llRingOffset(f_, channel_, c.lsaRank) + size_t(s.step % f_.nSlots) * llSlotBytes(f_);
+    if (!ll::putPacketsToPeer<ll::Packet16>(coop, c, world, s.peer, f_.window, off, localPointer(srcWin, srcOffset),
+                                            bytes, llStepFlag(s.step)))
       return coop.syncAll(false);
     net_.signal(world, s.peer, SignalAdd{s.dataAtPeer, 1}, coop, Scope::System);
     ++s.step;
@@ -272,21 +276,25 @@ class Endpoint {
   GIN_HD bool recvLL(Coop coop, Receiver& r, void* dst, size_t bytes) const {
     using P = ll::Packet16;
     const DevComm& c = net_.comm();
-    const uint32_t flag = ll::flagForRound(r.step);
-    const P* src = static_cast<const P*>(localPointer(f_.window, llRingOffset(f_, channel_, r.peer, r.step & 1)));
+    const uint32_t flag = llStepFlag(r.step);
+    const P* src = static_cast<const P*>(localPointer(
+        f_.window, llRingOffset(f_, channel_, lsaIndexOf(c, r.peer)) + size_t(r.step % f_.nSlots) * llSlotBytes(f_)));
     auto* d = static_cast<unsigned char*>(dst);
     const size_t n = ll::packetCount<P>(bytes);
     bool ok = true;
     for (size_t i = size_t(coop.rank()); i < n; i += size_t(coop.size())) {
       ll::Seen<P> seen{};
+      // A timeout reports steps, as a FIFO step's does: expected r.step + 1,
+      // observed the step whose packet the slot holds + 1 (0: none yet).
       ok = gin::detail::boundedPoll(
           c,
           [&] {
             seen = ll::load(src + i);
-            return uint64_t(seen.flag);
+            const uint64_t low = seen.flag & 0x7fffffffu;
+            return seen.valid && (seen.flag & 0x80000000u) != 0 ? ((r.step & ~uint64_t(0x7fffffffu)) | low) + 1 : 0;
           },
-          [&](uint64_t f) { return seen.valid && f == flag; },
-          gin::detail::WaitWhat{Op::P2pRecv, r.peer, net_.context(), r.data, flag});
+          [&](uint64_t) { return seen.valid && seen.flag == flag; },
+          gin::detail::WaitWhat{Op::P2pRecv, r.peer, net_.context(), r.data, r.step + 1});
       if (!ok) break;
       const size_t off = i * 8, len = bytes - off < 8 ? bytes - off : 8;
       ll::detail::storeBytes(d + off, seen.payload, len);
