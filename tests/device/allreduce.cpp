@@ -705,57 +705,48 @@ TEST_CASE("one-shot AllReduce: back to back without barriers, block counts chang
 TEST_CASE("ringAllReduceBlock with Paths: runs the paths compiled in, refuses a plan of another (badArgument)",
           "[allreduce][paths]") {
   if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa") SKIP("LL16 runs over lsa only");
-  runRanks(3, [](Comm& comm) {
-    const coll::RingWorkspace ws = coll::createRingWorkspace(comm);
-    const uint64_t count = 1000;
-    const Window send = comm.allocWindow(count * 4), recv = comm.allocWindow(count * 4);
-    float* in = static_cast<float*>(comm.localPointer(send));
-    for (uint64_t i = 0; i < count; ++i) in[i] = input<float, coll::Sum>(7, comm.rank(), i);
-    coll::RingTuning ring;
-    ring.llMaxBytes = ring.shotMaxBytes = ring.directMaxBytes = 0;
-    const coll::RingPlan ll = coll::planRingAllReduce(comm, ws, count, 4),
-                         rp = coll::planRingAllReduce(comm, ws, count, 4, ring);
-    expect(ll.ll == 1 && coll::planPath(rp) == coll::kPathRing, coll::describe(ll) + " / " + coll::describe(rp));
-    comm.bootstrap().barrier();
-    // A kernel that compiled in the ring alone, given the LL plan: every
-    // block refuses it alike on every rank, nothing moves.
-    std::memset(comm.localPointer(recv), 0xa5, count * 4);
-    bool ok = true;
-    for (uint32_t b = 0; b < ll.nBlocks; ++b)
-      ok = coll::ringAllReduceBlock<float, coll::Sum, true, kBackendAll, coll::kPathRing>(
-               CoopThread{}, comm.devComm(), ws, ll, send, 0, recv, 0, b) &&
-           ok;
-    expect(!ok, "the LL plan ran in a ring-only block");
-    const auto* o = static_cast<const uint8_t*>(comm.localPointer(recv));
-    expect(std::all_of(o, o + count * 4, [](uint8_t v) { return v == 0xa5; }), "the refused call wrote its output");
-    try {
-      comm.check();
-      expect(false, "no error recorded for the refused plan");
-    } catch (const Error& e) {
-      expect(std::string(e.what()).find("badArgument") != std::string::npos, e.what());
-    }
-  });
-  runRanks(3, [](Comm& comm) {  // the ring plan in the same ring-only blocks: the sum
-    const coll::RingWorkspace ws = coll::createRingWorkspace(comm);
-    const uint64_t count = 1000;
-    const Window send = comm.allocWindow(count * 4), recv = comm.allocWindow(count * 4);
-    float* in = static_cast<float*>(comm.localPointer(send));
-    for (uint64_t i = 0; i < count; ++i) in[i] = input<float, coll::Sum>(7, comm.rank(), i);
-    coll::RingTuning ring;
-    ring.llMaxBytes = ring.shotMaxBytes = ring.directMaxBytes = 0;
-    const coll::RingPlan rp = coll::planRingAllReduce(comm, ws, count, 4, ring);
-    comm.bootstrap().barrier();
-    bool ok = true;
-    for (uint32_t b = 0; b < rp.nBlocks; ++b)
-      ok = coll::ringAllReduceBlock<float, coll::Sum, true, kBackendAll, coll::kPathRing>(
-               CoopThread{}, comm.devComm(), ws, rp, send, 0, recv, 0, b) &&
-           ok;
-    comm.check();
-    expect(ok, "the ring plan failed in a ring-only block");
-    check<float, coll::Sum>(static_cast<const float*>(comm.localPointer(recv)), comm.nRanks(), count, 7,
-                            "ring-only block");
-    comm.bootstrap().barrier();
-  });
+  // Blocks that compiled in the ring alone, given the auto plan (LL16) or a
+  // ring plan: the LL plan is refused alike on every rank and moves nothing;
+  // the ring plan gives the sum.
+  for (const bool llPlan : {true, false}) {
+    CAPTURE(llPlan);
+    runRanks(3, [llPlan](Comm& comm) {
+      const coll::RingWorkspace ws = coll::createRingWorkspace(comm);
+      const uint64_t count = 1000;
+      const Window send = comm.allocWindow(count * 4), recv = comm.allocWindow(count * 4);
+      float* in = static_cast<float*>(comm.localPointer(send));
+      for (uint64_t i = 0; i < count; ++i) in[i] = input<float, coll::Sum>(7, comm.rank(), i);
+      std::memset(comm.localPointer(recv), 0xa5, count * 4);
+      coll::RingTuning ring;
+      ring.llMaxBytes = ring.shotMaxBytes = ring.directMaxBytes = 0;
+      const coll::RingPlan plan =
+          llPlan ? coll::planRingAllReduce(comm, ws, count, 4) : coll::planRingAllReduce(comm, ws, count, 4, ring);
+      expect(coll::planPath(plan) == (llPlan ? coll::kPathLl : coll::kPathRing), coll::describe(plan));
+      comm.bootstrap().barrier();
+      bool ok = true;
+      for (uint32_t b = 0; b < plan.nBlocks; ++b)
+        ok = coll::ringAllReduceBlock<float, coll::Sum, true, kBackendAll, coll::kPathRing>(
+                 CoopThread{}, comm.devComm(), ws, plan, send, 0, recv, 0, b) &&
+             ok;
+      if (!llPlan) {
+        comm.check();
+        expect(ok, "the ring plan failed in a ring-only block");
+        check<float, coll::Sum>(static_cast<const float*>(comm.localPointer(recv)), comm.nRanks(), count, 7,
+                                "ring-only block");
+        comm.bootstrap().barrier();
+        return;
+      }
+      expect(!ok, "the LL plan ran in a ring-only block");
+      const auto* o = static_cast<const uint8_t*>(comm.localPointer(recv));
+      expect(std::all_of(o, o + count * 4, [](uint8_t v) { return v == 0xa5; }), "the refused call wrote its output");
+      try {
+        comm.check();
+        expect(false, "no error recorded for the refused plan");
+      } catch (const Error& e) {
+        expect(std::string(e.what()).find("badArgument") != std::string::npos, e.what());
+      }
+    });
+  }
 }
 
 TEST_CASE("ring AllReduce over the ibgda soft NIC", "[allreduce][ibgda]") {
