@@ -64,7 +64,7 @@ class Runtime {
   // Returns (x, topk_idx, topk_weights, tokens_per_expert, rank_prefix, src_rank, src_token, handle); x is
   // (e4m3 [N][H], scales [N][H / 128]) when scales are given (x then float8_e4m3fn).
   py::tuple dispatch(uint64_t stream, const torch::Tensor& x, const std::optional<torch::Tensor>& scales,
-                     const torch::Tensor& idx, const torch::Tensor& w, int experts, int alignment) {
+                     const torch::Tensor& idx, const torch::Tensor& w, int experts, int alignment, int worst) {
     need(x, scales ? torch::kFloat8_e4m3fn : torch::kBFloat16, 2, "x");
     need(idx, torch::kInt32, 2, "topk_idx (as int32)");
     need(w, torch::kFloat32, 2, "topk_weights");
@@ -81,7 +81,7 @@ class Runtime {
     {
       py::gil_scoped_release nogil;
       d = rt_.dispatch(stream, x.data_ptr(), scales ? scales->data_ptr<float>() : nullptr, idx.data_ptr<int32_t>(),
-                       w.data_ptr<float>(), T, H, experts, K, alignment);
+                       w.data_ptr<float>(), T, H, experts, K, alignment, worst);
     }
     return out(d, H, K, scales.has_value());
   }
@@ -172,11 +172,18 @@ class Runtime {
   }
 
   py::tuple out(const gin_ep_rt::Dispatched& d, int H, int K, bool fp8 = false) {
-    const int64_t N = int64_t(d.srcRank.count), R = int64_t(std::sqrt(double(d.rankPrefix.size())) + 0.5);
-    // On the caller's stream (from pageable memory: staged before the call returns).
-    torch::Tensor prefix = torch::empty({R, R}, torch::dtype(torch::kInt32).device(torch::kCUDA, device_));
-    C10_CUDA_CHECK(cudaMemcpyAsync(prefix.data_ptr(), d.rankPrefix.data(), size_t(R * R) * 4, cudaMemcpyHostToDevice,
-                                   c10::cuda::getCurrentCUDAStream(device_).stream()));
+    const int64_t N = int64_t(d.srcRank.count);
+    torch::Tensor prefix;
+    if (d.rankPrefixOnGpu.ptr) {  // a sync-free dispatch's, made on the GPU
+      const int64_t R = int64_t(std::sqrt(double(d.rankPrefixOnGpu.count)) + 0.5);
+      prefix = tensorOf(d.rankPrefixOnGpu, torch::kInt32, {R, R});
+    } else {
+      const int64_t R = int64_t(std::sqrt(double(d.rankPrefix.size())) + 0.5);
+      // On the caller's stream (from pageable memory: staged before the call returns).
+      prefix = torch::empty({R, R}, torch::dtype(torch::kInt32).device(torch::kCUDA, device_));
+      C10_CUDA_CHECK(cudaMemcpyAsync(prefix.data_ptr(), d.rankPrefix.data(), size_t(R * R) * 4,
+                                     cudaMemcpyHostToDevice, c10::cuda::getCurrentCUDAStream(device_).stream()));
+    }
     py::object idx = py::none(), w = py::none(), perExpert = py::none();
     if (K > 0) {
       idx = py::cast(tensorOf(d.topkIdx, torch::kInt32, {N, K}));

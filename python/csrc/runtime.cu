@@ -143,9 +143,34 @@ void Runtime::setAllocator(std::function<Array(size_t)> alloc) { s_->alloc = std
 
 Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScales, const int32_t* idx,
                              const float* weights, int tokens, int hidden, int experts, int topk,
-                             int expertAlignment) {
+                             int expertAlignment, int worstTokens) {
   State& s = *s_;
   const int R = s.comm.nRanks();
+  if (worstTokens > 0) {
+    // Without the host: the buffer as it is (a first call makes it, every
+    // rank in the same call, for the most tokens any rank brings); a later
+    // call with more tokens than it holds stops every rank (no rank can
+    // learn that the others need a bigger one without the host).
+    gin::ep::GpuBuffer& buf = s.bufferFor(tokens, hidden, experts, topk, /*anyTokens=*/true);
+    s.follow(stream);
+    gin::ep::GpuDispatched d =
+        xScales ? buf.dispatch(gin::ep::Fp8Tokens{static_cast<const uint8_t*>(x), xScales}, idx, weights, tokens,
+                               expertAlignment, worstTokens)
+                : buf.dispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, expertAlignment, worstTokens);
+    s.join(stream);
+    auto h = std::make_shared<NormalHandle>();
+    h->h = d.handle;
+    Dispatched out;
+    out.x = xScales ? arrayOf(d.xFp8) : arrayOf(d.x);
+    out.xScales = arrayOf(d.xScales);
+    out.topkIdx = arrayOf(d.topkIdx);
+    out.topkWeights = arrayOf(d.topkWeights);
+    out.rankPrefixOnGpu = arrayOf(h->h.rankPrefix);
+    out.srcRank = arrayOf(h->h.srcRank);
+    out.srcToken = arrayOf(h->h.srcToken);
+    out.handle = h;
+    return out;
+  }
   // The buffer is made for the tokens of the first call and made again, by
   // every rank at once, when a call brings more than it holds (the buffer
   // finds that out in its opening barrier and throws on every rank).
@@ -191,10 +216,12 @@ Dispatched Runtime::cachedDispatch(uintptr_t stream, const void* x, const float*
   gin::ep::GpuDispatched d =
       xScales ? s.buf->dispatch(gin::ep::Fp8Tokens{static_cast<const uint8_t*>(x), xScales}, h->h)
               : s.buf->dispatch(static_cast<const uint16_t*>(x), h->h);
+  s.join(stream);  // a sync-free handle's call returns once queued
   Dispatched out;
   out.x = xScales ? arrayOf(d.xFp8) : arrayOf(d.x);
   out.xScales = arrayOf(d.xScales);
   out.rankPrefix = h->rankPrefix;
+  if (h->h.syncFree) out.rankPrefixOnGpu = arrayOf(h->h.rankPrefix);
   out.srcRank = arrayOf(h->h.srcRank);
   out.srcToken = arrayOf(h->h.srcToken);
   out.handle = handle;
@@ -207,8 +234,10 @@ Array Runtime::combine(uintptr_t stream, const void* y, const std::shared_ptr<vo
   const auto* h = static_cast<const NormalHandle*>(handle.get());
   if (!h || !s.buf || s.ll) throw std::invalid_argument("gin_ep: combine needs a handle of this buffer's dispatch");
   s.follow(stream);
-  return arrayOf(s.buf->combine(static_cast<const uint16_t*>(y), h->h, static_cast<const uint16_t*>(bias0),
-                                static_cast<const uint16_t*>(bias1)));
+  Array out = arrayOf(s.buf->combine(static_cast<const uint16_t*>(y), h->h, static_cast<const uint16_t*>(bias0),
+                                     static_cast<const uint16_t*>(bias1)));
+  s.join(stream);  // a sync-free handle's combine returns once queued
+  return out;
 }
 
 LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const void* idx, bool idx64, int tokens,

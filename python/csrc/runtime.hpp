@@ -29,6 +29,7 @@ struct Dispatched {
   Array topkWeights;                 // [N][K] float (empty for a cached dispatch)
   std::vector<int> tokensPerExpert;  // [L]
   std::vector<int> rankPrefix;       // [R][R]: rows rank i received from ranks 0..j (DeepEP's rank_prefix_matrix)
+  Array rankPrefixOnGpu;             // the same on the GPU, for a sync-free dispatch (rankPrefix then empty)
   Array srcRank, srcToken;           // [N] int32 each
   std::shared_ptr<void> handle;      // gin's handle (combine and cached dispatch take it back)
 };
@@ -69,8 +70,11 @@ class Runtime {
   // Normal mode (device pointers on `stream`): x [T][H] bf16 (or e4m3
   // bytes when xScales [T][H / 128] float is given), idx [T][K] int32 (-1:
   // none), weights [T][K] float.
+  // worstTokens > 0: sync-free (DeepEP's num_worst_tokens): worstTokens rows
+  // come back, padding after the received ones; the call returns once queued.
   Dispatched dispatch(uintptr_t stream, const void* x, const float* xScales, const int32_t* idx,
-                      const float* weights, int tokens, int hidden, int experts, int topk, int expertAlignment);
+                      const float* weights, int tokens, int hidden, int experts, int topk, int expertAlignment,
+                      int worstTokens = 0);
   // x bf16, or e4m3 bytes when xScales is given.
   Dispatched cachedDispatch(uintptr_t stream, const void* x, const float* xScales, const std::shared_ptr<void>& handle);
   Array combine(uintptr_t stream, const void* y, const std::shared_ptr<void>& handle, const void* bias0,

@@ -131,6 +131,84 @@ def check_normal(buf, rank, R, H, E, K, tmax, dev):
             assert torch.equal(recv2.cpu(), torch.stack(want)), "cached dispatch rows"
 
 
+def check_normal_worst(buf, rank, R, H, E, K, tmax, dev):
+    """num_worst_tokens: no CPU synchronization; rows past the received ones are padding (topk_idx -1). Two
+    dispatch/combine pairs queued back to back, then one captured in a CUDA graph and replayed."""
+    L = E // R
+    worst = R * (tmax + 4)  # check_normal left a buffer for tmax + 4 tokens
+
+    def want_rows(inputs):
+        rows, idx, from_rank = [], [], []
+        for r in range(R):
+            sx, sidx, _ = inputs[r]
+            n = 0
+            for t in range(sx.size(0)):
+                mine = [k for k in range(K) if sidx[t, k] >= 0 and sidx[t, k] // L == rank]
+                if mine:
+                    n += 1
+                    rows.append(sx[t])
+                    idx.append([int(sidx[t, k]) % L if k in mine else -1 for k in range(K)])
+            from_rank.append(n)
+        return rows, idx, from_rank
+
+    def check(inputs, x, in_rank, recv_x, recv_idx, counts, handle, combined):
+        rows, idx, from_rank = want_rows(inputs)
+        N = len(rows)
+        assert recv_x.shape == (worst, H) and recv_idx.shape == (worst, K), "num_worst_tokens rows"
+        assert counts == [], "no per-expert counts without the CPU synchronization"
+        if N:
+            assert torch.equal(recv_x[:N].cpu(), torch.stack(rows)), "received rows (num_worst_tokens)"
+            assert recv_idx[:N].cpu().tolist() == idx, "recv_topk_idx (num_worst_tokens)"
+        assert bool((recv_idx[N:] == -1).all()), "padding rows choose no expert"
+        assert handle[0][:, rank].cpu().tolist() == [sum(from_rank[: i + 1]) for i in range(R)], "rank_prefix_matrix"
+        ref = x.float() * in_rank.sum(1, keepdim=True).float()
+        if x.numel():
+            assert calc_diff(combined.float(), ref) < 1e-5, "combine (num_worst_tokens)"
+
+    outs = []
+    for rnd in range(2):
+        inputs = [make_inputs(r, tokens_of(r, rnd, tmax), H, E, K, 31 + rnd) for r in range(R)]
+        x, idx, w = (t.to(dev) for t in inputs[rank])
+        _, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+        recv_x, recv_idx, _, counts, handle, _ = buf.dispatch(x, is_token_in_rank=in_rank,
+                                                              num_tokens_per_expert=per_expert, topk_idx=idx,
+                                                              topk_weights=w, num_worst_tokens=worst)
+        combined, _, _ = buf.combine(recv_x, handle)
+        outs.append((inputs, x, in_rank, recv_x, recv_idx, counts, handle, combined))
+    torch.cuda.synchronize()
+    for o in outs:
+        check(*o)
+
+    T = tokens_of(rank, 0, tmax)
+    x, idx, w = (torch.zeros(T, H, dtype=torch.bfloat16, device=dev), torch.zeros(T, K, dtype=torch.int64, device=dev),
+                 torch.zeros(T, K, device=dev))
+    per_expert = torch.zeros(E, dtype=torch.int32, device=dev)
+
+    def step():
+        recv_x, recv_idx, _, counts, handle, _ = buf.dispatch(x, num_tokens_per_expert=per_expert, topk_idx=idx,
+                                                              topk_weights=w, num_worst_tokens=worst)
+        combined, _, _ = buf.combine(recv_x, handle)
+        return recv_x, recv_idx, counts, handle, combined
+
+    inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 41) for r in range(R)]
+    for src, dst in zip(inputs[rank], (x, idx, w)):
+        dst.copy_(src)
+    step()  # warm-up, outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        out = step()
+    for rnd in range(3):
+        inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 51 + rnd) for r in range(R)]
+        for src, dst in zip(inputs[rank], (x, idx, w)):
+            dst.copy_(src)
+        g.replay()
+        torch.cuda.synchronize()
+        _, _, _, in_rank, _ = buf.get_dispatch_layout(idx, E)
+        check(inputs, x, in_rank, *out)
+    buf.synchronize()  # nothing left behind
+
+
 def to_fp8(x):
     """DeepEP's per-token cast: e4m3 values and one float scale (amax / 448) per 128 values."""
     T, H = x.shape
@@ -320,6 +398,7 @@ def rank_main(rank, R, port, H, errors):
         E, K = 4 * R, min(4, 4 * R)
         buf = gin_ep.Buffer(dist.group.WORLD, 0, 0)
         check_normal(buf, rank, R, H, E, K, 23, dev)
+        check_normal_worst(buf, rank, R, H, E, K, 23, dev)
         check_fp8(buf, rank, R, H, E, K, 23, dev)
         buf.destroy()
         ll = gin_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True)

@@ -11,7 +11,11 @@
 // expert in low latency stopping every rank's next calls; low-latency calls
 // queued with no host synchronization (two dispatches in flight, int32 and
 // int64 indices, FP8 rounds among bf16 ones, a failing allocator, a buffer
-// made again on the same communicator). Skips (exit 77) without a GPU.
+// made again on the same communicator); sync-free normal dispatches
+// (worstTokens: the checks above through padded results, mixed with
+// synchronizing ones; calls queued with no synchronization, two dispatches
+// before their combines, cached dispatches; more rows than worstTokens
+// stopping every rank). Skips (exit 77) without a GPU.
 #include <catch2/catch_session.hpp>
 #include <catch2/catch_test_macros.hpp>
 
@@ -37,10 +41,12 @@ class HostFace {
       : sh_(sh), rank_(comm.rank()), st_(st), buf_(comm, sh, ll, st) {}
 
   gin::ep::Shape shape() const { return buf_.shape(); }
+  // Normal dispatches from now on: sync-free with this worstTokens (0: not).
+  void syncFree(int worst) { worst_ = worst; }
 
   struct Handle {
     int tokens = 0;
-    std::vector<int> srcRank, srcToken, rows;
+    std::vector<int> srcRank, srcToken, rows;  // the received rows only (a sync-free one's padding checked, cut)
     gin::ep::GpuHandle gpu;
   };
   struct Dispatched {
@@ -73,9 +79,9 @@ class HostFace {
     auto idx = up(in.idx);
     auto w = up(in.weight);
     gin::ep::GpuDispatched g =
-        in.xFp8.empty() ? buf_.dispatch(x.data(), idx.data(), w.data(), T, align)
+        in.xFp8.empty() ? buf_.dispatch(x.data(), idx.data(), w.data(), T, align, worst_)
                         : buf_.dispatch(gin::ep::Fp8Tokens{xFp8.data(), xScales.data()}, idx.data(), w.data(), T,
-                        align);
+                                        align, worst_);
     Dispatched d;
     d.x = g.x.toHost();
     d.xFp8 = g.xFp8.toHost();
@@ -84,6 +90,23 @@ class HostFace {
     d.topkWeights = g.topkWeights.toHost();
     d.tokensPerExpert = g.tokensPerExpert;
     d.handle = face(g.handle);
+    if (g.handle.syncFree) {
+      // worst_ rows: the received ones, then padding; the per-expert counts
+      // (not returned) counted here from the top-k.
+      const size_t n = d.handle.srcRank.size(), K = size_t(sh_.topk), H = size_t(sh_.hidden);
+      gintest::expect(g.topkIdx.size() == size_t(worst_) * K && g.tokensPerExpert.empty(),
+                      "a sync-free dispatch returns worstTokens rows and no per-expert counts");
+      for (size_t i = n * K; i < d.topkIdx.size(); ++i)
+        gintest::expect(d.topkIdx[i] == -1 && d.topkWeights[i] == 0.f, "a padding row chooses no expert");
+      d.topkIdx.resize(n * K);
+      d.topkWeights.resize(n * K);
+      if (!d.x.empty()) d.x.resize(n * H);
+      if (!d.xFp8.empty()) d.xFp8.resize(n * H), d.xScales.resize(n * (H / 128));
+      d.tokensPerExpert.assign(size_t(sh_.experts / sh_.ranks), 0);
+      for (int32_t e : d.topkIdx)
+        if (e >= 0) d.tokensPerExpert[size_t(e)] += 1;
+      for (int& c : d.tokensPerExpert) c = (c + align - 1) / align * align;
+    }
     return d;
   }
   Dispatched dispatch(const std::vector<uint16_t>& xs, const Handle& h) {
@@ -94,6 +117,7 @@ class HostFace {
     Dispatched d;
     d.x = g.x.toHost();
     d.handle = face(g.handle);
+    d.x.resize(d.handle.srcRank.size() * size_t(sh_.hidden));  // a sync-free one's padding cut
     return d;
   }
   Dispatched dispatch(const std::vector<uint8_t>& xFp8, const std::vector<float>& xScales, const Handle& h) {
@@ -105,12 +129,16 @@ class HostFace {
     d.xFp8 = g.xFp8.toHost();
     d.xScales = g.xScales.toHost();
     d.handle = face(g.handle);
+    d.xFp8.resize(d.handle.srcRank.size() * size_t(sh_.hidden));  // a sync-free one's padding cut
+    d.xScales.resize(d.handle.srcRank.size() * size_t(sh_.hidden / 128));
     return d;
   }
   std::vector<uint16_t> combine(const uint16_t* y, const Handle& h, const uint16_t* b0 = nullptr,
                                 const uint16_t* b1 = nullptr) {
     const size_t H = size_t(sh_.hidden), T = size_t(h.tokens);
-    auto yd = up(std::vector<uint16_t>(y, y + h.srcRank.size() * H));
+    std::vector<uint16_t> ys(y, y + h.srcRank.size() * H);
+    ys.resize(h.gpu.received() * H, 0x7fc0);  // a sync-free handle's padding rows: NaN, never returned
+    auto yd = up(ys);
     gin::ep::DeviceArray<uint16_t> b0d, b1d;
     if (b0) b0d = up(std::vector<uint16_t>(b0, b0 + T * H));
     if (b1) b1d = up(std::vector<uint16_t>(b1, b1 + T * H));
@@ -152,6 +180,7 @@ class HostFace {
   int rank_;
   cudaStream_t st_;
   gin::ep::GpuBuffer buf_;
+  int worst_ = 0;
 
   template <class T>
   gin::ep::DeviceArray<T> up(const std::vector<T>& v) {
@@ -165,6 +194,7 @@ class HostFace {
   // source, and its column sums to the rows its tokens went out as.
   Handle face(const gin::ep::GpuHandle& g) const {
     const size_t R = size_t(sh_.ranks), me = size_t(rank_);
+    if (g.syncFree) return syncFreeFace(g);
     gintest::expect(g.receivedBy.size() == R * R, "receivedBy is ranks x ranks");
     int sent = 0, mine = 0;
     for (int n : g.rows.toHost()) sent += n;
@@ -173,6 +203,36 @@ class HostFace {
     for (size_t i = 0; i < R; ++i)
       gintest::expect(g.receivedBy[me * R + i] == g.tokensFromRank[i], "receivedBy's row is this rank's counts");
     return faceOf(g);
+  }
+  // A sync-free handle: the rows received (counts[0]) in order of source,
+  // as the rank prefix matrix's column for this rank says; padding after.
+  Handle syncFreeFace(const gin::ep::GpuHandle& g) const {
+    const size_t R = size_t(sh_.ranks), me = size_t(rank_);
+    const std::vector<unsigned long long> counts = g.counts.toHost();
+    const std::vector<int> prefix = g.rankPrefix.toHost();
+    Handle h = faceOf(g);
+    const size_t n = size_t(counts[0]);
+    gintest::expect(n <= h.srcRank.size() && prefix.size() == R * R && size_t(prefix[(R - 1) * R + me]) == n,
+                    "a sync-free dispatch's rows received agree with its rank prefix matrix");
+    for (size_t i = 0; i < h.srcRank.size(); ++i) {
+      if (i >= n) {
+        gintest::expect(h.srcRank[i] == -1 && h.srcToken[i] == -1, "a padding row comes from no rank");
+        continue;
+      }
+      const int r = h.srcRank[i];
+      gintest::expect(r >= 0 && size_t(r) < R && i < size_t(prefix[size_t(r) * R + me]) &&
+                          i >= (r == 0 ? 0 : size_t(prefix[size_t(r - 1) * R + me])),
+                      "a received row lies in its source's range of the rank prefix matrix");
+    }
+    h.srcRank.resize(n);
+    h.srcToken.resize(n);
+    int sent = 0;
+    for (int v : h.rows) sent += v;
+    unsigned long long own = 0;
+    for (int r : h.srcRank) own += r == rank_;
+    gintest::expect(counts[1] == static_cast<unsigned long long>(sent) - own,
+                    "a sync-free combine waits for the rows this rank sent to others");
+    return h;
   }
   static Handle faceOf(const gin::ep::GpuHandle& g) {
     Handle h;
@@ -185,7 +245,9 @@ class HostFace {
   }
 };
 
-void run(const gintest::ep::Case& c, bool ll) {
+// worst > 0 (normal mode): the rounds run sync-free with that worstTokens,
+// but for one synchronizing round between (the two kinds mix).
+void run(const gintest::ep::Case& c, bool ll, int worst = 0) {
   CommConfig cfg = gputest::gpuConfig();
   cfg.transport = c.tr;
   cfg.nSignals = int(gin::ep::signalsNeeded(gintest::ep::shapeOf(c))) + 4;
@@ -193,6 +255,16 @@ void run(const gintest::ep::Case& c, bool ll) {
       c.ranks,
       [&](Comm& comm, cudaStream_t st) {
         HostFace buf(comm, gintest::ep::shapeOf(c), ll, st);
+        if (worst > 0) {
+          buf.syncFree(worst);
+          gintest::ep::checkRounds(buf, comm, c);
+          gintest::ep::checkFp8Rounds(buf, comm, c);
+          buf.syncFree(0);
+          gintest::ep::checkRounds(buf, comm, c, 1);
+          buf.syncFree(worst);
+          gintest::ep::checkRounds(buf, comm, c, 2);
+          return;
+        }
         if (ll)
           gintest::ep::checkLlRounds(buf, comm, c);
         else
@@ -237,6 +309,9 @@ TEST_CASE("GPU ep buffer: DeepEP's dispatch and combine, both modes, checked row
       CAPTURE(ranks, hidden, int(tr));
       CHECK_NOTHROW(run(normal, false));
       CHECK_NOTHROW(run(lowLatency, true));
+      // Sync-free (DeepEP's num_worst_tokens): room for every row any rank
+      // can send, and some padding.
+      CHECK_NOTHROW(run(normal, false, ranks * 23 + 5));
     }
   });
 }
@@ -480,6 +555,164 @@ TEST_CASE("GPU ep buffer: low-latency calls queue without a host synchronization
     CAPTURE(ranks, int(tr));
     CHECK_NOTHROW(runQueued(c));
   });
+}
+
+// Sync-free normal calls queued with no host synchronization between
+// (ranks x Case::maxTokens as worstTokens): dispatch then combine, two
+// dispatches then their combines in order, a cached dispatch of new tokens
+// (along the last dispatch's layout, and along the one before) then its combine, each combine of the rows as they came (the identity
+// expert: token t comes back as rows[t] x x[t]); every result is read
+// after the last call and checked against the inputs.
+void runSyncFreeQueued(const gintest::ep::Case& c) {
+  CommConfig cfg = gputest::gpuConfig();
+  cfg.transport = c.tr;
+  const gin::ep::Shape sh = gintest::ep::shapeOf(c);
+  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
+  constexpr int kRounds = 9;
+  gputest::runRanksOnStreams(
+      c.ranks,
+      [&](Comm& comm, cudaStream_t st) {
+        const int me = comm.rank(), K = c.topk, worst = c.ranks * c.maxTokens;
+        const size_t H = size_t(c.hidden);
+        gin::ep::GpuBuffer buf(comm, sh, false, st);
+        // Round r's tokens of every rank; a cached round's (r % 3 == 0, r > 0)
+        // are new tokens, as many as round from(r)'s, whose layout it repeats:
+        // round 3 the layout of round 1 (not the last dispatch: 1 and 2 went
+        // together), round 6 that of round 5.
+        const auto cached = [](int r) { return r % 3 == 0 && r > 0; };
+        const auto from = [](int r) { return r % 6 == 3 ? r - 2 : r - 1; };
+        std::vector<std::vector<std::vector<uint16_t>>> xs(kRounds);
+        std::vector<gin::ep::Inputs> mine;
+        std::vector<gin::ep::DeviceArray<uint16_t>> x;
+        std::vector<gin::ep::DeviceArray<int32_t>> idx;
+        std::vector<gin::ep::DeviceArray<float>> w;
+        for (int r = 0; r < kRounds; ++r) {
+          const std::vector<gin::ep::Inputs> all = gintest::ep::roundInputs(c, sh, r);
+          for (int rr = 0; rr < c.ranks; ++rr) {
+            gin::ep::Shape s = sh;
+            s.tokens = gintest::ep::tokensOf(c, rr, from(r));
+            xs[size_t(r)].push_back(cached(r) ? gin::ep::makeInputs(s, rr, 900 + uint64_t(r)).x : all[size_t(rr)].x);
+          }
+          mine.push_back(all[size_t(me)]);
+          x.push_back(upload(buf, xs[size_t(r)][size_t(me)], st));
+          idx.push_back(upload(buf, mine.back().idx, st));
+          w.push_back(upload(buf, mine.back().weight, st));
+        }
+        const auto T = [&](int r) { return int(mine[size_t(r)].idx.size() / size_t(K)); };
+        std::vector<gin::ep::GpuDispatched> got(kRounds);
+        std::vector<gin::ep::DeviceArray<uint16_t>> out(kRounds);
+        for (int r = 0; r < kRounds; ++r) {
+          if (r % 3 == 1) {  // rounds r and r + 1 dispatched, then combined in order
+            got[size_t(r)] = buf.dispatch(x[size_t(r)].data(), idx[size_t(r)].data(), w[size_t(r)].data(), T(r), 1,
+                                          worst);
+            got[size_t(r + 1)] = buf.dispatch(x[size_t(r + 1)].data(), idx[size_t(r + 1)].data(),
+                                              w[size_t(r + 1)].data(), T(r + 1), 1, worst);
+            out[size_t(r)] = buf.combine(got[size_t(r)].x.data(), got[size_t(r)].handle);
+            out[size_t(r + 1)] = buf.combine(got[size_t(r + 1)].x.data(), got[size_t(r + 1)].handle);
+            ++r;
+          } else if (cached(r)) {  // new tokens along round from(r)'s layout
+            got[size_t(r)] = buf.dispatch(x[size_t(r)].data(), got[size_t(from(r))].handle);
+            out[size_t(r)] = buf.combine(got[size_t(r)].x.data(), got[size_t(r)].handle);
+          } else {
+            got[size_t(r)] = buf.dispatch(x[size_t(r)].data(), idx[size_t(r)].data(), w[size_t(r)].data(), T(r), 1,
+                                          worst);
+            out[size_t(r)] = buf.combine(got[size_t(r)].x.data(), got[size_t(r)].handle);
+          }
+        }
+        buf.synchronize();
+        for (int r = 0; r < kRounds; ++r) {
+          const std::string where = "rank " + std::to_string(me) + " round " + std::to_string(r) + ": ";
+          const gin::ep::GpuHandle& h = got[size_t(r)].handle;
+          const size_t n = size_t(h.counts.toHost()[0]);
+          const std::vector<int> src = h.srcRank.toHost(), tok = h.srcToken.toHost(), rows = h.rows.toHost();
+          const std::vector<uint16_t> rx = got[size_t(r)].x.toHost(), o = out[size_t(r)].toHost();
+          const int Tr = cached(r) ? T(from(r)) : T(r);
+          gintest::expect(src.size() == size_t(worst) && rx.size() == size_t(worst) * H && n <= size_t(worst),
+                          where + "worstTokens rows");
+          // Every received row is its source's token (the sources' tokens of this round).
+          for (size_t i = 0; i < n; ++i) {
+            gintest::expect(src[i] >= 0 && src[i] < c.ranks && (i == 0 || src[i] >= src[i - 1]),
+                            where + "rows by source");
+            const auto& sx = xs[size_t(r)][size_t(src[i])];
+            for (size_t hh = 0; hh < H; ++hh)
+              gintest::expect(rx[i * H + hh] == sx[size_t(tok[i]) * H + hh],
+                              where + "row " + std::to_string(i) + " value " + std::to_string(hh));
+          }
+          for (size_t i = n; i < size_t(worst); ++i) gintest::expect(src[i] == -1, where + "padding");
+          // Identity experts: token t back as rows[t] x x[t].
+          const auto& xm = xs[size_t(r)][size_t(me)];
+          gintest::expect(o.size() == size_t(Tr) * H, where + "combine's size");
+          for (size_t t = 0; t < size_t(Tr); ++t)
+            for (size_t hh = 0; hh < H; ++hh) {
+              const double ref = double(rows[t]) * gin::ep::bf16ToFloat(xm[t * H + hh]);
+              gintest::expect(std::fabs(gin::ep::bf16ToFloat(o[t * H + hh]) - ref) <= std::fabs(ref) / 128 + 1e-30,
+                              where + "combine: token " + std::to_string(t) + " value " + std::to_string(hh));
+            }
+        }
+      },
+      cfg);
+}
+
+TEST_CASE("GPU ep buffer: sync-free normal calls queue without a host synchronization, checked at the end",
+          "[gpu][ep][syncfree]") {
+  overRanks([](int ranks, TransportChoice tr) {
+    const int experts = 4 * ranks;
+    const gintest::ep::Case c{ranks, experts, 256, std::min(4, experts), 19, 0.25, 1, tr};
+    CAPTURE(ranks, int(tr));
+    CHECK_NOTHROW(runSyncFreeQueued(c));
+  });
+}
+
+TEST_CASE("GPU ep buffer: a sync-free dispatch with more rows than its worstTokens stops every rank",
+          "[gpu][ep][syncfree]") {
+  const int R = std::min(2, gputest::maxRanks());
+  if (!gputest::queuesFor(R)) {
+    WARN(R << " ranks in one process need " << R + 1 << " hardware queues; CUDA_DEVICE_MAX_CONNECTIONS="
+            << gputest::hardwareQueues());
+    return;
+  }
+  const int E = 4 * R, K = 2, H = 256, T = 8;
+  CommConfig cfg = gputest::gpuConfig();
+  gin::ep::Shape sh;
+  sh.ranks = R;
+  sh.experts = E;
+  sh.tokens = T;
+  sh.hidden = H;
+  sh.topk = K;
+  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
+  gputest::runRanksOnStreams(
+      R,
+      [&](Comm& comm, cudaStream_t st) {
+        const int me = comm.rank();
+        gin::ep::GpuBuffer buf(comm, sh, false, st);
+        // Every token to expert 0 (rank 0): rank 0 receives R x T rows.
+        auto x = upload(buf, std::vector<uint16_t>(size_t(T) * H, 0x3f80), st);
+        std::vector<int32_t> idxHost(size_t(T) * K, -1);
+        for (int t = 0; t < T; ++t) idxHost[size_t(t) * K] = 0;
+        auto idx = upload(buf, idxHost, st);
+        auto w = upload(buf, std::vector<float>(idxHost.size(), 0.5f), st);
+        // Room for all: fine.
+        gin::ep::GpuDispatched ok = buf.dispatch(x.data(), idx.data(), w.data(), T, 1, R * T);
+        buf.combine(ok.x.data(), ok.handle);
+        buf.synchronize();
+        gintest::expect(ok.handle.counts.toHost()[0] == (me == 0 ? unsigned(R * T) : 0u),
+                        "rank 0 receives every token");
+        // Rank 0 gives room for 3 rows only: its next call or synchronize throws, and so do every rank's.
+        std::string what;
+        for (int i = 0; i < 3 && what.empty(); ++i) try {
+            gin::ep::GpuDispatched d = buf.dispatch(x.data(), idx.data(), w.data(), T, 1, me == 0 && i == 0 ? 3 : R * T);
+            buf.combine(d.x.data(), d.handle);
+            buf.synchronize();
+          } catch (const std::exception& e) {
+            what = e.what();
+          }
+        if (me == 0)
+          gintest::expect(what.find("more than its worstTokens") != std::string::npos,
+                          "rank 0 reports its rows past worstTokens: " + what);
+        else
+          gintest::expect(!what.empty(), "every rank's calls stop after rank 0's rows past worstTokens");
+      },
+      cfg);
 }
 
 int main(int argc, char** argv) {

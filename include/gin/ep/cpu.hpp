@@ -126,12 +126,24 @@ inline std::vector<uint64_t> dispatchUnits(const Shape& sh, const Inputs& in, bo
   }
   return units;
 }
-inline size_t dispatchUnitBytes(const Shape& sh, bool ll) { return ll ? llSlotBytes(sh) : sh.slotBytes(); }
+inline size_t dispatchUnitBytes(const Shape& sh, bool ll) { return ll ? llSlotBytes(sh) : sh.metaBytes() + sh.tokenBytes(); }
 inline size_t combineUnitBytes(const Shape& sh) { return size_t(sh.hidden) * 4; }
 
+// The normal-mode count window: [R][C] words (what each (source, channel)
+// sends here), then GpuBuffer's sync-free exchange (countsAt).
+inline size_t countsBytes(const Shape& sh) {
+  return size_t(sh.ranks) * sh.channels * 8 + 2 * size_t(sh.ranks) * (size_t(sh.channels) + sh.ranks) * 8;
+}
+// Where source `src`'s words of a sync-free exchange of round parity `parity`
+// start in the count window: its C lane counts to this rank, then R words,
+// the rows it sends to each rank.
+GIN_HD inline size_t countsAt(const Shape& sh, int parity, int src) {
+  return (size_t(sh.ranks) * sh.channels + (size_t(parity) * sh.ranks + size_t(src)) * (size_t(sh.channels) + sh.ranks)) * 8;
+}
+
 inline uint32_t signalsNeeded(const Shape& sh) {
-  const uint32_t normal = 2 + uint32_t(2 * sh.ranks * sh.channels);
-  const uint32_t ll = 2 + uint32_t(sh.localExperts() * sh.ranks);
+  const uint32_t normal = 2 + uint32_t(2 * sh.ranks * sh.channels + 2 * sh.ranks);  // ..., summed(R), sfCount(R)
+  const uint32_t ll = 2 + uint32_t(sh.localExperts() * sh.ranks + sh.ranks);  // ..., llCount, llSummed(R)
   return normal > ll ? normal : ll;
 }
 
@@ -154,11 +166,11 @@ inline Layer openLayer(gin::Comm& comm, const Shape& sh, bool ll, uint32_t sigBa
   Layer l{};
   l.dc = comm.devComm();
   l.shape = sh;
-  l.sig = Signals{sigBase, sh.ranks, sh.channels};
+  l.sig = Signals{sigBase, sh.ranks, sh.channels, sh.localExperts()};
   l.x = win(T * sh.tokenBytes());
   l.meta = win(ll ? T * K * 16 : T * D * sh.metaBytes());
   l.ring = win(ll ? 2 * L * R * T * llSlotStride(sh) : R * C * size_t(sh.slots) * sh.slotBytes());
-  l.counts = win(ll ? 2 * L * R * 8 : R * C * 8);
+  l.counts = win(ll ? 2 * L * R * 8 : countsBytes(sh));
   l.combine = win(ll ? T * K * H * 4 : T * D * H * 4);
   l.partial = win(ll ? L * R * T * H * 4 : R * T * H * 4);
   return l;

@@ -126,24 +126,28 @@ __global__ void __launch_bounds__(256, 2)
     const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32);
     // Lane (c, me) copies its tokens straight into the receive list
     // (selfStep): no ring, no signal, and the (me, c) receiver returns.
-    const uint64_t selfBase = rs[size_t(me) * C + size_t(c)].base;
+    const uint64_t selfBase = rs[size_t(me) * C + size_t(c)].base, selfKeep = rs[size_t(me) * C + size_t(c)].keep;
     bool ok = true;
     if (2 * R <= nw) {
       const int g = nw / R, d = w / g;  // lane d: warps [d * g, d * g + g)
       if (d >= R) return;
       SendState s;
+      if (l.ringPos && d != me) s.origin = s.sent = l.ringPos[size_t(c) * R + size_t(d)];
       const gin::CoopWarpSpan span(d * g, g, d);
       ok = spin(
           l.dc,
           [&] {
-            return d == me ? selfStep(l, c, selfBase, s, recvX, recvMeta, span) : sendStep(l, c, d, s, span);
+            return d == me ? selfStep(l, c, selfBase, s, recvX, recvMeta, span, selfKeep) : sendStep(l, c, d, s, span);
           },
           gin::Op::WaitSignal, d, uint64_t(l.sig.head(d, c)));
+      if (ok && l.ringPos && d != me && span.rank() == 0) l.ringPos[size_t(c) * R + size_t(d)] = s.sent;
     } else {
       SendState s[kLanesPerWarp];  // per thread; the warp's copies move in step (see sendStep)
       int lanes = 0;
       for (int d = w; d < R && lanes < kLanesPerWarp; d += nw) ++lanes;
       if (lanes == 0) return;
+      for (int i = 0; i < lanes; ++i)
+        if (const int d = w + i * nw; l.ringPos && d != me) s[i].origin = s[i].sent = l.ringPos[size_t(c) * R + size_t(d)];
       ok = spin(
           l.dc,
           [&] {
@@ -151,23 +155,33 @@ __global__ void __launch_bounds__(256, 2)
             for (int i = 0; i < lanes; ++i) {
               const int d = w + i * nw;
               const gin::CoopWarp warp;
-              const int q = d == me ? selfStep(l, c, selfBase, s[i], recvX, recvMeta, warp)
+              const int q = d == me ? selfStep(l, c, selfBase, s[i], recvX, recvMeta, warp, selfKeep)
                                     : sendStep(l, c, d, s[i], warp);
               r = q > 0 ? 1 : (q == 0 && r < 0 ? 0 : r);
             }
             return r;
           },
           gin::Op::WaitSignal, -1, uint64_t(c));
+      for (int i = 0; i < lanes; ++i)
+        if (const int d = w + i * nw; ok && l.ringPos && d != me && threadIdx.x % 32 == 0)
+          l.ringPos[size_t(c) * R + size_t(d)] = s[i].sent;
     }
     if (!ok && threadIdx.x % 32 == 0) ::atomicAdd(failed, 1);
   } else {
     const int i = int(blockIdx.x) - C, src = i / C, c = i % C;
     if (src == me) return;  // lane (c, me) filled its part of the list
     RecvState s = rs[size_t(i)];
+    uint64_t* pos = l.ringPos ? l.ringPos + size_t(R) * C + size_t(i) : nullptr;  // this receiver's ring position
+    if (pos) {
+      s.origin = *pos;
+      s.got += s.origin;
+      s.expect += s.origin;
+    }
     const bool ok = spin(
         l.dc, [&] { return recvStep(l, src, c, s, recvX, recvMeta, gin::CoopBlock{}); }, gin::Op::WaitSignal, src,
         uint64_t(l.sig.tail(src, c)));
     if (!ok && threadIdx.x == 0) ::atomicAdd(failed, 1);
+    if (ok && pos && threadIdx.x == 0) *pos = s.expect;
   }
 }
 
@@ -186,8 +200,10 @@ __global__ void expertCombineKernel(Layer l, const unsigned long long* total, co
 // on the stream reads them (a kernel boundary orders its reads after the
 // wait's acquire). Waiting in one CTA instead of in every reduce CTA keeps
 // the GPU free for others: on the proxy, with ranks sharing a GPU, the
-// engine's device-to-device copies need room on the SMs.
-__global__ void combineWaitKernel(Layer l, uint64_t want, int* failed) {
+// engine's device-to-device copies need room on the SMs. `more`, when
+// given, adds a device word to want (a count only the GPU knows).
+__global__ void combineWaitKernel(Layer l, uint64_t want, int* failed, const unsigned long long* more = nullptr) {
+  if (more) want += *more;
   if (!gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.combine(), want)) ::atomicAdd(failed, 1);
 }
 

@@ -10,14 +10,20 @@
 //
 // A normal-mode call returns once its kernels are done (it synchronizes
 // the stream, as DeepEP's normal dispatch does to learn its receive count).
-// A normal dispatch resets its signals and then opens with an all-gather of
-// every rank's token count, first bad expert index and what each of its
-// lanes sends, so a bad input or too many tokens fails every rank alike and
-// each rank lays out its receive list on the host (no count exchange on the
-// GPU). A combine opens at once (its signal was reset by the dispatch or the
-// last combine). A normal dispatch and combine end with a barrier after
-// their puts are flushed (no rank resets what a peer still signals, or
-// reuses a combine window a peer still reads).
+// A normal dispatch opens with an all-gather of every rank's token count,
+// first bad expert index and what each of its lanes sends, so a bad input or
+// too many tokens fails every rank alike and each rank lays out its receive
+// list on the host. A combine first waits until every rank summed the
+// combines before (Signals::summed). A normal dispatch and combine end with
+// a barrier after their puts are flushed. Nothing is reset between calls:
+// the rings run on (Layer::ringPos), the combine signal is reset after
+// each sum.
+//
+// A normal dispatch given worstTokens (DeepEP's num_worst_tokens), its
+// combine and its cached dispatches return once queued: the count exchange
+// and the receive list's layout run on the GPU, worstTokens rows come back
+// (padding after the received ones), errors are thrown by a later call
+// (syncFreeDispatch; docs/ep.md "Normal mode without a host").
 //
 // Low-latency calls return once their kernels are queued, as DeepEP's do:
 // no host synchronization, no barrier, no reset. Signals count calls
@@ -117,13 +123,17 @@ struct CapacityError : std::length_error {
 };
 
 // A normal-mode dispatch's handle (DeepEP's handle): where each received row
-// came from and goes back to, and what a cached dispatch repeats.
+// came from and goes back to, and what a cached dispatch repeats. A
+// sync-free dispatch's (worstTokens > 0) has N = worstTokens rows, those
+// past the received ones padding (source and token -1), and keeps on the
+// GPU what the host does not know: the received rows, the rank prefix
+// matrix and the receive list's layout (its host vectors stay empty).
 struct GpuHandle {
   int tokens = 0;                   // T of the dispatch, on this rank
   std::vector<int> tokensFromRank;  // [R] rows received from each source (host)
   std::vector<int> receivedBy;      // [R][R] on the host: [j][i] rows rank j received from rank i
-  DeviceArray<int> srcRank;         // [N]
-  DeviceArray<int> srcToken;        // [N]
+  DeviceArray<int> srcRank;         // [N] (-1: padding)
+  DeviceArray<int> srcToken;        // [N] (-1: padding)
   DeviceArray<uint32_t> slot;       // [N] the row's combine slot at its source
   DeviceArray<int> rows;            // [T] rows each of this rank's tokens gets back
   uint64_t arrivals = 0;            // rows this rank's combine waits for
@@ -131,6 +141,10 @@ struct GpuHandle {
   DeviceArray<float> topkWeights;   // [T][K]
   std::vector<uint64_t> fromLane;   // [R][C] what each (source, channel) sent here
   DeviceArray<int> selfRow;         // [T] where this rank's token t sent to itself was received; -1: not sent
+  bool syncFree = false;            // made by a sync-free dispatch: its combine and cached dispatch are too
+  DeviceArray<unsigned long long> counts;  // sync-free: [2] rows received, rows this rank's combine waits for
+  DeviceArray<int> rankPrefix;      // sync-free: [R][R] DeepEP's rank prefix matrix ([i][j]: rows j got from 0..i)
+  DeviceArray<char> layout;         // sync-free: the receive list's layout (RecvState per lane, then srcBase)
   size_t received() const { return srcRank.size(); }
 };
 // FP8 tokens on the GPU (gin/ep/fp8.hpp): data [T][H] e4m3, scales [T][H / 128].
@@ -144,7 +158,7 @@ struct GpuDispatched {
   DeviceArray<float> xScales;        // FP8 dispatch: [N][H / 128]
   DeviceArray<int32_t> topkIdx;      // [N][K] local expert, -1 elsewhere (empty: cached dispatch)
   DeviceArray<float> topkWeights;    // [N][K] 0 where topkIdx is -1 (empty: cached dispatch)
-  std::vector<int> tokensPerExpert;  // [L] on the host, rounded up to the alignment (empty: cached)
+  std::vector<int> tokensPerExpert;  // [L] on the host, rounded up to the alignment (empty: cached, sync-free)
   GpuHandle handle;
 };
 // Low-latency mode: CpuBuffer's LlHandle with device arrays.
@@ -202,9 +216,12 @@ __global__ void splitFp8Kernel(Layer l, const char* rows, int n, uint8_t* data, 
 // j-th destination at meta[t][j], and t | j << 24 appended to lane (c, d)'s
 // list in token order (a block-wide count per destination); sendCount per
 // lane; *arrivals += rows. An index outside -1..E-1 sets *bad to 1 + its
-// position (token x K + choice), the first one any thread saw.
+// position (token x K + choice), the first one any thread saw (that choice
+// goes nowhere); with `record` (a sync-free dispatch, which no host
+// all-gather checks) it is also recorded as the communicator's error.
 __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, char* meta, uint32_t* sendList,
-                           uint64_t* sendCount, int* rows, unsigned long long* arrivals, unsigned long long* bad) {
+                           uint64_t* sendCount, int* rows, unsigned long long* arrivals, unsigned long long* bad,
+                           bool record) {
   const Shape& sh = l.shape;
   const int R = sh.ranks, K = sh.topk, L = sh.localExperts(), E = sh.experts, c = int(blockIdx.x);
   const size_t cap = sh.laneCap(), D = size_t(sh.maxDests());
@@ -221,9 +238,10 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
     if (t < end) {
       for (int k = 0; k < K; ++k) {
         const int e = idx[size_t(t) * K + k];
-        if (e < -1 || e >= E)
-          ::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k);
-        else if (e >= 0)
+        if (e < -1 || e >= E) {
+          if (::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k) == 0ull && record)
+            gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, uint64_t(t) * K + k, uint64_t(E), uint64_t(e));
+        } else if (e >= 0)
           m |= 1ull << (e / L);
       }
       rows[t] = __popcll(m);
@@ -325,12 +343,24 @@ __global__ void llPlanKernel(Layer l, const Idx* idx, int tokens, uint32_t* send
 // A thread per received position: its source (srcBase[r]: the first
 // position from rank r), token, combine slot, top-k (local ids where the
 // choice is here, -1 and weight 0 elsewhere), and perExpert[el] += 1 for
-// each local choice.
+// each local choice. With `received` (a sync-free dispatch: n is its
+// worst case), rows from *received on are padding: source and token -1,
+// every choice -1 with weight 0.
 __global__ void unpackKernel(Layer l, int n, const uint64_t* srcBase, const char* recvMeta, int* srcRank,
                              int* srcToken, uint32_t* slot, int32_t* topkIdx, float* topkW, int* perExpert,
-                             int* selfRow) {
+                             int* selfRow, const unsigned long long* received = nullptr) {
   const int K = l.shape.topk, R = l.shape.ranks;
+  const uint64_t real = received ? uint64_t(*received) : uint64_t(n);
   for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) {
+    if (uint64_t(i) >= real) {
+      srcRank[i] = srcToken[i] = -1;
+      slot[i] = 0;
+      for (int k = 0; k < K; ++k) {
+        topkIdx[size_t(i) * K + k] = -1;
+        topkW[size_t(i) * K + k] = 0.f;
+      }
+      continue;
+    }
     const TokenMeta* m = reinterpret_cast<const TokenMeta*>(recvMeta + size_t(i) * l.shape.metaBytes());
     int src = 0;
     while (src + 1 < R && srcBase[src + 1] <= uint64_t(i)) ++src;
@@ -375,7 +405,8 @@ struct ReturnCounts {
 
 // A warp per row: row i of y back to its source (returnRow), the block's
 // rows counted per source and signalled at its end, all on one context.
-// Rows from this rank itself stay where they are (the sum reads them in y).
+// Rows from this rank itself stay where they are (the sum reads them in y);
+// padding rows (source -1, a sync-free dispatch's) go nowhere.
 __global__ void returnKernel(Layer l, int n, const int* srcRank, const int* srcToken, const uint32_t* slot,
                              const uint16_t* y) {
   __shared__ uint32_t counts[64];
@@ -384,7 +415,7 @@ __global__ void returnKernel(Layer l, int n, const int* srcRank, const int* srcT
   const int ctx = int(blockIdx.x) % l.dc.nContexts;
   const size_t H = size_t(l.shape.hidden), warps = size_t(gridDim.x) * (blockDim.x / 32);
   for (size_t i = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < size_t(n); i += warps) {
-    if (srcRank[i] == l.dc.rank) continue;
+    if (srcRank[i] == l.dc.rank || srcRank[i] < 0) continue;
     returnRow(l, srcRank[i], combineRowOffset(l.shape, size_t(srcToken[i]), slot[i]), i, y + i * H, ctx, gin::None{},
               gin::CoopWarp{});
     rc.add(srcRank[i]);
@@ -483,9 +514,9 @@ __global__ void llUnpackKernel(Layer l, uint16_t* x, uint8_t* xFp8, float* xScal
 
 // `split` blocks per (local expert, source), a warp per packed row: row q of
 // that pair's range back to its source at (token, choice); each block
-// signals its rows once (ReturnCounts). First, every rank has summed its
-// previous combine (llSummed reached ranks x the combines this rank
-// finished, rounds[1]): no row lands in a combine window still being read.
+// signals its rows once (ReturnCounts). First, the source has summed its
+// previous combines (its llSummed at the combines this rank finished,
+// rounds[1]): no row lands in a combine window still being read.
 __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const int* srcToken, const int* srcK,
                                const uint16_t* y, int* failed) {
   const Shape& sh = l.shape;
@@ -498,7 +529,7 @@ __global__ void llReturnKernel(Layer l, int split, const int64_t* range, const i
   __shared__ int summed;
   if (threadIdx.x == 0) {  // nothing after a failed wait: the next call throws
     summed = *failed == 0 &&
-             gin::Net<>(l.dc, ctx).waitSignal(gin::CoopThread{}, l.sig.llSummed(), uint64_t(R) * l.llRounds[1]);
+             gin::Net<>(l.dc, ctx).waitSignal(gin::CoopThread{}, l.sig.llSummed(src), uint64_t(l.llRounds[1]));
     if (!summed) ::atomicAdd(failed, 1);
   }
   ReturnCounts rc{counts};
@@ -535,12 +566,142 @@ __global__ void llSumKernel(Layer l, int tokens, const unsigned long long* arriv
             gin::CoopBlock{});
 }
 
+// ---- normal mode without the host (a dispatch given worstTokens) ----------
+
+// Normal mode's device words (GpuBuffer): {sync-free dispatches, combines}
+// this rank has queued before, advanced by the kernels that end them (so a
+// call replayed from a CUDA graph counts as a call).
+struct NormalRounds {
+  unsigned long long dispatches, combines;
+};
+
+// This round's counts (round: the sync-free dispatches before, the same
+// on every rank) to every rank d: the C lane counts to d, then the rows this
+// rank sends each rank (countsAt, half round % 2), then a SignalAdd of 1 on
+// d's Signals::sfCount of this rank (after a block barrier, same context as
+// the putValues: it follows them, as in countKernel). A half is written
+// again two rounds later, only after every rank's counts of the round
+// between arrived, which each rank sends after it read this round's; a
+// rank is at most one round ahead of a reader, so a signal per source
+// marks its round's counts here.
+__global__ void sfCountKernel(Layer l, const NormalRounds* rounds) {
+  __shared__ uint64_t rowsTo[64];
+  const uint64_t round = rounds->dispatches;
+  const int R = l.shape.ranks, C = l.shape.channels;
+  const gin::Team world = gin::teamWorld(l.dc);
+  gin::Net<> net(l.dc, 0);
+  for (int d = int(threadIdx.x); d < R; d += int(blockDim.x)) {
+    uint64_t n = 0;
+    for (int c = 0; c < C; ++c) n += l.sendCount[size_t(c) * R + size_t(d)];
+    rowsTo[d] = n;
+  }
+  __syncthreads();
+  const size_t at = countsAt(l.shape, int(round % 2), l.dc.rank);
+  for (int i = int(threadIdx.x); i < R * (C + R); i += int(blockDim.x)) {
+    const int d = i / (C + R), j = i % (C + R);
+    const uint64_t v = j < C ? l.sendCount[size_t(j) * R + size_t(d)] : rowsTo[j - C];
+    net.putValue(world, d, l.counts, at + size_t(j) * 8, v, gin::None{});
+  }
+  __syncthreads();
+  for (int d = int(threadIdx.x); d < R; d += int(blockDim.x))
+    net.signal(world, d, gin::SignalAdd{l.sig.sfCount(l.dc.rank), 1});
+}
+
+// This round's receive list without the host (one thread), which then
+// advances rounds->dispatches: waits for
+// every rank's counts, then lays the list out as GpuBuffer::layOut does on
+// the host (rs[src][c] = {count, base}, srcBase[R + 1]), rows past `worst`
+// taken out of the rings but not kept (RecvState::keep). Then *received =
+// the rows kept, prefix [R][R] = DeepEP's rank prefix matrix ([i][j]: rows
+// rank j receives from ranks 0..i), *arrivals = the rows this rank's
+// combine gets back (*sent, every row it sends, less those to itself).
+// More rows than `worst`: status[2] = their number and the communicator's
+// error (every rank's waits end; every later call throws).
+__global__ void sfLayoutKernel(Layer l, NormalRounds* rounds, uint64_t worst, RecvState* rs, uint64_t* srcBase,
+                               unsigned long long* received, int* prefix, const unsigned long long* sent,
+                               unsigned long long* arrivals, int* failed, volatile unsigned long long* status) {
+  if (threadIdx.x != 0) return;
+  const uint64_t round = rounds->dispatches++;
+  const int R = l.shape.ranks, C = l.shape.channels, me = l.dc.rank;
+  gin::Net<> net(l.dc, 0);
+  bool ok = true;
+  for (int src = 0; ok && src < R; ++src) ok = net.waitSignal(gin::CoopThread{}, l.sig.sfCount(src), round + 1);
+  if (!ok) ::atomicAdd(failed, 1);  // nothing is received (every count 0): the rings' waits end too
+  const auto word = [&](int src, int j) -> uint64_t {
+    if (!ok) return 0;
+    const size_t at = countsAt(l.shape, int(round % 2), src) + size_t(j) * 8;
+    return gin::volatileLoad(static_cast<const uint64_t*>(gin::localPointer(l.counts, at)));
+  };
+  uint64_t at = 0, own = 0;
+  for (int src = 0; src < R; ++src) {
+    srcBase[src] = at;
+    for (int c = 0; c < C; ++c) {
+      RecvState s;
+      s.expect = word(src, c);
+      s.base = at;
+      s.keep = at >= worst ? 0 : (worst - at < s.expect ? worst - at : s.expect);
+      rs[size_t(src) * C + size_t(c)] = s;
+      at += s.expect;
+      if (src == me) own += s.expect;
+    }
+  }
+  srcBase[R] = at;
+  for (int j = 0; j < R; ++j)
+    for (int i = 0, sum = 0; i < R; ++i) prefix[i * R + j] = sum += int(word(i, C + j));
+  *received = at < worst ? at : worst;
+  *arrivals = ok ? *sent - own : 0;
+  if (at > worst) {
+    status[2] = at;
+    gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, round, at, worst);
+  }
+}
+
+// A combine's first kernel: waits until every rank summed this buffer's
+// earlier combines (each rank's Signals::summed at their number), so no returned row
+// lands in a combine window a rank still sums from (two dispatches then
+// their combines, or a handle combined twice, need it).
+__global__ void summedWaitKernel(Layer l, const NormalRounds* rounds, int* failed) {
+  gin::Net<> net(l.dc, 0);
+  for (int src = 0; src < l.shape.ranks; ++src)
+    if (!net.waitSignal(gin::CoopThread{}, l.sig.summed(src), rounds->combines)) {
+      ::atomicAdd(failed, 1);
+      return;
+    }
+}
+
+// A normal call's last kernel, a block (of 64 threads) per context: after
+// a combine (`summed`; its signal already reset), a SignalAdd of 1 on every
+// rank's Signals::summed of this rank and rounds->combines advanced; every context flushed (the sources of its puts
+// may be written again); the outcome words to host memory, `status`, kept
+// once set (a later call that goes well hides nothing) for
+// GpuBuffer::raiseEarlier.
+__global__ void endKernel(Layer l, bool summed, NormalRounds* rounds, const int* failed,
+                          const unsigned long long* bad, volatile unsigned long long* status) {
+  gin::Net<> net(l.dc, int(blockIdx.x));
+  if (blockIdx.x == 0 && summed && int(threadIdx.x) < l.shape.ranks)  // a thread per rank (at most 64)
+    net.signal(gin::teamWorld(l.dc), int(threadIdx.x), gin::SignalAdd{l.sig.summed(l.dc.rank), 1},
+               gin::CoopThread{});
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  net.flush(gin::CoopThread{});
+  if (blockIdx.x != 0) return;
+  if (summed) rounds->combines += 1;
+  if (*failed) status[0] = static_cast<unsigned long long>(*failed);
+  if (bad && *bad && !status[1]) status[1] = *bad;
+}
+
+// Bad input a sync-free call found on the host: recorded as the
+// communicator's error (every rank's waits end; every later call throws).
+__global__ void failKernel(Layer l, uint64_t value, uint64_t limit) {
+  gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, 0, value, limit);
+}
+
 // A low-latency call's last kernel, a block (of 64 threads) per context:
 // every context flushed (the sources of its puts, the x window and partial,
 // may be written again), and on block 0 the round words advanced: `which` 0 after a
 // dispatch, which also sets *arrivals to the pairs it sent (the rows its
 // combine gets back); 1 after a combine, which adds them to rounds[2] and
-// tells every rank (SignalAdd of 1 on llSummed) that its sum is done. Then
+// tells every rank (SignalAdd of 1 on its llSummed of this rank) that its sum is done. Then
 // the outcome words (failed waits, bad index) to host memory, `status`,
 // for a later GpuBuffer::raiseEarlier. Every earlier kernel of the call has
 // ended, so none reads a word moving.
@@ -548,7 +709,8 @@ __global__ void llEndKernel(Layer l, unsigned long long* rounds, int which, unsi
                             const int* failed, const unsigned long long* bad, volatile unsigned long long* status) {
   gin::Net<> net(l.dc, int(blockIdx.x));
   if (blockIdx.x == 0 && which == 1 && int(threadIdx.x) < l.shape.ranks)  // a thread per rank (at most 64)
-    net.signal(gin::teamWorld(l.dc), int(threadIdx.x), gin::SignalAdd{l.sig.llSummed(), 1}, gin::CoopThread{});
+    net.signal(gin::teamWorld(l.dc), int(threadIdx.x), gin::SignalAdd{l.sig.llSummed(l.dc.rank), 1},
+               gin::CoopThread{});
   __syncthreads();
   if (threadIdx.x != 0) return;
   net.flush(gin::CoopThread{});
@@ -658,6 +820,9 @@ class GpuBuffer {
     sendCount_ = static_cast<uint64_t*>(alloc(std::max(C * R, E) * 8));
     if (!ll_) {
       recvMeta_ = static_cast<char*>(alloc(std::max<size_t>(R * T * sh.metaBytes(), 4)));
+      ringPos_ = static_cast<uint64_t*>(alloc(2 * R * C * 8));
+      l_.ringPos = ringPos_;
+      normalRounds_ = static_cast<gpu::NormalRounds*>(alloc(sizeof(gpu::NormalRounds)));
     } else {
       rounds_ = static_cast<unsigned long long*>(alloc(32));
       l_.llRounds = rounds_;
@@ -692,19 +857,24 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llSumKernel<int64_t>));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llEndKernel));
     z_ = gpu::sizing(comm, sh, lowLatency, kThreads);
+    // Signals only grow in both modes (normal mode: the rings' heads and
+    // tails, the count exchange's and Signals::summed; the combine signal is
+    // reset after each sum), so a buffer made again on this communicator (a
+    // new shape; the last one's destructor waited for its kernels on every
+    // rank) starts them from zero on every rank, with the round, ring and
+    // outcome words (set on this stream: the allocations' cudaMemset ran on
+    // the legacy one), before any rank signals.
     if (ll_) {
-      // Low-latency signals only grow, so a buffer made again on this
-      // communicator (a new shape; the last one's destructor waited for its
-      // kernels on every rank) starts them from zero on every rank, with the
-      // round and outcome words (set on this stream: the allocations'
-      // cudaMemset ran on the legacy one), before any rank signals.
       GIN_CUDA_CHECK(cudaMemsetAsync(rounds_, 0, 32, st_));
-      GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(0), 0, 32, st_));
-      gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
-      GIN_CUDA_CHECK(cudaGetLastError());
-      GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
-      comm_.bootstrap().barrier();
+    } else {
+      GIN_CUDA_CHECK(cudaMemsetAsync(ringPos_, 0, 2 * R * C * 8, st_));
+      GIN_CUDA_CHECK(cudaMemsetAsync(normalRounds_, 0, sizeof(gpu::NormalRounds), st_));
     }
+    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(0), 0, 32, st_));
+    gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
+    GIN_CUDA_CHECK(cudaGetLastError());
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+    comm_.bootstrap().barrier();
   }
   GpuBuffer(const GpuBuffer&) = delete;
   GpuBuffer& operator=(const GpuBuffer&) = delete;
@@ -732,23 +902,34 @@ class GpuBuffer {
 
   // CpuBuffer::dispatch with device arrays: x [T][H] bf16, topkIdx and
   // topkWeights [T][K] (T at most shape().tokens; ranks may differ).
+  //
+  // worstTokens > 0 (DeepEP's num_worst_tokens; every rank passes one):
+  // the dispatch runs without the host and returns once queued (see
+  // syncFreeDispatch): worstTokens rows come back, the received ones first,
+  // then padding (top-k -1, weight 0, source -1); tokensPerExpert and the
+  // handle's host vectors stay empty, its combine and cached dispatch run
+  // without the host too, and what goes wrong is thrown by a later call or
+  // synchronize().
   GpuDispatched dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens,
-                         int expertAlignment = 1) {
-    return dispatchTokens(x, Fp8Tokens{}, topkIdx, topkWeights, tokens, expertAlignment);
+                         int expertAlignment = 1, int worstTokens = 0) {
+    return dispatchTokens(x, Fp8Tokens{}, topkIdx, topkWeights, tokens, expertAlignment, worstTokens);
   }
   // The same with FP8 tokens (every rank passes FP8): the rows come back as
   // xFp8 and xScales, byte for byte (x stays empty).
   GpuDispatched dispatch(Fp8Tokens x, const int32_t* topkIdx, const float* topkWeights, int tokens,
-                         int expertAlignment = 1) {
-    return dispatchTokens(nullptr, x, topkIdx, topkWeights, tokens, expertAlignment);
+                         int expertAlignment = 1, int worstTokens = 0) {
+    return dispatchTokens(nullptr, x, topkIdx, topkWeights, tokens, expertAlignment, worstTokens);
   }
 
  private:
   GpuDispatched dispatchTokens(const uint16_t* x, Fp8Tokens f, const int32_t* topkIdx, const float* topkWeights,
-                               int tokens, int expertAlignment) {
+                               int tokens, int expertAlignment, int worstTokens) {
     const Shape& sh = l_.shape;
-    const size_t K = size_t(sh.topk), L = size_t(sh.localExperts()), T = size_t(tokens);
+    const size_t L = size_t(sh.localExperts()), T = size_t(tokens);
     const bool fp8 = f.data != nullptr;
+    raiseEarlier();  // what earlier sync-free calls left
+    if (worstTokens > 0) return syncFreeDispatch(x, f, topkIdx, topkWeights, tokens, worstTokens);
+    if (worstTokens < 0) throw std::invalid_argument("ep: worstTokens must be >= 0 (0: the dispatch synchronizes)");
     // Too many tokens: the all-gather every other rank makes in begin()
     // (the same sizes) throws CapacityError on every rank.
     if (tokens > maxTokens_ && !ll_) agreeStart(tokens, 0, lanes());
@@ -761,22 +942,7 @@ class GpuBuffer {
     l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;  // no pack
     GpuDispatched d;
     GpuHandle& h = d.handle;
-    h.tokens = tokens;
-    // The routing, kept for a cached dispatch (the plan is made from it on
-    // the GPU), the rows per token and where its row to this rank went: one
-    // allocation.
-    {
-      Parts p;
-      const size_t idxAt = p.add<int32_t>(T * K), wAt = p.add<float>(T * K), rowsAt = p.add<int>(T),
-                   selfAt = p.add<int>(T);
-      const DeviceArray<char> slab = deviceArray<char>(p.bytes);
-      h.topkIdx = DeviceArray<int32_t>(slab, idxAt, T * K);
-      h.topkWeights = DeviceArray<float>(slab, wAt, T * K);
-      h.rows = DeviceArray<int>(slab, rowsAt, T);
-      h.selfRow = DeviceArray<int>(slab, selfAt, T);
-    }
-    copyOn(h.topkIdx.data(), topkIdx, T * K * 4);
-    copyOn(h.topkWeights.data(), topkWeights, T * K * 4);
+    keepRouting(h, topkIdx, topkWeights, tokens);
     // Every rank's lane counts came with the opening all-gather: what each
     // (source, channel) sends here lays out the receive list.
     const std::vector<uint64_t> all = startPlanned(x, f, h);
@@ -795,27 +961,9 @@ class GpuBuffer {
                             h.receivedBy.begin() + std::ptrdiff_t((me + 1) * R));
     const size_t n = layOut(h.fromLane);
     h.arrivals = *hostWord(2);  // read back by begin()
-    // What the unpack writes, in one allocation (the rows in their own: a
-    // caller may keep them longer than the handle).
-    {
-      Parts p;
-      const size_t srcAt = p.add<int>(n), tokAt = p.add<int>(n), slotAt = p.add<uint32_t>(n),
-                   idxAt = p.add<int32_t>(n * K), wAt = p.add<float>(n * K);
-      const DeviceArray<char> slab = deviceArray<char>(p.bytes);
-      h.srcRank = DeviceArray<int>(slab, srcAt, n);
-      h.srcToken = DeviceArray<int>(slab, tokAt, n);
-      h.slot = DeviceArray<uint32_t>(slab, slotAt, n);
-      d.topkIdx = DeviceArray<int32_t>(slab, idxAt, n * K);
-      d.topkWeights = DeviceArray<float>(slab, wAt, n * K);
-    }
-    // bf16 rows are received straight into the returned array; FP8 rows
-    // into one of rowBytes each, then split.
+    receiveArrays(d, n);
     DeviceArray<char> fp8Rows;
-    if (fp8)
-      fp8Rows = deviceArray<char>(n * sh.rowBytes());
-    else
-      d.x = deviceArray<uint16_t>(n * size_t(sh.hidden));
-    launchDispatch(fp8 ? static_cast<void*>(fp8Rows.data()) : static_cast<void*>(d.x.data()));
+    launchDispatch(rowsFor(d, fp8Rows, n, fp8));
     if (fp8) splitFp8(d, fp8Rows, n);
     GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, T * 4, st_));
     GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, L * 4, st_));
@@ -838,6 +986,118 @@ class GpuBuffer {
     return d;
   }
 
+  // A normal dispatch without the host (DeepEP's num_worst_tokens):
+  // everything is queued on the stream and the call returns. The plan, then
+  // the count exchange on the GPU (sfCountKernel: each rank's lane counts
+  // and rows per destination, put to every rank), the receive list laid out
+  // there (sfLayoutKernel, at most `worst` rows kept), the dispatch kernel,
+  // the unpack (padding past the received rows) and the end kernel
+  // (flush, outcome words). Nothing is reset and no rank meets another at a
+  // barrier: the rings continue where the last call left them
+  // (Layer::ringPos), the count exchange alternates between two halves, and
+  // a combine first waits until every rank summed the previous one.
+  // Collective: every rank passes a worstTokens (the numbers may differ).
+  GpuDispatched syncFreeDispatch(const uint16_t* x, Fp8Tokens f, const int32_t* topkIdx, const float* topkWeights,
+                                 int tokens, int worst) {
+    const Shape& sh = l_.shape;
+    const size_t R = size_t(sh.ranks), W = size_t(worst);
+    const bool fp8 = f.data != nullptr;
+    if (ll_) checkCall(false, tokens, "dispatch");  // the mode's error, from every rank alike
+    if (tokens < 0 || tokens > maxTokens_)
+      failEveryRank("ep: a sync-free dispatch of " + std::to_string(tokens) + " tokens; the buffer takes at most " +
+                        std::to_string(maxTokens_) +
+                        " (Shape::tokens), and without the host every rank cannot make a bigger one at once: make "
+                        "the buffer for the most tokens a call brings (the communicator is stopped)",
+                    uint64_t(tokens), uint64_t(maxTokens_));
+    checkFp8Hidden(fp8, sh.hidden, "dispatch");
+    clock_.start("sync-free dispatch");
+    l_.shape.tokens = tokens;
+    l_.shape.fp8 = fp8;
+    l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;  // no pack
+    GpuDispatched d;
+    GpuHandle& h = d.handle;
+    h.syncFree = true;
+    keepRouting(h, topkIdx, topkWeights, tokens);
+    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
+    plan(h, true);
+    pack(x, tokens, f);
+    gpu::sfCountKernel<<<1, kThreads, 0, st_>>>(l_, normalRounds_);
+    // What the handle keeps on the GPU, and what the unpack writes.
+    {
+      Parts p;
+      const size_t countsAt = p.add<unsigned long long>(2), prefixAt = p.add<int>(R * R),
+                   layoutAt = p.add<char>(layoutBytes());
+      const DeviceArray<char> slab = deviceArray<char>(p.bytes);
+      h.counts = DeviceArray<unsigned long long>(slab, countsAt, 2);
+      h.rankPrefix = DeviceArray<int>(slab, prefixAt, R * R);
+      h.layout = DeviceArray<char>(slab, layoutAt, layoutBytes());
+    }
+    receiveArrays(d, W);
+    DeviceArray<char> fp8Rows;
+    void* rows = rowsFor(d, fp8Rows, W, fp8);
+    gpu::sfLayoutKernel<<<1, 32, 0, st_>>>(l_, normalRounds_, uint64_t(W), rs_, srcBaseOf(layout_), h.counts.data(),
+                                          h.rankPrefix.data(), mem_.word(2), h.counts.data() + 1, failed(), llStatus_);
+    gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, rows, recvMeta_,
+                              failed());
+    if (fp8) splitFp8(d, fp8Rows, W);
+    GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, size_t(tokens) * 4, st_));
+    GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, size_t(sh.localExperts()) * 4, st_));
+    if (W)
+      gpu::unpackKernel<<<int(std::min<size_t>((W + kThreads - 1) / kThreads, 1024)), kThreads, 0, st_>>>(
+          l_, int(W), srcBaseOf(layout_), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(),
+          d.topkIdx.data(), d.topkWeights.data(), perExpert_, h.selfRow.data(), h.counts.data());
+    copyOn(h.layout.data(), layout_, layoutBytes());
+    endNormal(false);
+    clock_.end();
+    return d;
+  }
+
+  // The dispatch's routing, kept in the handle for a cached dispatch (the
+  // plan is made from it on the GPU), the rows per token and where its row
+  // to this rank went: one allocation.
+  void keepRouting(GpuHandle& h, const int32_t* topkIdx, const float* topkWeights, int tokens) {
+    const size_t T = size_t(tokens), K = size_t(l_.shape.topk);
+    h.tokens = tokens;
+    Parts p;
+    const size_t idxAt = p.add<int32_t>(T * K), wAt = p.add<float>(T * K), rowsAt = p.add<int>(T),
+                 selfAt = p.add<int>(T);
+    const DeviceArray<char> slab = deviceArray<char>(p.bytes);
+    h.topkIdx = DeviceArray<int32_t>(slab, idxAt, T * K);
+    h.topkWeights = DeviceArray<float>(slab, wAt, T * K);
+    h.rows = DeviceArray<int>(slab, rowsAt, T);
+    h.selfRow = DeviceArray<int>(slab, selfAt, T);
+    copyOn(h.topkIdx.data(), topkIdx, T * K * 4);
+    copyOn(h.topkWeights.data(), topkWeights, T * K * 4);
+  }
+
+  // What the unpack writes for n rows, in one allocation (the rows in their
+  // own, rowsFor: a caller may keep them longer than the handle).
+  void receiveArrays(GpuDispatched& d, size_t n) {
+    const size_t K = size_t(l_.shape.topk);
+    GpuHandle& h = d.handle;
+    Parts p;
+    const size_t srcAt = p.add<int>(n), tokAt = p.add<int>(n), slotAt = p.add<uint32_t>(n),
+                 idxAt = p.add<int32_t>(n * K), wAt = p.add<float>(n * K);
+    const DeviceArray<char> slab = deviceArray<char>(p.bytes);
+    h.srcRank = DeviceArray<int>(slab, srcAt, n);
+    h.srcToken = DeviceArray<int>(slab, tokAt, n);
+    h.slot = DeviceArray<uint32_t>(slab, slotAt, n);
+    d.topkIdx = DeviceArray<int32_t>(slab, idxAt, n * K);
+    d.topkWeights = DeviceArray<float>(slab, wAt, n * K);
+  }
+
+  // Where n rows are received: bf16 rows straight into the returned d.x;
+  // FP8 rows into fp8Rows (rowBytes each), split afterwards (splitFp8).
+  void* rowsFor(GpuDispatched& d, DeviceArray<char>& fp8Rows, size_t n, bool fp8) {
+    if (fp8) {
+      fp8Rows = deviceArray<char>(n * l_.shape.rowBytes());
+      return fp8Rows.data();
+    }
+    d.x = deviceArray<uint16_t>(n * size_t(l_.shape.hidden));
+    return d.x.data();
+  }
+
  public:
   // CpuBuffer's cached dispatch: new tokens x [T][H] along the layout of the
   // dispatch that made `h` (every rank passes a handle of the same
@@ -856,13 +1116,20 @@ class GpuBuffer {
     const Shape& sh = l_.shape;
     checkCall(false, h.tokens, "combine");
     if (h.rows.size() != size_t(h.tokens) || h.srcToken.size() != h.received() || h.slot.size() != h.received() ||
-        h.selfRow.size() != size_t(h.tokens) || h.tokensFromRank.size() != size_t(sh.ranks))
+        h.selfRow.size() != size_t(h.tokens) ||
+        (h.syncFree ? h.counts.size() != 2 : h.tokensFromRank.size() != size_t(sh.ranks)))
       throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
+    raiseEarlier();
     startCombine("combine");
     if (h.received())
       gpu::returnKernel<<<z_.combineGrid, kThreads, 0, st_>>>(l_, int(h.received()), h.srcRank.data(),
                                                               h.srcToken.data(), h.slot.data(), y);
     DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
+    if (h.syncFree) {  // the rows to wait for are on the GPU; no synchronization, no barrier
+      finishCombine(0, h.tokens, sh.maxDests(), h.rows.data(), nullptr, nullptr, bias0, bias1, out.data(), "combine",
+                    gpu::SelfRows{h.selfRow.data(), h.slot.data(), y}, h.counts.data() + 1);
+      return out;
+    }
     // Rows this rank sent itself are read where they are, in y.
     const uint64_t own = uint64_t(h.tokensFromRank[size_t(comm_.rank())]);
     finishCombine(h.arrivals - own, h.tokens, sh.maxDests(), h.rows.data(), nullptr, nullptr, bias0, bias1, out.data(),
@@ -974,14 +1241,12 @@ class GpuBuffer {
   }
 
   // Waits for the buffer's stream, then throws what an earlier call of this
-  // rank left behind (low-latency calls return before their work is done):
-  // a bad expert index, a wait that gave up, the communicator's error.
+  // rank left behind (low-latency and sync-free calls return before their
+  // work is done): a bad expert index, more rows than a worstTokens, a wait
+  // that gave up, the communicator's error.
   void synchronize() {
     GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
-    if (ll_)
-      raiseEarlier(true);
-    else
-      comm_.check();  // normal-mode calls wait and throw themselves
+    raiseEarlier(true);
   }
 
  private:
@@ -1007,6 +1272,8 @@ class GpuBuffer {
   char* recvMeta_ = nullptr;
   bool allLsa_ = true;  // every peer over lsa: tokens are read from the caller's x (Layer::xDirect)
   unsigned long long* rounds_ = nullptr;  // low-latency mode: Layer::llRounds
+  uint64_t* ringPos_ = nullptr;           // normal mode: Layer::ringPos
+  gpu::NormalRounds* normalRounds_ = nullptr;  // normal mode: device words (gpu::NormalRounds)
 
   void* alloc(size_t bytes) { return mem_.alloc(bytes); }
   int* failed() const { return mem_.failed(); }
@@ -1019,8 +1286,10 @@ class GpuBuffer {
   char* hostLayout() const { return reinterpret_cast<char*>(hostCounts() + lanes()); }
   int* hostPerExpert() const { return reinterpret_cast<int*>(hostLayout() + layoutBytes()); }
   size_t hostBytes() const { return 4096 + lanes() * 8 + layoutBytes() + size_t(l_.shape.localExperts()) * 4; }
-  const uint64_t* srcBase() const {
-    return reinterpret_cast<const uint64_t*>(static_cast<char*>(layout_) + lanes() * sizeof(RecvState));
+  const uint64_t* srcBase() const { return srcBaseOf(layout_); }
+  // The list's first position per source in a layout (after its RecvStates).
+  uint64_t* srcBaseOf(void* layout) const {
+    return reinterpret_cast<uint64_t*>(static_cast<char*>(layout) + lanes() * sizeof(RecvState));
   }
 
   // The receive list of a normal dispatch: (source, channel) in order,
@@ -1076,12 +1345,32 @@ class GpuBuffer {
     checkCall(false, h.tokens, "dispatch");
     checkFp8Hidden(fp8, sh.hidden, "dispatch");
     if (h.topkIdx.size() != size_t(h.tokens) * size_t(sh.topk) || h.rows.size() != size_t(h.tokens) ||
-        h.fromLane.size() != size_t(R) * size_t(C))
+        (h.syncFree ? h.layout.size() != layoutBytes() : h.fromLane.size() != size_t(R) * size_t(C)))
       throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer");
+    raiseEarlier();
     clock_.start("cached dispatch");
     l_.shape.tokens = h.tokens;
     l_.shape.fp8 = fp8;
     l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;
+    if (h.syncFree) {
+      // Without the host, as the handle's dispatch: the plan again, the
+      // handle's layout (no count exchange), the rows, the end kernel.
+      GpuDispatched d;
+      d.handle = h;
+      GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+      GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
+      plan(h, true);
+      pack(x, h.tokens, f);
+      copyOn(layout_, h.layout.data(), layoutBytes());
+      DeviceArray<char> fp8Rows;
+      void* rows = rowsFor(d, fp8Rows, h.received(), fp8);
+      gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, rows, recvMeta_,
+                                failed());
+      if (fp8) splitFp8(d, fp8Rows, h.received());
+      endNormal(false);
+      clock_.end();
+      return d;
+    }
     // The receive list as the handle's dispatch laid it out.
     const size_t n = layOut(h.fromLane);
     if (n != h.received())
@@ -1123,24 +1412,33 @@ class GpuBuffer {
   // counts, [rank][C][R].
   std::vector<uint64_t> startPlanned(const uint16_t* x, Fp8Tokens f, const GpuHandle& h) {
     GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
-    gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, h.topkIdx.data(), h.topkWeights.data(),
-                                                             static_cast<char*>(comm_.localPointer(l_.meta)), sendList_,
-                                                             sendCount_, h.rows.data(), mem_.word(2), mem_.word(3));
+    plan(h, false);
     return begin(x, h.tokens, f);
   }
-
-  // The tokens into the x window (unless read from the caller's x,
-  // Layer::xDirect), every signal of the layer reset, a synchronization,
-  // then the opening all-gather (below). Returns every rank's lane counts
-  // (normal mode only: low latency has neither reset nor barrier).
-  std::vector<uint64_t> begin(const uint16_t* x, int tokens, Fp8Tokens f = {}) {
-    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+  // planKernel over the handle's routing (`record`: a bad index is the
+  // communicator's error, for calls no host all-gather checks).
+  void plan(const GpuHandle& h, bool record) {
+    gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, h.topkIdx.data(), h.topkWeights.data(),
+                                                             static_cast<char*>(comm_.localPointer(l_.meta)), sendList_,
+                                                             sendCount_, h.rows.data(), mem_.word(2), mem_.word(3),
+                                                             record);
+  }
+  // The tokens into the x window, unless read from the caller's x
+  // (Layer::xDirect).
+  void pack(const uint16_t* x, int tokens, Fp8Tokens f) {
     if (tokens > 0 && f.data)
       gpu::packFp8Kernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, f, tokens);
     else if (tokens > 0 && l_.xDirect == nullptr)
       gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
-    gpu::resetKernel<<<1, 256, 0, st_>>>(l_, l_.sig.base, l_.sig.base + signalsNeeded(l_.shape));
     GIN_CUDA_CHECK(cudaGetLastError());
+  }
+
+  // The tokens packed, a synchronization, then the opening all-gather
+  // (below). Nothing is reset: the rings go on from where the last call
+  // left them (Layer::ringPos). Returns every rank's lane counts.
+  std::vector<uint64_t> begin(const uint16_t* x, int tokens, Fp8Tokens f = {}) {
+    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+    pack(x, tokens, f);
     download(hostCounts(), sendCount_, lanes() * 8, false);
     download(hostWord(2), mem_.word(2), 16);  // arrivals, bad index
     clock_.mark("plan+pack+reset");
@@ -1149,8 +1447,7 @@ class GpuBuffer {
     return all;
   }
 
-  // A call's opening barrier (nobody signals before every rank has reset),
-  // an all-gather of each rank's tokens, first bad expert index (1 + token
+  // A call's opening all-gather of each rank's tokens, first bad expert index (1 + token
   // x K + choice; 0: none) and its first `counts` lane counts (hostCounts):
   // a rank's bad input or more tokens than the buffer holds is thrown on
   // every rank, not only where it was found. Returns the counts of every
@@ -1227,16 +1524,23 @@ class GpuBuffer {
   // stream was waited for) the stream is waited for first, so the words are
   // those of every call queued; its waits end, the communicator aborting them.
   void raiseEarlier(bool synced = false) {
-    volatile unsigned long long* status = hostWord(4);  // llStatus_ as the host sees it: failed waits, bad index
+    // llStatus_ as the host sees it: failed waits, bad index, rows past a sync-free dispatch's worstTokens.
+    volatile unsigned long long* status = hostWord(4);
     if (!synced && status[0] == 0 && !comm_.hasError()) return;
     if (!synced) GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
     if (const uint64_t b = status[1])
       throw std::invalid_argument(badIndex(comm_.rank(), b) +
-                                  " (in an earlier low-latency dispatch: that choice went nowhere and the "
-                                  "communicator stopped every rank; make a new one)");
+                                  " (in an earlier call that returned before its work was done: that choice went "
+                                  "nowhere and the communicator stopped every rank; make a new one)");
+    if (const uint64_t n = status[2])
+      throw std::length_error("ep: an earlier sync-free dispatch brought rank " + std::to_string(comm_.rank()) + " " +
+                              std::to_string(n) +
+                              " rows, more than its worstTokens (the rows past it were dropped and the "
+                              "communicator stopped every rank): pass a worstTokens of at least the most rows a "
+                              "rank can receive, ranks x Shape::tokens at most");
     comm_.check();
     if (status[0])
-      throw std::runtime_error("ep: an earlier low-latency call: a wait gave up on rank " +
+      throw std::runtime_error("ep: an earlier call that returned before its work was done: a wait gave up on rank " +
                                std::to_string(comm_.rank()));
   }
 
@@ -1254,8 +1558,6 @@ class GpuBuffer {
   // then a barrier: no rank reuses what a peer may still read (a combine
   // window) or resets what a peer may still signal.
   void settle(const char* what) {
-    gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
-    GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
     checkDone(what);
     clock_.mark("kernels");
@@ -1264,25 +1566,52 @@ class GpuBuffer {
     clock_.end();
   }
 
-  // A combine starts at once: every rank's combine signal is zero and its
-  // combine window read (the dispatch's begin() reset the signal, every
-  // combine resets it after its sum, and a barrier ends both phases).
+  // A combine's returns wait until every rank summed the combines before
+  // it (each adds 1 to every rank's Signals::summed after its sum): then
+  // every combine window they write was read, and every combine signal
+  // was reset after its sum (finishCombine).
   void startCombine(const char* call) {
     clock_.start(call);
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+    gpu::summedWaitKernel<<<1, 1, 0, st_>>>(l_, normalRounds_, failed());
   }
 
-  // After the return kernel: wait for `arrivals` rows, sum them into out,
-  // reset the combine signal for the next combine, settle.
+  // After the return kernel: wait for `arrivals` rows (plus *more, a
+  // count on the GPU, when given), sum them into out, reset the combine
+  // signal, then the end kernel (every rank told that this sum is done;
+  // contexts flushed). With `more` (a sync-free handle's combine) that is
+  // all; else settle.
   void finishCombine(uint64_t arrivals, int tokens, int stride, const int* rows, const int32_t* idx,
                      const float* weight, const uint16_t* bias0, const uint16_t* bias1, uint16_t* out,
-                     const char* what, gpu::SelfRows self = {}) {
-    gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, arrivals, failed());
+                     const char* what, gpu::SelfRows self = {}, const unsigned long long* more = nullptr) {
+    gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, arrivals, failed(), more);
     if (tokens > 0)
       gpu::sumKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, tokens, stride, rows, idx, weight, bias0, bias1,
                                                                    out, self);
     gpu::resetKernel<<<1, 32, 0, st_>>>(l_, l_.sig.combine(), l_.sig.combine() + 1);
-    settle(what);
+    endNormal(true);
+    if (!more)
+      settle(what);
+    else
+      clock_.end();
+  }
+
+  // A normal call's last kernel (gpu::endKernel); `summed` after a combine.
+  void endNormal(bool summed) {
+    // A dispatch's bad index word (a combine's is not its own).
+    gpu::endKernel<<<l_.dc.nContexts, 64, 0, st_>>>(l_, summed, normalRounds_, failed(),
+                                                   summed ? nullptr : mem_.word(3), llStatus_);
+    GIN_CUDA_CHECK(cudaGetLastError());
+    clock_.mark("queued");
+  }
+
+  // Bad input of a sync-free call found on the host: the communicator's
+  // error from the GPU (every rank's waits end and their next call throws),
+  // then thrown here.
+  [[noreturn]] void failEveryRank(const std::string& why, uint64_t value, uint64_t limit) {
+    gpu::failKernel<<<1, 1, 0, st_>>>(l_, value, limit);
+    (void)cudaGetLastError();
+    throw std::invalid_argument(why);
   }
 };
 

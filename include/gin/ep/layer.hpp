@@ -89,6 +89,13 @@ struct Layer {
   // rank) picks half r % 2 of the ring and counts, and its count signals
   // end at (r + 1) x llSenders. Null: round 0, signals reset before each call.
   const unsigned long long* llRounds;
+  // Normal mode without resets (GpuBuffer): where each ring stands, device
+  // words [C][R] for this rank's sender lanes (positions put so far), then
+  // [R][C] for its (source, channel) receivers (positions received). A
+  // call's lanes and receivers start there and leave their end there, so
+  // the head and tail signals only grow and need no reset between calls.
+  // Null: every ring starts at 0 (signals reset before each call).
+  uint64_t* ringPos;
 };
 
 // This call's low-latency round (see Layer::llRounds).
@@ -183,8 +190,9 @@ struct Split {
 // caller (a CPU rank interleaves every lane; a GPU runs a span of warps or
 // one warp per lane); every thread of the coop holds an equal copy.
 struct SendState {
-  uint64_t sent = 0;         // tokens put into d's ring so far
-  uint64_t freed = 0;        // d's head signal when last read: slots it freed
+  uint64_t origin = 0;       // the ring position of this call's first token (Layer::ringPos)
+  uint64_t sent = 0;         // ring positions put so far (from origin)
+  uint64_t freed = 0;        // d's head signal when last read: positions it freed
   uint64_t unsignalled = 0;  // tokens put that d's tail does not count yet
 };
 
@@ -212,7 +220,7 @@ GIN_HD int sendStep(const Layer& l, int c, int d, SendState& s, Coop coop) {
   const gin::Team world = gin::teamWorld(l.dc);
   gin::Net<> net(l.dc, c % l.dc.nContexts);
   const size_t lane = size_t(c) * size_t(sh.ranks) + size_t(d);
-  const uint64_t total = l.sendCount[lane];
+  const uint64_t total = s.origin + l.sendCount[lane];
   if (s.sent == total) {
     signalTail(l, c, d, s, coop);
     return -1;
@@ -231,7 +239,7 @@ GIN_HD int sendStep(const Layer& l, int c, int d, SendState& s, Coop coop) {
   const uint64_t i = uint64_t(Split<Coop>::index(coop));
   if (i < m) {
     const uint64_t k = s.sent + i;
-    const uint32_t e = l.sendList[lane * sh.laneCap() + size_t(k)];
+    const uint32_t e = l.sendList[lane * sh.laneCap() + size_t(k - s.origin)];
     const size_t t = e & 0xffffffu, j = e >> 24;
     const size_t slot = (size_t(l.dc.rank) * sh.channels + c) * sh.slots + size_t(k % uint64_t(sh.slots));
     const size_t at = slot * sh.slotBytes();
@@ -249,11 +257,13 @@ GIN_HD int sendStep(const Layer& l, int c, int d, SendState& s, Coop coop) {
 // A (source, channel) receiver: copies filled slots out in order into the
 // rank's receive list and frees them.
 struct RecvState {
-  uint64_t got = 0;
-  uint64_t expect = 0;   // from the count exchange
+  uint64_t got = 0;      // ring positions received (from origin)
+  uint64_t expect = 0;   // the position this call ends at (origin + the count exchange's count)
   uint64_t base = 0;     // first receive-list position of this (source, channel)
-  uint64_t tail = 0;     // the source's tail signal when last read: slots filled
+  uint64_t tail = 0;     // the source's tail signal when last read: positions filled
   uint64_t unfreed = 0;  // slots copied out that the source's head does not count yet
+  uint64_t origin = 0;   // the ring position of this call's first token (Layer::ringPos)
+  uint64_t keep = ~0ull;  // rows kept: later ones are taken out of the ring, not stored (a full receive list)
 };
 
 // Free the slots copied out so far. signal() syncs the coop first and
@@ -298,7 +308,8 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, void* recvX, c
     const uint64_t k = s.got + i;
     const size_t slot = (size_t(src) * sh.channels + c) * sh.slots + size_t(k % uint64_t(sh.slots));
     const char* p = static_cast<const char*>(gin::localPointer(l.ring, slot * sh.slotBytes()));
-    const size_t pos = size_t(s.base + k);
+    if (k - s.origin >= s.keep) continue;
+    const size_t pos = size_t(s.base + (k - s.origin));
     gin::lsa::coopCopy(sub, recvMeta + pos * sh.metaBytes(), p, sh.metaBytes());
     gin::lsa::coopCopy(sub, static_cast<char*>(recvX) + pos * sh.rowBytes(), p + sh.metaBytes(), sh.rowBytes());
   }
@@ -312,10 +323,12 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, void* recvX, c
 // copies the lane's next tokens (one per warp of the coop) straight into
 // this rank's receive list at base + k, where the (me, c) receiver would
 // have copied them out of its ring; no ring, no signal, and that receiver
-// has nothing to do. base: the list's first position for (me, c). Returns
-// 1 while tokens remain, -1 when the lane is done.
+// has nothing to do. base: the list's first position for (me, c); keep:
+// the lane's rows the list has room for (RecvState::keep; the others are
+// skipped). Returns 1 while tokens remain, -1 when the lane is done.
 template <class Coop>
-GIN_HD int selfStep(const Layer& l, int c, uint64_t base, SendState& s, void* recvX, char* recvMeta, Coop coop) {
+GIN_HD int selfStep(const Layer& l, int c, uint64_t base, SendState& s, void* recvX, char* recvMeta, Coop coop,
+                    uint64_t keep = ~0ull) {
   const Shape& sh = l.shape;
   const size_t lane = size_t(c) * size_t(sh.ranks) + size_t(l.dc.rank);
   const uint64_t total = l.sendCount[lane];
@@ -323,7 +336,7 @@ GIN_HD int selfStep(const Layer& l, int c, uint64_t base, SendState& s, void* re
   uint64_t m = total - s.sent;
   if (m > uint64_t(Split<Coop>::count(coop))) m = uint64_t(Split<Coop>::count(coop));
   const uint64_t i = uint64_t(Split<Coop>::index(coop));
-  if (i < m) {
+  if (i < m && s.sent + i < keep) {
     const uint64_t k = s.sent + i;
     const uint32_t e = l.sendList[lane * sh.laneCap() + size_t(k)];
     const size_t t = e & 0xffffffu, j = e >> 24, pos = size_t(base + k), bytes = sh.rowBytes();

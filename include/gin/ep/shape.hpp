@@ -39,12 +39,15 @@ struct Shape {
   GIN_HD int localExperts() const { return experts / ranks; }
   // Destinations per token are at most min(K, ranks).
   GIN_HD int maxDests() const { return topk < ranks ? topk : ranks; }
-  // One ring slot: metadata, then the token's row (rowBytes), 16-byte aligned.
   GIN_HD size_t metaBytes() const { return (16 + 8 * size_t(topk) + 15) / 16 * 16; }
   GIN_HD size_t tokenBytes() const { return (rowBytes() + 15) / 16 * 16; }
   // A token's bytes as a receiver gets them: H bf16 values, or its FP8 row.
   GIN_HD size_t rowBytes() const { return fp8 ? fp8RowBytes(size_t(hidden)) : size_t(hidden) * 2; }
-  GIN_HD size_t slotBytes() const { return metaBytes() + tokenBytes(); }
+  // One ring slot: metadata, then the token's row (rowBytes), 16-byte
+  // aligned; as large as a bf16 row in every call (an FP8 row uses its
+  // start), so where a slot lies does not depend on the call: rings that run
+  // on across calls (Layer::ringPos) keep their slots where they were.
+  GIN_HD size_t slotBytes() const { return metaBytes() + (size_t(hidden) * 2 + 15) / 16 * 16; }
   // Normal mode: the most tokens one (channel, destination) lane sends.
   GIN_HD size_t laneCap() const { return (size_t(tokens) + size_t(channels) - 1) / size_t(channels); }
 };
@@ -66,17 +69,27 @@ struct TokenMeta {
 // Signal ids of one layer, from `base`.
 struct Signals {
   uint32_t base;
-  int ranks, channels;
+  int ranks, channels, localExperts;
   GIN_HD uint32_t count() const { return base; }
   GIN_HD uint32_t combine() const { return base + 1; }
   GIN_HD uint32_t tail(int src, int c) const { return base + 2 + uint32_t(src * channels + c); }
   GIN_HD uint32_t head(int dst, int c) const { return base + 2 + uint32_t((ranks + dst) * channels + c); }
   GIN_HD uint32_t end() const { return base + 2 + uint32_t(2 * ranks * channels); }
+  // Normal mode without resets (GpuBuffer), one signal per source rank (a
+  // counter summed over the ranks could reach its mark with a rank a call
+  // ahead standing in for one a call behind): the combines that rank
+  // summed (a combine's returns wait until every rank summed the combines
+  // before), and the sync-free count rounds it sent.
+  GIN_HD uint32_t summed(int src) const { return end() + uint32_t(src); }
+  GIN_HD uint32_t sfCount(int src) const { return end() + uint32_t(ranks + src); }
   // Low-latency mode: one count signal per (local expert, source).
   GIN_HD uint32_t llCount(int localExpert, int src) const { return base + 2 + uint32_t(localExpert * ranks + src); }
-  // Low-latency mode without resets: combines summed, one SignalAdd from
-  // every rank per combine (normal mode's count signal, which it leaves unused).
-  GIN_HD uint32_t llSummed() const { return base; }
+  // Low-latency mode without resets, one signal per rank: the combines that
+  // rank summed (a SignalAdd of 1 each; a block returning rows to it waits
+  // for the combines before). Per rank: one counter summed over the ranks
+  // could reach its mark with a rank a combine ahead standing in for one
+  // a combine behind.
+  GIN_HD uint32_t llSummed(int src) const { return base + 2 + uint32_t(localExperts * ranks + src); }
 };
 
 }  // namespace gin::ep
