@@ -1003,6 +1003,11 @@ class GpuBuffer {
     const size_t R = size_t(sh.ranks), W = size_t(worst);
     const bool fp8 = f.data != nullptr;
     if (ll_) checkCall(false, tokens, "dispatch");  // the mode's error, from every rank alike
+    // Every rank passes FP8 or none, so every rank refuses alike, before any GPU work.
+    if (fp8)
+      throw std::invalid_argument(
+          "ep: FP8 tokens with worstTokens (a dispatch without the host) are not supported yet: a GPU test of "
+          "them on 3 and 4 ranks stalled (docs/ep.md); dispatch FP8 tokens with worstTokens = 0");
     if (tokens < 0 || tokens > maxTokens_)
       failEveryRank("ep: a sync-free dispatch of " + std::to_string(tokens) + " tokens; the buffer takes at most " +
                         std::to_string(maxTokens_) +
@@ -1352,6 +1357,10 @@ class GpuBuffer {
     l_.shape.tokens = h.tokens;
     l_.shape.fp8 = fp8;
     l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;
+    if (h.syncFree && fp8)
+      throw std::invalid_argument(
+          "ep: a cached dispatch of FP8 tokens along a handle of a dispatch given worstTokens is not supported yet "
+          "(docs/ep.md); pass bf16 tokens, or make the handle with worstTokens = 0");
     if (h.syncFree) {
       // Without the host, as the handle's dispatch: the plan again, the
       // handle's layout (no count exchange), the rows, the end kernel.
