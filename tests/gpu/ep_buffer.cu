@@ -276,7 +276,8 @@ void run(const gintest::ep::Case& c, bool ll, int worst = 0) {
           gintest::ep::checkRounds(buf, comm, c, 2);
           // FP8 without the host is refused on every rank (not supported
           // yet: docs/ep.md), before any GPU work, and the buffer goes on.
-          const gin::ep::Inputs f = gintest::ep::fp8Of(gintest::ep::roundInputs(c, gintest::ep::shapeOf(c), 0)[size_t(comm.rank())], size_t(c.hidden));
+          const auto all = gintest::ep::roundInputs(c, gintest::ep::shapeOf(c), 0);
+          const gin::ep::Inputs f = gintest::ep::fp8Of(all[size_t(comm.rank())], size_t(c.hidden));
           gintest::expect(refusal([&] { buf.dispatch(f, 1); }).find("not supported yet") != std::string::npos,
                           "a sync-free FP8 dispatch is refused");
           gintest::ep::checkRounds(buf, comm, c, 1);
@@ -567,9 +568,10 @@ TEST_CASE("GPU ep buffer: low-latency calls queue without a host synchronization
 // Sync-free normal calls queued with no host synchronization between
 // (ranks x Case::maxTokens as worstTokens): dispatch then combine, two
 // dispatches then their combines in order, a cached dispatch of new tokens
-// (along the last dispatch's layout, and along the one before) then its combine, each combine of the rows as they came (the identity
-// expert: token t comes back as rows[t] x x[t]); every result is read
-// after the last call and checked against the inputs.
+// (along the last dispatch's layout, and along the one before) then its
+// combine; each combine of the rows as they came (the identity expert:
+// token t comes back as rows[t] x x[t]); every result is read after the
+// last call and checked against the inputs.
 void runSyncFreeQueued(const gintest::ep::Case& c) {
   CommConfig cfg = gputest::gpuConfig();
   cfg.transport = c.tr;
@@ -707,7 +709,8 @@ TEST_CASE("GPU ep buffer: a sync-free dispatch with more rows than its worstToke
         // Rank 0 gives room for 3 rows only: its next call or synchronize throws, and so do every rank's.
         std::string what;
         for (int i = 0; i < 3 && what.empty(); ++i) try {
-            gin::ep::GpuDispatched d = buf.dispatch(x.data(), idx.data(), w.data(), T, 1, me == 0 && i == 0 ? 3 : R * T);
+            const int worst = me == 0 && i == 0 ? 3 : R * T;
+            gin::ep::GpuDispatched d = buf.dispatch(x.data(), idx.data(), w.data(), T, 1, worst);
             buf.combine(d.x.data(), d.handle);
             buf.synchronize();
           } catch (const std::exception& e) {

@@ -126,7 +126,9 @@ inline std::vector<uint64_t> dispatchUnits(const Shape& sh, const Inputs& in, bo
   }
   return units;
 }
-inline size_t dispatchUnitBytes(const Shape& sh, bool ll) { return ll ? llSlotBytes(sh) : sh.metaBytes() + sh.tokenBytes(); }
+inline size_t dispatchUnitBytes(const Shape& sh, bool ll) {
+  return ll ? llSlotBytes(sh) : sh.metaBytes() + sh.tokenBytes();
+}
 inline size_t combineUnitBytes(const Shape& sh) { return size_t(sh.hidden) * 4; }
 
 // The normal-mode count window: [R][C] words (what each (source, channel)
@@ -138,7 +140,8 @@ inline size_t countsBytes(const Shape& sh) {
 // start in the count window: its C lane counts to this rank, then R words,
 // the rows it sends to each rank.
 GIN_HD inline size_t countsAt(const Shape& sh, int parity, int src) {
-  return (size_t(sh.ranks) * sh.channels + (size_t(parity) * sh.ranks + size_t(src)) * (size_t(sh.channels) + sh.ranks)) * 8;
+  const size_t R = size_t(sh.ranks), C = size_t(sh.channels);
+  return (R * C + (size_t(parity) * R + size_t(src)) * (C + R)) * 8;
 }
 
 inline uint32_t signalsNeeded(const Shape& sh) {

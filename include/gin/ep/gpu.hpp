@@ -147,7 +147,8 @@ __global__ void __launch_bounds__(256, 2)
       for (int d = w; d < R && lanes < kLanesPerWarp; d += nw) ++lanes;
       if (lanes == 0) return;
       for (int i = 0; i < lanes; ++i)
-        if (const int d = w + i * nw; l.ringPos && d != me) s[i].origin = s[i].sent = l.ringPos[size_t(c) * R + size_t(d)];
+        if (const int d = w + i * nw; l.ringPos && d != me)
+          s[i].origin = s[i].sent = l.ringPos[size_t(c) * R + size_t(d)];
       ok = spin(
           l.dc,
           [&] {
