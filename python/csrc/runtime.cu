@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include "gin/ep/gpu_buffer.hpp"
 #include "gin/gin.hpp"
@@ -29,6 +30,23 @@ struct NormalHandle {
 template <class T>
 Array arrayOf(const gin::ep::DeviceArray<T>& a) {
   return Array{a.data(), a.size(), a.owner()};
+}
+
+// What a normal dispatch returns to the bindings, its handle kept as h.
+Dispatched dispatchedOf(const gin::ep::GpuDispatched& d, bool fp8, std::shared_ptr<NormalHandle> h) {
+  h->h = d.handle;
+  Dispatched out;
+  out.x = fp8 ? arrayOf(d.xFp8) : arrayOf(d.x);
+  out.xScales = arrayOf(d.xScales);
+  out.topkIdx = arrayOf(d.topkIdx);
+  out.topkWeights = arrayOf(d.topkWeights);
+  out.tokensPerExpert = d.tokensPerExpert;
+  out.rankPrefix = h->rankPrefix;
+  if (h->h.syncFree) out.rankPrefixOnGpu = arrayOf(h->h.rankPrefix);  // made on the GPU
+  out.srcRank = arrayOf(h->h.srcRank);
+  out.srcToken = arrayOf(h->h.srcToken);
+  out.handle = std::move(h);
+  return out;
 }
 }  // namespace
 
@@ -158,18 +176,7 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScal
                                expertAlignment, worstTokens)
                 : buf.dispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, expertAlignment, worstTokens);
     s.join(stream);
-    auto h = std::make_shared<NormalHandle>();
-    h->h = d.handle;
-    Dispatched out;
-    out.x = xScales ? arrayOf(d.xFp8) : arrayOf(d.x);
-    out.xScales = arrayOf(d.xScales);
-    out.topkIdx = arrayOf(d.topkIdx);
-    out.topkWeights = arrayOf(d.topkWeights);
-    out.rankPrefixOnGpu = arrayOf(h->h.rankPrefix);
-    out.srcRank = arrayOf(h->h.srcRank);
-    out.srcToken = arrayOf(h->h.srcToken);
-    out.handle = h;
-    return out;
+    return dispatchedOf(d, xScales != nullptr, std::make_shared<NormalHandle>());
   }
   // The buffer is made for the tokens of the first call and made again, by
   // every rank at once, when a call brings more than it holds (the buffer
@@ -193,18 +200,7 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScal
   h->rankPrefix.assign(got.size(), 0);
   for (int j = 0; j < R; ++j)
     for (int i = 0, sum = 0; i < R; ++i) h->rankPrefix[size_t(i) * R + j] = sum += got[size_t(j) * R + i];
-  h->h = d.handle;
-  Dispatched out;
-  out.x = xScales ? arrayOf(d.xFp8) : arrayOf(d.x);
-  out.xScales = arrayOf(d.xScales);
-  out.topkIdx = arrayOf(d.topkIdx);
-  out.topkWeights = arrayOf(d.topkWeights);
-  out.tokensPerExpert = d.tokensPerExpert;
-  out.rankPrefix = h->rankPrefix;
-  out.srcRank = arrayOf(h->h.srcRank);
-  out.srcToken = arrayOf(h->h.srcToken);
-  out.handle = h;
-  return out;
+  return dispatchedOf(d, xScales != nullptr, std::move(h));
 }
 
 Dispatched Runtime::cachedDispatch(uintptr_t stream, const void* x, const float* xScales,

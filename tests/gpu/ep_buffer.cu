@@ -344,22 +344,33 @@ gin::ep::DeviceArray<T> upload(gin::ep::GpuBuffer& buf, const std::vector<T>& v,
 }
 
 
-TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails every rank alike, and the next call works",
-          "[gpu][ep]") {
-  const int R = std::min(2, gputest::maxRanks());
-  if (!gputest::queuesFor(R)) {
-    WARN(R << " ranks in one process need " << R + 1 << " hardware queues; CUDA_DEVICE_MAX_CONNECTIONS="
-            << gputest::hardwareQueues());
-    return;
-  }
-  const int E = 4 * R, K = 2, H = 256, T = 8;
-  CommConfig cfg = gputest::gpuConfig();
+// The small shape of the failure cases: R ranks, E experts, top-K, hidden
+// H, T tokens.
+gin::ep::Shape smallShape(int R, int E, int K, int H, int T) {
   gin::ep::Shape sh;
   sh.ranks = R;
   sh.experts = E;
   sh.tokens = T;
   sh.hidden = H;
   sh.topk = K;
+  return sh;
+}
+
+// Whether R in-process ranks have a hardware queue each (else a warning).
+bool enoughQueues(int R) {
+  if (gputest::queuesFor(R)) return true;
+  WARN(R << " ranks in one process need " << R + 1 << " hardware queues; CUDA_DEVICE_MAX_CONNECTIONS="
+          << gputest::hardwareQueues());
+  return false;
+}
+
+TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails every rank alike, and the next call works",
+          "[gpu][ep]") {
+  const int R = std::min(2, gputest::maxRanks());
+  if (!enoughQueues(R)) return;
+  const int E = 4 * R, K = 2, H = 256, T = 8;
+  CommConfig cfg = gputest::gpuConfig();
+  gin::ep::Shape sh = smallShape(R, E, K, H, T);
   sh.channels = 2;
   sh.slots = 4;
   cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
@@ -675,19 +686,10 @@ TEST_CASE("GPU ep buffer: sync-free normal calls queue without a host synchroniz
 TEST_CASE("GPU ep buffer: a sync-free dispatch with more rows than its worstTokens stops every rank",
           "[gpu][ep][syncfree]") {
   const int R = std::min(2, gputest::maxRanks());
-  if (!gputest::queuesFor(R)) {
-    WARN(R << " ranks in one process need " << R + 1 << " hardware queues; CUDA_DEVICE_MAX_CONNECTIONS="
-            << gputest::hardwareQueues());
-    return;
-  }
+  if (!enoughQueues(R)) return;
   const int E = 4 * R, K = 2, H = 256, T = 8;
   CommConfig cfg = gputest::gpuConfig();
-  gin::ep::Shape sh;
-  sh.ranks = R;
-  sh.experts = E;
-  sh.tokens = T;
-  sh.hidden = H;
-  sh.topk = K;
+  const gin::ep::Shape sh = smallShape(R, E, K, H, T);
   cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
   gputest::runRanksOnStreams(
       R,

@@ -669,6 +669,20 @@ __global__ void summedWaitKernel(Layer l, const NormalRounds* rounds, int* faile
     }
 }
 
+// The start of a call's last kernel, a block (of 64 threads) per context:
+// with `tell`, block 0's first threads add 1 to `signal` at every rank (a
+// thread per rank, at most 64); then every context is flushed. True on the
+// one thread (block 0's first) that goes on to the call's words.
+__device__ bool endOfCall(const Layer& l, bool tell, uint32_t signal) {
+  gin::Net<> net(l.dc, int(blockIdx.x));
+  if (blockIdx.x == 0 && tell && int(threadIdx.x) < l.shape.ranks)
+    net.signal(gin::teamWorld(l.dc), int(threadIdx.x), gin::SignalAdd{signal, 1}, gin::CoopThread{});
+  __syncthreads();
+  if (threadIdx.x != 0) return false;
+  net.flush(gin::CoopThread{});
+  return blockIdx.x == 0;
+}
+
 // A normal call's last kernel, a block (of 64 threads) per context: after
 // a combine (`summed`; its signal already reset), a SignalAdd of 1 on every
 // rank's Signals::summed of this rank and rounds->combines advanced; every context flushed (the sources of its puts
@@ -677,14 +691,7 @@ __global__ void summedWaitKernel(Layer l, const NormalRounds* rounds, int* faile
 // GpuBuffer::raiseEarlier.
 __global__ void endKernel(Layer l, bool summed, NormalRounds* rounds, const int* failed,
                           const unsigned long long* bad, volatile unsigned long long* status) {
-  gin::Net<> net(l.dc, int(blockIdx.x));
-  if (blockIdx.x == 0 && summed && int(threadIdx.x) < l.shape.ranks)  // a thread per rank (at most 64)
-    net.signal(gin::teamWorld(l.dc), int(threadIdx.x), gin::SignalAdd{l.sig.summed(l.dc.rank), 1},
-               gin::CoopThread{});
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  net.flush(gin::CoopThread{});
-  if (blockIdx.x != 0) return;
+  if (!endOfCall(l, summed, l.sig.summed(l.dc.rank))) return;
   if (summed) rounds->combines += 1;
   if (*failed) status[0] = static_cast<unsigned long long>(*failed);
   if (bad && *bad && !status[1]) status[1] = *bad;
@@ -707,14 +714,7 @@ __global__ void failKernel(Layer l, uint64_t value, uint64_t limit) {
 // ended, so none reads a word moving.
 __global__ void llEndKernel(Layer l, unsigned long long* rounds, int which, unsigned long long* arrivals,
                             const int* failed, const unsigned long long* bad, volatile unsigned long long* status) {
-  gin::Net<> net(l.dc, int(blockIdx.x));
-  if (blockIdx.x == 0 && which == 1 && int(threadIdx.x) < l.shape.ranks)  // a thread per rank (at most 64)
-    net.signal(gin::teamWorld(l.dc), int(threadIdx.x), gin::SignalAdd{l.sig.llSummed(l.dc.rank), 1},
-               gin::CoopThread{});
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  net.flush(gin::CoopThread{});
-  if (blockIdx.x != 0) return;
+  if (!endOfCall(l, which == 1, l.sig.llSummed(l.dc.rank))) return;
   rounds[which] += 1;
   if (which == 0) {
     unsigned long long pairs = 0;
@@ -928,6 +928,7 @@ class GpuBuffer {
     const size_t L = size_t(sh.localExperts()), T = size_t(tokens);
     const bool fp8 = f.data != nullptr;
     raiseEarlier();  // what earlier sync-free calls left
+    if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
     if (worstTokens > 0) return syncFreeDispatch(x, f, topkIdx, topkWeights, tokens, worstTokens);
     if (worstTokens < 0) throw std::invalid_argument("ep: worstTokens must be >= 0 (0: the dispatch synchronizes)");
     // Too many tokens: the all-gather every other rank makes in begin()
