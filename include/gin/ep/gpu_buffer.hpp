@@ -936,11 +936,8 @@ class GpuBuffer {
     if (tokens > maxTokens_ && !ll_) agreeStart(tokens, 0, lanes());
     checkCall(false, tokens, "dispatch");
     checkFp8Hidden(fp8, l_.shape.hidden, "dispatch");
-    if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
     clock_.start("dispatch");
-    l_.shape.tokens = tokens;
-    l_.shape.fp8 = fp8;
-    l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;  // no pack
+    setCall(tokens, fp8, x);
     GpuDispatched d;
     GpuHandle& h = d.handle;
     keepRouting(h, topkIdx, topkWeights, tokens);
@@ -1017,9 +1014,7 @@ class GpuBuffer {
                     uint64_t(tokens), uint64_t(maxTokens_));
     checkFp8Hidden(fp8, sh.hidden, "dispatch");
     clock_.start("sync-free dispatch");
-    l_.shape.tokens = tokens;
-    l_.shape.fp8 = fp8;
-    l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;  // no pack
+    setCall(tokens, fp8, x);
     GpuDispatched d;
     GpuHandle& h = d.handle;
     h.syncFree = true;
@@ -1057,6 +1052,15 @@ class GpuBuffer {
     endNormal(false);
     clock_.end();
     return d;
+  }
+
+  // A normal dispatch's per-call layer: its tokens, bf16 or FP8, and where
+  // the senders read the tokens (the caller's x where every peer is lsa and
+  // the tokens are bf16: no pack into the x window).
+  void setCall(int tokens, bool fp8, const uint16_t* x) {
+    l_.shape.tokens = tokens;
+    l_.shape.fp8 = fp8;
+    l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;
   }
 
   // The dispatch's routing, kept in the handle for a cached dispatch (the
@@ -1355,9 +1359,7 @@ class GpuBuffer {
       throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer");
     raiseEarlier();
     clock_.start("cached dispatch");
-    l_.shape.tokens = h.tokens;
-    l_.shape.fp8 = fp8;
-    l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;
+    setCall(h.tokens, fp8, x);
     if (h.syncFree && fp8)
       throw std::invalid_argument(
           "ep: a cached dispatch of FP8 tokens along a handle of a dispatch given worstTokens is not supported yet "
