@@ -197,24 +197,10 @@ class Buffer:
         # num_worst_tokens > 0: no CPU synchronization (gin's sync-free dispatch): num_worst_tokens rows come
         # back, the received ones first; the rest have topk_idx -1, weight 0, unspecified x and source -1.
         # More rows than num_worst_tokens on a rank stop every rank (the next call or synchronize raises).
-        # FP8 x is not dispatched without the CPU yet (docs/ep.md): it synchronizes and is padded here.
-        sync_free = num_worst_tokens > 0 and scales is None
         recv_x, recv_idx, recv_w, per_expert, prefix, src_rank, src_token, gin_handle = self.runtime.dispatch(
             _stream(), x, scales, topk_idx.int().contiguous(), topk_weights.float().contiguous(), num_experts,
-            expert_alignment, int(num_worst_tokens) if sync_free else 0)
+            expert_alignment, int(num_worst_tokens))
         recv_idx = recv_idx.long()
-        if num_worst_tokens > 0 and not sync_free:
-            n = recv_idx.size(0)
-            if n > num_worst_tokens:
-                raise ValueError(f"gin_ep: {n} tokens received, more than num_worst_tokens={num_worst_tokens}")
-            pad = num_worst_tokens - n
-
-            def padded(t):
-                return torch.cat([t, t.new_zeros((pad,) + tuple(t.shape[1:]))])
-
-            recv_x = tuple(padded(t) for t in recv_x) if isinstance(recv_x, tuple) else padded(recv_x)
-            recv_idx = torch.cat([recv_idx, recv_idx.new_full((pad, recv_idx.size(1)), -1)])
-            recv_w = torch.cat([recv_w, recv_w.new_zeros(pad, recv_w.size(1))])
         if num_worst_tokens > 0:
             per_expert = []
         handle = (prefix, None, None, src_token, is_token_in_rank, None,

@@ -225,9 +225,10 @@ def dequant(data, scales):
     return g.view(shape)
 
 
-def check_fp8(buf, rank, R, H, E, K, tmax, dev):
+def check_fp8(buf, rank, R, H, E, K, tmax, dev, worst=0):
     """Normal dispatch of FP8 x: e4m3 rows and scales arrive byte for byte; a bf16 combine of the
-    dequantized rows along the FP8 handle is within calc_diff 1e-3 of the reference."""
+    dequantized rows along the FP8 handle is within calc_diff 1e-3 of the reference. worst > 0: with
+    num_worst_tokens (no CPU synchronization), worst rows come back, the received ones first."""
     L = E // R
     inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 41) for r in range(R)]
     fp8 = [to_fp8(inp[0]) for inp in inputs]
@@ -236,7 +237,7 @@ def check_fp8(buf, rank, R, H, E, K, tmax, dev):
     per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
     (recv, recv_scales), _, _, _, handle, _ = buf.dispatch(
         (data, scales), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-        topk_idx=idx, topk_weights=w)
+        topk_idx=idx, topk_weights=w, num_worst_tokens=worst)
     rows, srows = [], []
     for r in range(R):
         sidx = inputs[r][1]
@@ -245,12 +246,17 @@ def check_fp8(buf, rank, R, H, E, K, tmax, dev):
                 rows.append(fp8[r][0][t])
                 srows.append(fp8[r][1][t])
     N = len(rows)
-    assert recv.dtype == torch.float8_e4m3fn and recv.shape == (N, H), "FP8 recv_x"
-    assert recv_scales.shape == (N, H // 128), "FP8 recv_x scales"
+    M = worst if worst else N  # rows returned
+    assert recv.dtype == torch.float8_e4m3fn and recv.shape == (M, H), "FP8 recv_x"
+    assert recv_scales.shape == (M, H // 128), "FP8 recv_x scales"
+    assert handle[3].numel() == M and bool((handle[3][N:] == -1).all()), "padding rows come from no token"
+    recv, recv_scales = recv[:N], recv_scales[:N]
     if N:
         assert torch.equal(recv.cpu().view(torch.uint8), torch.stack(rows).view(torch.uint8)), "FP8 rows"
         assert torch.equal(recv_scales.cpu(), torch.stack(srows)), "FP8 scales"
-    combined, _, _ = buf.combine(dequant(recv, recv_scales).bfloat16(), handle)
+    y = torch.zeros(M, H, dtype=torch.bfloat16, device=dev)
+    y[:N] = dequant(recv, recv_scales).bfloat16()
+    combined, _, _ = buf.combine(y, handle)
     ref = x.float() * in_rank.sum(1, keepdim=True).float()
     if x.numel():
         assert calc_diff(combined.float(), ref) < 1e-3, "combine of dequantized FP8 rows"
@@ -263,7 +269,8 @@ def check_fp8(buf, rank, R, H, E, K, tmax, dev):
                                        if any(int(e) >= 0 and int(e) // L == rank for e in inputs[r][1][t])])
                                        for r in range(R)]))
     src_tok = handle[3].cpu()
-    assert recv2.dtype == torch.float8_e4m3fn and recv2.shape == (N, H) and rscales2.shape == (N, H // 128)
+    assert recv2.dtype == torch.float8_e4m3fn and recv2.shape == (M, H) and rscales2.shape == (M, H // 128)
+    recv2, rscales2 = recv2[:N], rscales2[:N]
     if N:
         want = torch.stack([fp8b[int(src_rank[i])][0][int(src_tok[i])] for i in range(N)])
         wants = torch.stack([fp8b[int(src_rank[i])][1][int(src_tok[i])] for i in range(N)])
@@ -400,6 +407,7 @@ def rank_main(rank, R, port, H, errors):
         check_normal(buf, rank, R, H, E, K, 23, dev)
         check_normal_worst(buf, rank, R, H, E, K, 23, dev)
         check_fp8(buf, rank, R, H, E, K, 23, dev)
+        check_fp8(buf, rank, R, H, E, K, 23, dev, worst=R * (23 + 4))
         buf.destroy()
         ll = gin_ep.Buffer(dist.group.WORLD, 0, 0, low_latency_mode=True)
         check_low_latency(ll, rank, R, H, E, K, 17, dev)

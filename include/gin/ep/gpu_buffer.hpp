@@ -68,6 +68,38 @@ namespace gin::ep {
 // passes one that makes tensors with PyTorch's allocator.
 using DeviceAllocator = std::function<std::shared_ptr<void>(size_t bytes, void** ptr)>;
 
+namespace detail {
+// A pinned host buffer per thread (made at its first use, freed when the
+// thread ends) that DeviceArray::toHost copies through. A copy to pageable
+// memory goes through the driver's staging, which the process's threads
+// share: measured on H200 (CUDA 13), one thread's pageable device-to-host
+// copy waiting on its stream behind a kernel holds another thread's back.
+// Ranks that are threads of one process sharing a GPU then deadlock (until
+// a wait times out) when a rank reads a result while its next call spins
+// for a peer that is reading its own: every sync-free call does that.
+class PinnedStage {
+ public:
+  static constexpr size_t kBytes = size_t(4) << 20;
+  PinnedStage() = default;
+  PinnedStage(const PinnedStage&) = delete;
+  PinnedStage& operator=(const PinnedStage&) = delete;
+  ~PinnedStage() {
+    if (p_) (void)cudaFreeHost(p_);
+  }
+  char* get() {
+    if (!p_) GIN_CUDA_CHECK(cudaHostAlloc(&p_, kBytes, cudaHostAllocDefault));
+    return static_cast<char*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+inline PinnedStage& pinnedStage() {
+  thread_local PinnedStage stage;
+  return stage;
+}
+}  // namespace detail
+
 // n values of T in device memory (a DeviceAllocator's, or from the buffer's
 // pool, freed stream-ordered by cudaFreeAsync on the buffer's stream, which
 // must then outlive the array: no free waits for a running kernel, as
@@ -98,10 +130,18 @@ class DeviceArray {
   size_t size() const { return n_; }
   bool empty() const { return n_ == 0; }
   const std::shared_ptr<void>& owner() const { return keep_; }
-  // The values on the host (waits for the stream).
+  // The values on the host (waits for the stream), copied through this
+  // thread's pinned buffer (detail::PinnedStage says why).
   std::vector<T> toHost() const {
     std::vector<T> v(n_);
-    if (n_) GIN_CUDA_CHECK(cudaMemcpyAsync(v.data(), data(), n_ * sizeof(T), cudaMemcpyDeviceToHost, st_));
+    const size_t bytes = n_ * sizeof(T), chunk = detail::PinnedStage::kBytes;
+    char* stage = bytes ? detail::pinnedStage().get() : nullptr;
+    for (size_t at = 0; at < bytes; at += chunk) {
+      const size_t k = std::min(chunk, bytes - at);
+      GIN_CUDA_CHECK(cudaMemcpyAsync(stage, reinterpret_cast<const char*>(data()) + at, k, cudaMemcpyDeviceToHost, st_));
+      GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
+      std::memcpy(reinterpret_cast<char*>(v.data()) + at, stage, k);
+    }
     GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
     return v;
   }
@@ -1001,11 +1041,6 @@ class GpuBuffer {
     const size_t R = size_t(sh.ranks), W = size_t(worst);
     const bool fp8 = f.data != nullptr;
     if (ll_) checkCall(false, tokens, "dispatch");  // the mode's error, from every rank alike
-    // Every rank passes FP8 or none, so every rank refuses alike, before any GPU work.
-    if (fp8)
-      throw std::invalid_argument(
-          "ep: FP8 tokens with worstTokens (a dispatch without the host) are not supported yet: a GPU test of "
-          "them on 3 and 4 ranks stalled (docs/ep.md); dispatch FP8 tokens with worstTokens = 0");
     if (tokens < 0 || tokens > maxTokens_)
       failEveryRank("ep: a sync-free dispatch of " + std::to_string(tokens) + " tokens; the buffer takes at most " +
                         std::to_string(maxTokens_) +
@@ -1018,12 +1053,10 @@ class GpuBuffer {
     GpuDispatched d;
     GpuHandle& h = d.handle;
     h.syncFree = true;
+    // Every array first, then the kernels: a peer's kernels wait for this
+    // rank's, so no allocator call (which may block the thread) comes after
+    // a waiting kernel is queued.
     keepRouting(h, topkIdx, topkWeights, tokens);
-    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
-    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
-    plan(h, true);
-    pack(x, tokens, f);
-    gpu::sfCountKernel<<<1, kThreads, 0, st_>>>(l_, normalRounds_);
     // What the handle keeps on the GPU, and what the unpack writes.
     {
       Parts p;
@@ -1037,6 +1070,11 @@ class GpuBuffer {
     receiveArrays(d, W);
     DeviceArray<char> fp8Rows;
     void* rows = rowsFor(d, fp8Rows, W, fp8);
+    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
+    plan(h, true);
+    pack(x, tokens, f);
+    gpu::sfCountKernel<<<1, kThreads, 0, st_>>>(l_, normalRounds_);
     gpu::sfLayoutKernel<<<1, 32, 0, st_>>>(l_, normalRounds_, uint64_t(W), rs_, srcBaseOf(layout_), h.counts.data(),
                                           h.rankPrefix.data(), mem_.word(2), h.counts.data() + 1, failed(), llStatus_);
     gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, rows, recvMeta_,
@@ -1098,10 +1136,14 @@ class GpuBuffer {
   }
 
   // Where n rows are received: bf16 rows straight into the returned d.x;
-  // FP8 rows into fp8Rows (rowBytes each), split afterwards (splitFp8).
+  // FP8 rows into fp8Rows (rowBytes each), split afterwards (splitFp8) into
+  // d.xFp8 [n][H] and d.xScales [n][H / 128], allocated here too.
   void* rowsFor(GpuDispatched& d, DeviceArray<char>& fp8Rows, size_t n, bool fp8) {
     if (fp8) {
+      const size_t H = size_t(l_.shape.hidden);
       fp8Rows = deviceArray<char>(n * l_.shape.rowBytes());
+      d.xFp8 = deviceArray<uint8_t>(n * H);
+      d.xScales = deviceArray<float>(n * (H / kFp8Group));
       return fp8Rows.data();
     }
     d.x = deviceArray<uint16_t>(n * size_t(l_.shape.hidden));
@@ -1130,11 +1172,12 @@ class GpuBuffer {
         (h.syncFree ? h.counts.size() != 2 : h.tokensFromRank.size() != size_t(sh.ranks)))
       throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
     raiseEarlier();
+    // The output before the first kernel: startCombine's waits for peers.
+    DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
     startCombine("combine");
     if (h.received())
       gpu::returnKernel<<<z_.combineGrid, kThreads, 0, st_>>>(l_, int(h.received()), h.srcRank.data(),
                                                               h.srcToken.data(), h.slot.data(), y);
-    DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
     if (h.syncFree) {  // the rows to wait for are on the GPU; no synchronization, no barrier
       finishCombine(0, h.tokens, sh.maxDests(), h.rows.data(), nullptr, nullptr, bias0, bias1, out.data(), "combine",
                     gpu::SelfRows{h.selfRow.data(), h.slot.data(), y}, h.counts.data() + 1);
@@ -1360,22 +1403,18 @@ class GpuBuffer {
     raiseEarlier();
     clock_.start("cached dispatch");
     setCall(h.tokens, fp8, x);
-    if (h.syncFree && fp8)
-      throw std::invalid_argument(
-          "ep: a cached dispatch of FP8 tokens along a handle of a dispatch given worstTokens is not supported yet "
-          "(docs/ep.md); pass bf16 tokens, or make the handle with worstTokens = 0");
     if (h.syncFree) {
       // Without the host, as the handle's dispatch: the plan again, the
       // handle's layout (no count exchange), the rows, the end kernel.
       GpuDispatched d;
       d.handle = h;
+      DeviceArray<char> fp8Rows;
+      void* rows = rowsFor(d, fp8Rows, h.received(), fp8);  // before any kernel, as syncFreeDispatch
       GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
       GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
       plan(h, true);
       pack(x, h.tokens, f);
       copyOn(layout_, h.layout.data(), layoutBytes());
-      DeviceArray<char> fp8Rows;
-      void* rows = rowsFor(d, fp8Rows, h.received(), fp8);
       gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, rows, recvMeta_,
                                 failed());
       if (fp8) splitFp8(d, fp8Rows, h.received());
@@ -1390,15 +1429,12 @@ class GpuBuffer {
     GpuDispatched d;
     d.handle = h;
     DeviceArray<char> fp8Rows;
-    if (fp8)
-      fp8Rows = deviceArray<char>(n * sh.rowBytes());
-    else
-      d.x = deviceArray<uint16_t>(n * size_t(sh.hidden));
+    void* rows = rowsFor(d, fp8Rows, n, fp8);
     startPlanned(x, f, h);
     // Every position the handle lists is filled once the receivers are done
     // (a rank that passed another dispatch's handle makes them wait, and
     // the wait gives up at the timeout with an error).
-    launchDispatch(fp8 ? static_cast<void*>(fp8Rows.data()) : static_cast<void*>(d.x.data()));
+    launchDispatch(rows);
     if (fp8) splitFp8(d, fp8Rows, n);
     checkDone("cached dispatch");
     clock_.mark("kernels");
@@ -1408,11 +1444,8 @@ class GpuBuffer {
     return d;
   }
 
-  // n received FP8 rows (rowBytes each) into d.xFp8 [n][H] and d.xScales [n][H / 128].
+  // n received FP8 rows (rowBytes each) into d.xFp8 and d.xScales (rowsFor).
   void splitFp8(GpuDispatched& d, const DeviceArray<char>& rows, size_t n) {
-    const size_t H = size_t(l_.shape.hidden);
-    d.xFp8 = deviceArray<uint8_t>(n * H);
-    d.xScales = deviceArray<float>(n * (H / kFp8Group));
     if (n)
       gpu::splitFp8Kernel<<<int(std::min<size_t>(n, 1024)), kThreads, 0, st_>>>(l_, rows.data(), int(n), d.xFp8.data(),
                                                                                  d.xScales.data());
