@@ -14,7 +14,8 @@ the visible GPUs round-robin). Every rank regenerates every rank's inputs
 - low-latency dispatch (rows per local expert in source order, counts,
   layout ranges, source tokens) and its weighted combine, calc_diff < 1e-5;
 - FP8: a normal dispatch of (e4m3, scales) rows byte for byte and a combine
-  of their dequantized rows, and a low-latency dispatch with use_fp8
+  of their dequantized rows (also with num_worst_tokens: no CPU
+  synchronization, padded), and a low-latency dispatch with use_fp8
   (DeepEP's scale layout) within calc_diff 1e-3 after dequantization.
 
 Skipped where torch, CUDA or the built module is missing. Runs under pytest

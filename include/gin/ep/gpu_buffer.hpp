@@ -138,7 +138,8 @@ class DeviceArray {
     char* stage = bytes ? detail::pinnedStage().get() : nullptr;
     for (size_t at = 0; at < bytes; at += chunk) {
       const size_t k = std::min(chunk, bytes - at);
-      GIN_CUDA_CHECK(cudaMemcpyAsync(stage, reinterpret_cast<const char*>(data()) + at, k, cudaMemcpyDeviceToHost, st_));
+      const char* from = reinterpret_cast<const char*>(data()) + at;
+      GIN_CUDA_CHECK(cudaMemcpyAsync(stage, from, k, cudaMemcpyDeviceToHost, st_));
       GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
       std::memcpy(reinterpret_cast<char*>(v.data()) + at, stage, k);
     }
