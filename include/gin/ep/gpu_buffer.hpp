@@ -1054,9 +1054,8 @@ class GpuBuffer {
     GpuDispatched d;
     GpuHandle& h = d.handle;
     h.syncFree = true;
-    // Every array first, then the kernels: a peer's kernels wait for this
-    // rank's, so no allocator call (which may block the thread) comes after
-    // a waiting kernel is queued.
+    // Every array first, then the kernels: no host call that could wait
+    // (none was seen to: docs/ep.md) between kernels that peers wait for.
     keepRouting(h, topkIdx, topkWeights, tokens);
     // What the handle keeps on the GPU, and what the unpack writes.
     {
