@@ -212,6 +212,26 @@ def main():
 
     sf_pair_us, sync_pair_us = back_to_back(sf_pair, a.iters), back_to_back(normal_pair, a.iters)
     nn_pair_us = back_to_back(nccl_normal_pair, a.iters)
+    # The same pairs with FP8 tokens (DeepEP's: e4m3 and a float scale per 128 channels) and a bf16
+    # combine; NCCL's pair moves the FP8 rows' bytes, then the bf16 rows'.
+    g8 = x.float().view(a.tokens, H // 128, 128)
+    s8 = g8.abs().amax(-1).clamp(min=1e-4) / 448
+    x8 = ((g8 / s8.unsqueeze(-1)).clamp(-448, 448).to(torch.float8_e4m3fn).view(a.tokens, H), s8.contiguous())
+    y8 = torch.zeros(worst, H, dtype=torch.bfloat16, device=dev)
+
+    def sf8_pair():
+        d = buf.dispatch(x8, num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, num_worst_tokens=worst)
+        buf.combine(y8, d[4])
+
+    sf8_pair_us = back_to_back(sf8_pair, a.iters)
+    nccl_us(send, (H + H // 32) // 2, a.iters, dev)  # an FP8 row's bytes: H e4m3 values and H / 128 floats
+    a2a_fp8 = nccl_us.last
+
+    def nccl_fp8_pair():
+        a2a_fp8()
+        a2a_normal()
+
+    n8_pair_us = back_to_back(nccl_fp8_pair, a.iters)
     buf.synchronize()
     buf.destroy()
     # Low-latency mode.
@@ -266,6 +286,8 @@ def main():
               f"between CUDA events: dispatch {sfd_ev:.1f} us, combine {sfc_ev:.1f} us; {a.iters} (dispatch, "
               f"combine) pairs back to back: {sf_pair_us:.1f} us a pair (without num_worst_tokens {sync_pair_us:.1f}), "
               f"NCCL (two all_to_all_single) {nn_pair_us:.1f} us, gin/NCCL {sf_pair_us / nn_pair_us:.2f}")
+        print(f"the same pairs with FP8 tokens (num_worst_tokens={worst}): gin_ep {sf8_pair_us:.1f} us a pair, NCCL "
+              f"(FP8 bytes, then bf16) {n8_pair_us:.1f} us, gin/NCCL {sf8_pair_us / n8_pair_us:.2f}")
         print(f"low latency as a step runs it: gin_ep between CUDA events: dispatch {ld_ev:.1f} us, combine "
               f"{lc_ev:.1f} us; {a.iters} (dispatch, combine) pairs back to back: gin_ep {pair_us:.1f} us a pair, "
               f"NCCL (two all_to_all_single) {npair_us:.1f} us, gin/NCCL {pair_us / npair_us:.2f}")
