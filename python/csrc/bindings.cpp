@@ -123,7 +123,7 @@ class Runtime {
   // [L][R * Tmax][H / 128] over memory laid out [L][H / 128][R * Tmax], as DeepEP's).
   // (The top-k weights are the combine's: a dispatch does not take them.)
   py::tuple lowLatencyDispatch(uint64_t stream, const torch::Tensor& x, const torch::Tensor& idx, int maxTokens,
-                               int experts, int ranks, bool useFp8) {
+                               int experts, int ranks, bool useFp8, bool defer) {
     need(x, torch::kBFloat16, 2, "x");
     const bool idx64 = needIndices(idx);
     const int T = int(x.size(0)), H = int(x.size(1)), K = int(idx.size(1));
@@ -131,7 +131,8 @@ class Runtime {
     gin_ep_rt::LlDispatched d;
     {
       py::gil_scoped_release nogil;
-      d = rt_.lowLatencyDispatch(stream, x.data_ptr(), idx.data_ptr(), idx64, T, maxTokens, H, experts, K, useFp8);
+      d = rt_.lowLatencyDispatch(stream, x.data_ptr(), idx.data_ptr(), idx64, T, maxTokens, H, experts, K, useFp8,
+                                 defer);
     }
     const int64_t L = experts / ranks, rows = int64_t(ranks) * maxTokens;
     py::object recv = useFp8 ? py::object(py::make_tuple(
@@ -144,16 +145,23 @@ class Runtime {
   }
 
   torch::Tensor lowLatencyCombine(uint64_t stream, const torch::Tensor& y, const torch::Tensor& idx,
-                                  const torch::Tensor& w, const py::capsule& handle) {
+                                  const torch::Tensor& w, const py::capsule& handle, bool defer) {
     need(y, torch::kBFloat16, 3, "x");
     const bool idx64 = needIndices(idx);
     need(w, torch::kFloat32, 2, "topk_weights");
     Array a;
     {
       py::gil_scoped_release nogil;
-      a = rt_.lowLatencyCombine(stream, y.data_ptr(), idx.data_ptr(), idx64, w.data_ptr<float>(), handleOf(handle));
+      a = rt_.lowLatencyCombine(stream, y.data_ptr(), idx.data_ptr(), idx64, w.data_ptr<float>(), handleOf(handle),
+                                defer);
     }
     return tensorOf(a, torch::kBFloat16, {int64_t(a.count) / y.size(2), y.size(2)});
+  }
+
+  // A receive hook (return_recv_hook): the rest of the last deferred low-latency call.
+  void receive(uint64_t stream) {
+    py::gil_scoped_release nogil;
+    rt_.receive(stream);
   }
 
  private:
@@ -212,5 +220,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("cached_dispatch", &Runtime::cachedDispatch)
       .def("combine", &Runtime::combine)
       .def("low_latency_dispatch", &Runtime::lowLatencyDispatch)
-      .def("low_latency_combine", &Runtime::lowLatencyCombine);
+      .def("low_latency_combine", &Runtime::lowLatencyCombine)
+      .def("receive", &Runtime::receive);
 }

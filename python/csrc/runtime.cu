@@ -237,15 +237,19 @@ Array Runtime::combine(uintptr_t stream, const void* y, const std::shared_ptr<vo
 }
 
 LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const void* idx, bool idx64, int tokens,
-                                         int maxTokens, int hidden, int experts, int topk, bool useFp8) {
+                                         int maxTokens, int hidden, int experts, int topk, bool useFp8,
+                                         bool defer) {
   State& s = *s_;
+  if (s.buf && s.buf->receivePending())  // checked before a new buffer would replace this one
+    throw std::invalid_argument("gin_ep: low_latency_dispatch while the last low-latency call's receive hook was "
+                                "not called: call the hook first, on every rank");
   if (s.buf && s.shape.tokens != maxTokens) s.buf.reset();  // the packed layout is per maxTokens
   gin::ep::GpuBuffer& buf = s.bufferFor(maxTokens, hidden, experts, topk);
   s.follow(stream);
   const auto* xs = static_cast<const uint16_t*>(x);
   auto h = std::make_shared<gin::ep::GpuLlDispatched>(
-      idx64 ? buf.lowLatencyDispatch(xs, static_cast<const int64_t*>(idx), nullptr, tokens, useFp8)
-            : buf.lowLatencyDispatch(xs, static_cast<const int32_t*>(idx), nullptr, tokens, useFp8));
+      idx64 ? buf.lowLatencyDispatch(xs, static_cast<const int64_t*>(idx), nullptr, tokens, useFp8, defer)
+            : buf.lowLatencyDispatch(xs, static_cast<const int32_t*>(idx), nullptr, tokens, useFp8, defer));
   LlDispatched out;
   out.x = useFp8 ? arrayOf(h->xFp8) : arrayOf(h->x);
   out.xScales = arrayOf(h->xScales);
@@ -258,17 +262,25 @@ LlDispatched Runtime::lowLatencyDispatch(uintptr_t stream, const void* x, const 
 }
 
 Array Runtime::lowLatencyCombine(uintptr_t stream, const void* y, const void* idx, bool idx64, const float* weights,
-                                 const std::shared_ptr<void>& handle) {
+                                 const std::shared_ptr<void>& handle, bool defer) {
   State& s = *s_;
   const auto* h = static_cast<const gin::ep::GpuLlHandle*>(handle.get());
   if (!h || !s.buf || !s.ll)
     throw std::invalid_argument("gin_ep: low_latency_combine needs a handle of this buffer's low_latency_dispatch");
   s.follow(stream);
   const auto* ys = static_cast<const uint16_t*>(y);
-  Array out = arrayOf(idx64 ? s.buf->lowLatencyCombine(ys, static_cast<const int64_t*>(idx), weights, *h)
-                            : s.buf->lowLatencyCombine(ys, static_cast<const int32_t*>(idx), weights, *h));
+  Array out = arrayOf(idx64 ? s.buf->lowLatencyCombine(ys, static_cast<const int64_t*>(idx), weights, *h, defer)
+                            : s.buf->lowLatencyCombine(ys, static_cast<const int32_t*>(idx), weights, *h, defer));
   s.join(stream);
   return out;
+}
+
+void Runtime::receive(uintptr_t stream) {
+  State& s = *s_;
+  if (!s.buf) throw std::invalid_argument("gin_ep: a receive hook with no low-latency call before it");
+  s.follow(stream);
+  s.buf->receive();
+  s.join(stream);
 }
 
 }  // namespace gin_ep_rt

@@ -83,10 +83,14 @@ class Runtime {
   // Low-latency mode: tokens at most maxTokens (the same on every rank).
   // useFp8: the tokens are quantized (gin/ep/fp8.hpp) and arrive as FP8.
   // idx: the top-k indices, int64 where idx64, else int32.
+  // defer (DeepEP's return_recv_hook): the call queues its sends only;
+  // receive() queues the rest (GpuBuffer's deferReceive).
   LlDispatched lowLatencyDispatch(uintptr_t stream, const void* x, const void* idx, bool idx64, int tokens,
-                                  int maxTokens, int hidden, int experts, int topk, bool useFp8);
+                                  int maxTokens, int hidden, int experts, int topk, bool useFp8, bool defer = false);
   Array lowLatencyCombine(uintptr_t stream, const void* y, const void* idx, bool idx64, const float* weights,
-                          const std::shared_ptr<void>& handle);
+                          const std::shared_ptr<void>& handle, bool defer = false);
+  // The hook of the last low-latency call given defer, on the caller's stream.
+  void receive(uintptr_t stream);
 
  private:
   struct State;

@@ -13,8 +13,10 @@ What differs from DeepEP (docs/ep.md says more): FP8 dispatch without a
 handle only, scales float32 (no round_scale / use_ue8m0); a normal-mode
 call finishes its GPU work before it returns, a low-latency call returns
 once its work is queued and the current stream waits for it (async_finish
-and return_recv_hook are accepted; the hook has nothing to do, and an
-error of a low-latency call is raised by the next call); the buffer sizes (num_nvl_bytes, num_rdma_bytes)
+is accepted; with return_recv_hook the call queues its sends only and the
+hook queues the receive, as DeepEP's, to be called on every rank before
+the buffer's next call; an error of a low-latency call is raised by the
+next call); the buffer sizes (num_nvl_bytes, num_rdma_bytes)
 are not used: gin sizes its buffer from the calls' shapes; combine's
 returned top-k weights are the dispatch's weights where the choice had an
 expert (the weights are not sent back).
@@ -240,24 +242,48 @@ class Buffer:
                                       "scales are amax / 448 in float32")
         recv_x, count, layout, src_info, gin_handle = self.runtime.low_latency_dispatch(
             _stream(), x, _indices(topk_idx), num_max_dispatch_tokens_per_rank, num_experts,
-            self.group_size, use_fp8)
-        if cumulative_local_expert_recv_stats is not None:
-            cumulative_local_expert_recv_stats += count
+            self.group_size, use_fp8, return_recv_hook)
         handle = (src_info, layout, num_max_dispatch_tokens_per_rank, x.size(1), num_experts,
                   _GinHandle(gin_handle))
-        hook = (lambda: None) if return_recv_hook else None
+
+        def received():
+            if cumulative_local_expert_recv_stats is not None:
+                cumulative_local_expert_recv_stats.add_(count)
+
+        if not return_recv_hook:
+            received()
+            return recv_x, count, handle, _event(async_finish), None
+
+        # The sends are queued; the hook queues the receive (on the stream current when it is called),
+        # after which recv_x, count and the handle hold the rows. Call it, on every rank, before the
+        # buffer's next call.
+        def hook():
+            self.runtime.receive(_stream())
+            received()
+
         return recv_x, count, handle, _event(async_finish), hook
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False,
                             async_finish=False, return_recv_hook=False, out=None):
         """Returns (combined_x, event, hook): per token the sum over its choices of weight x row."""
-        combined = self.runtime.low_latency_combine(_stream(), x.contiguous(), _indices(topk_idx),
-                                                    topk_weights.float().contiguous(), handle[-1].capsule)
-        if out is not None:
-            out.copy_(combined)
-            combined = out
-        hook = (lambda: None) if return_recv_hook else None
-        return combined, _event(async_finish), hook
+        idx, w = _indices(topk_idx), topk_weights.float().contiguous()
+        combined = self.runtime.low_latency_combine(_stream(), x.contiguous(), idx, w, handle[-1].capsule,
+                                                    return_recv_hook)
+
+        def received():
+            if out is not None:
+                out.copy_(combined)
+
+        if not return_recv_hook:
+            received()
+            return (combined if out is None else out), _event(async_finish), None
+
+        def hook():
+            self.runtime.receive(_stream())
+            received()
+
+        hook.inputs = (idx, w)  # the sum reads them when the hook runs
+        return (combined if out is None else out), _event(async_finish), hook
 
     def get_next_low_latency_combine_buffer(self, handle):
         """A tensor for the experts' outputs ([local experts][ranks x max tokens][hidden] bf16). gin copies

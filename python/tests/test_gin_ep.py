@@ -12,7 +12,8 @@ the visible GPUs round-robin). Every rank regenerates every rank's inputs
 - a third normal round in which rank 0 brings more tokens than any rank
   before (every rank makes a bigger buffer in the same call);
 - low-latency dispatch (rows per local expert in source order, counts,
-  layout ranges, source tokens) and its weighted combine, calc_diff < 1e-5;
+  layout ranges, source tokens) and its weighted combine, calc_diff < 1e-5,
+  with receive hooks (return_recv_hook) and without;
 - FP8: a normal dispatch of (e4m3, scales) rows byte for byte and a combine
   of their dequantized rows (also with num_worst_tokens: no CPU
   synchronization, padded), and a low-latency dispatch with use_fp8
@@ -327,15 +328,31 @@ def check_ll_combined(x, idx, w, combined):
 
 
 def check_low_latency(buf, rank, R, H, E, K, tmax, dev):
+    """Round 0 with receive hooks (return_recv_hook: the call queues its sends, the hook the receive; a
+    call before the hook is refused on every rank), round 1 without; the per-expert receive stats."""
     L = E // R
     for rnd in range(2):
         inputs = [make_inputs(r, tokens_of(r, rnd, tmax), H, E, K, 31 + rnd) for r in range(R)]
         x, idx, w = (t.to(dev) for t in inputs[rank])
+        hooks = rnd == 0
+        stats = torch.zeros(L, dtype=torch.int32, device=dev)
         recv_x, count, handle, _, hook = buf.low_latency_dispatch(x, idx, tmax, E, use_fp8=False,
-                                                                  return_recv_hook=True)
-        hook()
+                                                                  cumulative_local_expert_recv_stats=stats,
+                                                                  return_recv_hook=hooks)
+        if hooks:
+            try:
+                buf.low_latency_combine(recv_x, idx, w, handle)
+                raise AssertionError("a call before the dispatch's receive hook was accepted")
+            except ValueError as e:
+                assert "receive" in str(e), str(e)
+            hook()
+        else:
+            assert hook is None
         check_ll_dispatched(rank, R, L, inputs, recv_x, count, handle)
-        combined, _, _ = buf.low_latency_combine(recv_x, idx, w, handle)
+        assert torch.equal(stats.cpu(), count.cpu()), "cumulative_local_expert_recv_stats"
+        combined, _, hook = buf.low_latency_combine(recv_x, idx, w, handle, return_recv_hook=hooks)
+        if hooks:
+            hook()
         check_ll_combined(x, idx, w, combined)
 
 

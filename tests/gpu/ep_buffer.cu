@@ -11,7 +11,8 @@
 // expert in low latency stopping every rank's next calls; low-latency calls
 // queued with no host synchronization (two dispatches in flight, int32 and
 // int64 indices, FP8 rounds among bf16 ones, a failing allocator, a buffer
-// made again on the same communicator); sync-free normal dispatches
+// made again on the same communicator); receive hooks (deferReceive);
+// sync-free normal dispatches
 // (worstTokens: the checks above through padded results, mixed with
 // synchronizing ones; calls queued with no synchronization, two dispatches
 // before their combines, cached dispatches; more rows than worstTokens
@@ -567,6 +568,65 @@ TEST_CASE("GPU ep buffer: low-latency calls queue without a host synchronization
     const gintest::ep::Case c{ranks, experts, 256, std::min(4, experts), 17, 0.25, 1, tr};
     CAPTURE(ranks, int(tr));
     CHECK_NOTHROW(runQueued(c));
+  });
+}
+
+// DeepEP's return_recv_hook: low-latency calls given deferReceive queue
+// their sends and return, receive() queues the rest. Three rounds, the
+// middle one not deferred: a deferred dispatch, a call before its receive()
+// refused (on every rank, before any GPU work), receive(), the experts, a
+// deferred combine, receive(); each round checked after a synchronize, and
+// a receive() with nothing pending refused.
+void runDeferred(const gintest::ep::Case& c) {
+  CommConfig cfg = gputest::gpuConfig();
+  cfg.transport = c.tr;
+  const gin::ep::Shape sh = gintest::ep::shapeOf(c);
+  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
+  gputest::runRanksOnStreams(
+      c.ranks,
+      [&](Comm& comm, cudaStream_t st) {
+        const int me = comm.rank(), L = c.experts / c.ranks;
+        const size_t H = size_t(c.hidden), rowsPerExpert = size_t(c.ranks) * size_t(c.maxTokens);
+        gin::ep::GpuBuffer buf(comm, sh, true, st);
+        for (int r = 0; r < 3; ++r) {
+          const bool defer = r != 1;
+          const std::string where = "rank " + std::to_string(me) + " hook round " + std::to_string(r) + ": ";
+          const std::vector<gin::ep::Inputs> all = gintest::ep::roundInputs(c, sh, r);
+          const gin::ep::Inputs& in = all[size_t(me)];
+          auto x = upload(buf, in.x, st);
+          auto idx = upload(buf, in.idx, st);
+          auto w = upload(buf, in.weight, st);
+          auto y = buf.deviceArray<uint16_t>(size_t(L) * rowsPerExpert * H);
+          const int T = gintest::ep::tokensOf(c, me, r);
+          gin::ep::GpuLlDispatched d = buf.lowLatencyDispatch(x.data(), idx.data(), w.data(), T, false, defer);
+          gintest::expect(buf.receivePending() == defer, where + "a deferred dispatch leaves its receive pending");
+          if (defer) {
+            const std::string why =
+                refusal([&] { buf.lowLatencyCombine(y.data(), idx.data(), w.data(), d.handle); });
+            gintest::expect(why.find("receive() (the hook) first") != std::string::npos,
+                            where + "a call with a receive pending is refused: '" + why + "'");
+            buf.receive();
+          }
+          llExpertsKernel<<<64, 256, 0, st>>>(d.x.data(), d.handle.count.data(), y.data(), L, rowsPerExpert, H, me);
+          GPU_CHECK(cudaGetLastError());
+          gin::ep::DeviceArray<uint16_t> out = buf.lowLatencyCombine(y.data(), idx.data(), w.data(), d.handle, defer);
+          if (defer) buf.receive();
+          buf.synchronize();
+          gintest::ep::checkLlDispatched(HostFace::llOf(d), all, c, me, where);
+          gintest::ep::checkLlCombined(out.toHost(), in, c, size_t(T), where);
+        }
+        gintest::expect(refusal([&] { buf.receive(); }).find("no low-latency call") != std::string::npos,
+                        "receive() with nothing pending is refused");
+      },
+      cfg);
+}
+
+TEST_CASE("GPU ep buffer: low-latency receive hooks (deferReceive, then receive())", "[gpu][ep][hook]") {
+  overRanks([](int ranks, TransportChoice tr) {
+    const int experts = 4 * ranks;
+    const gintest::ep::Case c{ranks, experts, 256, std::min(4, experts), 17, 0.25, 1, tr};
+    CAPTURE(ranks, int(tr));
+    CHECK_NOTHROW(runDeferred(c));
   });
 }
 

@@ -1198,9 +1198,13 @@ class GpuBuffer {
   // An expert index outside -1..E-1 is found on the GPU: that choice goes
   // nowhere, the communicator records the error (every rank's waits end) and
   // the next call of every rank, or synchronize(), throws.
+  // deferReceive (DeepEP's return_recv_hook): the call queues the plan and
+  // the sends only, and returns; receive() queues the rest (the wait for
+  // the rows and their unpack into the returned arrays, which are filled
+  // once it ran). The SMs are free for other work in between.
   template <class Idx>
   GpuLlDispatched lowLatencyDispatch(const uint16_t* x, const Idx* topkIdx, const float* topkWeights, int tokens,
-                                     bool useFp8 = false) {
+                                     bool useFp8 = false, bool deferReceive = false) {
     static_assert(std::is_same_v<Idx, int32_t> || std::is_same_v<Idx, int64_t>, "top-k indices are int32 or int64");
     const Shape& sh = l_.shape;
     const size_t L = size_t(sh.localExperts()), R = size_t(sh.ranks);
@@ -1252,18 +1256,28 @@ class GpuBuffer {
     h.srcToken = DeviceArray<int>(all, tokenAt, rows);
     h.srcK = DeviceArray<int>(all, kAt, rows);
     h.arrivals = DeviceArray<unsigned long long>(all, arrivalsAt, 1);
-    gpu::llUnpackKernel<<<std::min(int(L * R), spinningGrid()), kThreads, 0, st_>>>(  // kThreads >= R
-        l_, d.x.data(), d.xFp8.data(), d.xScales.data(), h.count.data(), h.range.data(), h.srcToken.data(),
-        h.srcK.data(), failed());
-    endLowLatency(0, h.arrivals.data());
+    const auto unpack = [this, d, grid = std::min(int(L * R), spinningGrid())] {
+      const GpuLlHandle& dh = d.handle;
+      gpu::llUnpackKernel<<<grid, kThreads, 0, st_>>>(  // kThreads >= R
+          l_, d.x.data(), d.xFp8.data(), d.xScales.data(), dh.count.data(), dh.range.data(), dh.srcToken.data(),
+          dh.srcK.data(), failed());
+      endLowLatency(0, dh.arrivals.data());
+    };
+    if (deferReceive)
+      pendingReceive_ = unpack;
+    else
+      unpack();
     return d;
   }
 
   // CpuBuffer::lowLatencyCombine with device arrays: y [L][R * Tmax][H],
   // topkIdx and topkWeights [T][K] of the dispatch that made `h`.
+  // deferReceive: the returns only, as lowLatencyDispatch's; receive()
+  // queues the sum into the returned array (topkIdx and topkWeights are
+  // read then: keep them).
   template <class Idx>
   DeviceArray<uint16_t> lowLatencyCombine(const uint16_t* y, const Idx* topkIdx, const float* topkWeights,
-                                          const GpuLlHandle& h) {
+                                          const GpuLlHandle& h, bool deferReceive = false) {
     static_assert(std::is_same_v<Idx, int32_t> || std::is_same_v<Idx, int64_t>, "top-k indices are int32 or int64");
     const Shape& sh = l_.shape;
     checkCall(true, h.tokens, "lowLatencyCombine");
@@ -1287,11 +1301,30 @@ class GpuBuffer {
       endLowLatency(1, h.arrivals.data());
       throw;
     }
-    gpu::llSumKernel<<<sumGrid, kThreads, 0, st_>>>(
-        l_, h.tokens, h.arrivals.data(), topkIdx, topkWeights, out.data(), failed());
-    endLowLatency(1, h.arrivals.data());
+    const auto sum = [this, sumGrid, tokens = h.tokens, arrivals = h.arrivals, topkIdx, topkWeights, out] {
+      gpu::llSumKernel<<<sumGrid, kThreads, 0, st_>>>(l_, tokens, arrivals.data(), topkIdx, topkWeights, out.data(),
+                                                      failed());
+      endLowLatency(1, arrivals.data());
+    };
+    if (deferReceive)
+      pendingReceive_ = sum;
+    else
+      sum();
     return out;
   }
+
+  // The receive of the last low-latency call given deferReceive (DeepEP's
+  // hook): queued on the buffer's stream. Every rank calls it, before its
+  // next call of the buffer (which is refused while a receive is pending:
+  // the calls' rounds are counted by the kernels it queues).
+  void receive() {
+    if (!pendingReceive_)
+      throw std::invalid_argument("ep: receive() with no low-latency call given deferReceive before it");
+    const std::function<void()> f = std::move(pendingReceive_);
+    pendingReceive_ = nullptr;
+    f();
+  }
+  bool receivePending() const { return bool(pendingReceive_); }
 
   // Waits for the buffer's stream, then throws what an earlier call of this
   // rank left behind (low-latency and sync-free calls return before their
@@ -1312,6 +1345,7 @@ class GpuBuffer {
   PhaseClock clock_{comm_.rank()};
   cudaMemPool_t pool_ = nullptr;
   DeviceAllocator alloc_;
+  std::function<void()> pendingReceive_;  // a deferred low-latency receive (receive())
   // Pinned: mem_'s words (failed, -, arrivals, bad), the low-latency
   // status (llStatus_), hostCounts(), hostLayout(), hostPerExpert().
   void* host_ = nullptr;
@@ -1382,6 +1416,9 @@ class GpuBuffer {
   }
 
   void checkCall(bool lowLatency, int tokens, const char* call) const {
+    if (pendingReceive_)
+      throw std::invalid_argument(std::string("ep: ") + call + " while the last low-latency call's receive is "
+                                  "pending: call receive() (the hook) first, on every rank");
     if (lowLatency != ll_)
       throw std::invalid_argument(std::string("ep: ") + call + " on a " + (ll_ ? "low-latency" : "normal-mode") +
                                   " buffer; build the buffer with lowLatency = " + (lowLatency ? "true" : "false"));
