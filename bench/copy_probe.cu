@@ -11,7 +11,11 @@
 #include <thread>
 #include <vector>
 #include <cuda_runtime.h>
-__device__ unsigned long long now() { unsigned long long t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
+__device__ unsigned long long now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
 __global__ void spinA(volatile int* flag, unsigned long long* waited, unsigned long long limit) {
   const unsigned long long s = now();
   while (*flag == 0 && now() - s < limit) {}
