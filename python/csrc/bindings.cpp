@@ -158,6 +158,17 @@ class Runtime {
     return tensorOf(a, torch::kBFloat16, {int64_t(a.count) / y.size(2), y.size(2)});
   }
 
+  // The zero-copy combine buffer as an [L][rows][H] bf16 tensor over the
+  // buffer's own memory (no owner: the buffer keeps it).
+  torch::Tensor lowLatencyCombineBuffer(const py::capsule& handle, int64_t L, int64_t rows, int64_t H) {
+    const Array a = rt_.lowLatencyCombineBuffer(handleOf(handle));
+    if (L < 1 || rows < 1 || H < 1 || size_t(L * rows * H) != a.count)
+      throw std::invalid_argument("gin_ep: the combine buffer holds " + std::to_string(a.count) +
+                                  " values, not the handle's " + std::to_string(L) + " x " + std::to_string(rows) +
+                                  " x " + std::to_string(H));
+    return torch::from_blob(a.ptr, {L, rows, H}, torch::dtype(torch::kBFloat16).device(torch::kCUDA, device_));
+  }
+
   // A receive hook (return_recv_hook): the rest of the last deferred low-latency call.
   void receive(uint64_t stream) {
     py::gil_scoped_release nogil;
@@ -221,5 +232,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("combine", &Runtime::combine)
       .def("low_latency_dispatch", &Runtime::lowLatencyDispatch)
       .def("low_latency_combine", &Runtime::lowLatencyCombine)
+      .def("low_latency_combine_buffer", &Runtime::lowLatencyCombineBuffer)
       .def("receive", &Runtime::receive);
 }

@@ -275,6 +275,19 @@ Array Runtime::lowLatencyCombine(uintptr_t stream, const void* y, const void* id
   return out;
 }
 
+Array Runtime::lowLatencyCombineBuffer(const std::shared_ptr<void>& handle) {
+  State& s = *s_;
+  const auto* h = static_cast<const gin::ep::GpuLlHandle*>(handle.get());
+  const size_t L = size_t(s.shape.localExperts()), R = size_t(s.shape.ranks);
+  if (!h || !s.buf || !s.ll || h->srcToken.size() != L * R * size_t(s.shape.tokens))
+    throw std::invalid_argument("gin_ep: get_next_low_latency_combine_buffer needs a handle of this buffer's "
+                                "low_latency_dispatch (with the current num_max_dispatch_tokens_per_rank)");
+  Array a;
+  a.ptr = s.buf->lowLatencyCombineBuffer();
+  a.count = h->srcToken.size() * size_t(s.shape.hidden);
+  return a;
+}
+
 void Runtime::receive(uintptr_t stream) {
   State& s = *s_;
   if (!s.buf) throw std::invalid_argument("gin_ep: a receive hook with no low-latency call before it");

@@ -89,6 +89,10 @@ class Runtime {
                                   int maxTokens, int hidden, int experts, int topk, bool useFp8, bool defer = false);
   Array lowLatencyCombine(uintptr_t stream, const void* y, const void* idx, bool idx64, const float* weights,
                           const std::shared_ptr<void>& handle, bool defer = false);
+  // The zero-copy combine buffer ([L][R * Tmax][H] bf16, GpuBuffer's
+  // lowLatencyCombineBuffer) of the buffer that made `handle`; the buffer
+  // owns it (Array::keep empty).
+  Array lowLatencyCombineBuffer(const std::shared_ptr<void>& handle);
   // The hook of the last low-latency call given defer, on the caller's stream.
   void receive(uintptr_t stream);
 

@@ -250,47 +250,50 @@ class Buffer:
             if cumulative_local_expert_recv_stats is not None:
                 cumulative_local_expert_recv_stats.add_(count)
 
-        if not return_recv_hook:
-            received()
-            return recv_x, count, handle, _event(async_finish), None
-
-        # The sends are queued; the hook queues the receive (on the stream current when it is called),
-        # after which recv_x, count and the handle hold the rows. Call it, on every rank, before the
-        # buffer's next call.
-        def hook():
-            self.runtime.receive(_stream())
-            received()
-
-        return recv_x, count, handle, _event(async_finish), hook
+        return recv_x, count, handle, _event(async_finish), self._hook(return_recv_hook, received)
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False, zero_copy=False,
                             async_finish=False, return_recv_hook=False, out=None):
-        """Returns (combined_x, event, hook): per token the sum over its choices of weight x row."""
+        """Returns (combined_x, event, hook): per token the sum over its choices of weight x row.
+        zero_copy: the experts' outputs are in get_next_low_latency_combine_buffer(handle) (x gives the shape
+        only, as DeepEP's)."""
         idx, w = _indices(topk_idx), topk_weights.float().contiguous()
-        combined = self.runtime.low_latency_combine(_stream(), x.contiguous(), idx, w, handle[-1].capsule,
-                                                    return_recv_hook)
+        y = self.get_next_low_latency_combine_buffer(handle) if zero_copy else x.contiguous()
+        combined = self.runtime.low_latency_combine(_stream(), y, idx, w, handle[-1].capsule, return_recv_hook)
 
         def received():
             if out is not None:
                 out.copy_(combined)
 
-        if not return_recv_hook:
+        # The sum reads the top-k indices and weights when the hook runs: the hook keeps them.
+        hook = self._hook(return_recv_hook, received, keep=(idx, w))
+        return (combined if out is None else out), _event(async_finish), hook
+
+    def _hook(self, deferred, received, keep=None):
+        """Not deferred: runs received() now and returns None. Deferred (return_recv_hook): the call queued
+        its sends only; returns the hook, which queues the receive (on the stream current when it is called)
+        and then runs received(). Call it, on every rank, before the buffer's next call."""
+        if not deferred:
             received()
-            return (combined if out is None else out), _event(async_finish), None
+            return None
 
         def hook():
             self.runtime.receive(_stream())
             received()
 
-        hook.inputs = (idx, w)  # the sum reads them when the hook runs
-        return (combined if out is None else out), _event(async_finish), hook
+        hook.inputs = keep
+        return hook
 
     def get_next_low_latency_combine_buffer(self, handle):
-        """A tensor for the experts' outputs ([local experts][ranks x max tokens][hidden] bf16). gin copies
-        from it in low_latency_combine (no zero-copy)."""
-        src_info, _, tmax, hidden, num_experts, _ = handle
-        return torch.empty((num_experts // self.group_size, self.group_size * tmax, hidden), dtype=torch.bfloat16,
-                           device=src_info.device)
+        """DeepEP's zero-copy combine buffer: [local experts][ranks x max tokens][hidden] bf16 in the buffer's
+        own memory, where gin stages the rows it puts to peers it cannot store to. Write the experts' outputs
+        there after the dispatch that made `handle` has received (on the current stream after the call, or
+        after its hook), then call low_latency_combine(..., zero_copy=True): they go out with no copy. Valid
+        until the buffer is destroyed or a low-latency dispatch with another num_max_dispatch_tokens_per_rank
+        or shape replaces it."""
+        _, _, tmax, hidden, num_experts, gh = handle
+        return self.runtime.low_latency_combine_buffer(gh.capsule, num_experts // self.group_size,
+                                                       self.group_size * tmax, hidden)
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
         """Nothing to clean: gin's low-latency signals count calls (no reset), and the ring's two halves are

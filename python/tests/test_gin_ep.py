@@ -181,34 +181,42 @@ def check_normal_worst(buf, rank, R, H, E, K, tmax, dev):
     for o in outs:
         check(*o)
 
-    T = tokens_of(rank, 0, tmax)
-    x, idx, w = (torch.zeros(T, H, dtype=torch.bfloat16, device=dev), torch.zeros(T, K, dtype=torch.int64, device=dev),
-                 torch.zeros(T, K, device=dev))
     per_expert = torch.zeros(E, dtype=torch.int32, device=dev)
 
-    def step():
+    def step(x, idx, w):
         recv_x, recv_idx, _, counts, handle, _ = buf.dispatch(x, num_tokens_per_expert=per_expert, topk_idx=idx,
                                                               topk_weights=w, num_worst_tokens=worst)
         combined, _, _ = buf.combine(recv_x, handle)
         return recv_x, recv_idx, counts, handle, combined
 
-    inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 41) for r in range(R)]
-    for src, dst in zip(inputs[rank], (x, idx, w)):
+    def check_replay(inputs, x, idx, w, out):
+        _, _, _, in_rank, _ = buf.get_dispatch_layout(idx, E)
+        check(inputs, x, in_rank, *out)
+
+    replay_graph(rank, R, H, E, K, tmax, dev, step, check_replay, seed=41)
+    buf.synchronize()  # nothing left behind
+
+
+def replay_graph(rank, R, H, E, K, tmax, dev, step, check, seed):
+    """step(x, idx, w) captured in a CUDA graph (after a warm-up outside it), then replayed three times with
+    new inputs copied into x, idx and w; check(inputs, x, idx, w, step's outputs) after each replay."""
+    T = tokens_of(rank, 0, tmax)
+    x, idx, w = (torch.zeros(T, H, dtype=torch.bfloat16, device=dev), torch.zeros(T, K, dtype=torch.int64, device=dev),
+                 torch.zeros(T, K, device=dev))
+    for src, dst in zip(make_inputs(rank, T, H, E, K, seed), (x, idx, w)):
         dst.copy_(src)
-    step()  # warm-up, outside the capture
+    step(x, idx, w)  # warm-up, outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, capture_error_mode="thread_local"):
-        out = step()
+        out = step(x, idx, w)
     for rnd in range(3):
-        inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 51 + rnd) for r in range(R)]
+        inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, seed + 10 + rnd) for r in range(R)]
         for src, dst in zip(inputs[rank], (x, idx, w)):
             dst.copy_(src)
         g.replay()
         torch.cuda.synchronize()
-        _, _, _, in_rank, _ = buf.get_dispatch_layout(idx, E)
-        check(inputs, x, in_rank, *out)
-    buf.synchronize()  # nothing left behind
+        check(inputs, x, idx, w, out)
 
 
 def to_fp8(x):
@@ -329,7 +337,8 @@ def check_ll_combined(x, idx, w, combined):
 
 def check_low_latency(buf, rank, R, H, E, K, tmax, dev):
     """Round 0 with receive hooks (return_recv_hook: the call queues its sends, the hook the receive; a
-    call before the hook is refused on every rank), round 1 without; the per-expert receive stats."""
+    call before the hook is refused on every rank), round 1 without, its experts' outputs written into the
+    zero-copy combine buffer (x given to the combine is NaN); the per-expert receive stats."""
     L = E // R
     for rnd in range(2):
         inputs = [make_inputs(r, tokens_of(r, rnd, tmax), H, E, K, 31 + rnd) for r in range(R)]
@@ -350,9 +359,15 @@ def check_low_latency(buf, rank, R, H, E, K, tmax, dev):
             assert hook is None
         check_ll_dispatched(rank, R, L, inputs, recv_x, count, handle)
         assert torch.equal(stats.cpu(), count.cpu()), "cumulative_local_expert_recv_stats"
-        combined, _, hook = buf.low_latency_combine(recv_x, idx, w, handle, return_recv_hook=hooks)
         if hooks:
+            combined, _, hook = buf.low_latency_combine(recv_x, idx, w, handle, return_recv_hook=True)
             hook()
+        else:
+            zbuf = buf.get_next_low_latency_combine_buffer(handle)
+            assert zbuf.shape == (L, R * tmax, H) and zbuf.dtype == torch.bfloat16, "combine buffer's shape"
+            zbuf.copy_(recv_x)
+            nan = torch.full_like(recv_x, float("nan"))
+            combined, _, _ = buf.low_latency_combine(nan, idx, w, handle, zero_copy=True)
         check_ll_combined(x, idx, w, combined)
 
 
@@ -387,32 +402,18 @@ def check_low_latency_queued(buf, rank, R, H, E, K, tmax, dev):
 def check_low_latency_graph(buf, rank, R, H, E, K, tmax, dev):
     """A (dispatch, combine) pair captured in a CUDA graph and replayed with new inputs copied in."""
     L = E // R
-    T = tokens_of(rank, 0, tmax)
-    x, idx, w = (torch.zeros(T, H, dtype=torch.bfloat16, device=dev), torch.zeros(T, K, dtype=torch.int64, device=dev),
-                 torch.zeros(T, K, device=dev))
 
-    def step():
+    def step(x, idx, w):
         recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, tmax, E, use_fp8=False)
         combined, _, _ = buf.low_latency_combine(recv_x, idx, w, handle)
         return recv_x, count, handle, combined
 
-    inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 61) for r in range(R)]
-    for src, dst in zip(inputs[rank], (x, idx, w)):
-        dst.copy_(src)
-    step()  # warm-up, outside the capture
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, capture_error_mode="thread_local"):
-        out = step()
-    for rnd in range(3):
-        inputs = [make_inputs(r, tokens_of(r, 0, tmax), H, E, K, 71 + rnd) for r in range(R)]
-        for src, dst in zip(inputs[rank], (x, idx, w)):
-            dst.copy_(src)
-        g.replay()
-        torch.cuda.synchronize()
+    def check(inputs, x, idx, w, out):
         recv_x, count, handle, combined = out
         check_ll_dispatched(rank, R, L, inputs, recv_x, count, handle)
         check_ll_combined(x, idx, w, combined)
+
+    replay_graph(rank, R, H, E, K, tmax, dev, step, check, seed=61)
 
 
 def rank_main(rank, R, port, H, errors):

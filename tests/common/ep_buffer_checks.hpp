@@ -267,8 +267,24 @@ inline void checkLlCombined(const std::vector<uint16_t>& out, const gin::ep::Inp
     }
 }
 
+// DeepEP's zero-copy combine: the expert outputs y written into the
+// buffer's combine buffer, which then goes in as y. A GPU buffer's face
+// (tests/gpu/ep_buffer.cu) has a member that does the same on the device.
+inline std::vector<uint16_t> zeroCopyCombine(gin::ep::CpuBuffer& buf, const std::vector<uint16_t>& y,
+                                             const int32_t* idx, const float* w, const gin::ep::LlHandle& h) {
+  uint16_t* b = buf.lowLatencyCombineBuffer();
+  std::copy(y.begin(), y.end(), b);
+  return buf.lowLatencyCombine(b, idx, w, h);
+}
+template <class Face, class Handle>
+auto zeroCopyCombine(Face& buf, const std::vector<uint16_t>& y, const int32_t* idx, const float* w, const Handle& h)
+    -> decltype(buf.lowLatencyCombineZeroCopy(y, idx, w, h)) {
+  return buf.lowLatencyCombineZeroCopy(y, idx, w, h);
+}
+
 // Low-latency mode: every (token, choice) to its expert, packed per local
-// expert in source order; combine weighted by the top-k weights.
+// expert in source order; combine weighted by the top-k weights (odd
+// rounds through the zero-copy combine buffer).
 template <class Buffer>
 void checkLlRounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 2) {
   const gin::ep::Shape sh = shapeOf(c);
@@ -287,8 +303,10 @@ void checkLlRounds(Buffer& buf, gin::Comm& comm, const Case& c, int rounds = 2) 
         const size_t row = size_t(el) * R * Tmax + q;
         for (size_t i = 0; i < H; ++i) y[row * H + i] = llExpertValue(me * L + el, d.x[row * H + i]);
       }
-    const std::vector<uint16_t> out = buf.lowLatencyCombine(y.data(), in.idx.data(), in.weight.data(), d.handle);
-    checkLlCombined(out, in, c, size_t(tokensOf(c, me, round)), where);
+    const std::vector<uint16_t> out =
+        round % 2 == 1 ? zeroCopyCombine(buf, y, in.idx.data(), in.weight.data(), d.handle)
+                       : buf.lowLatencyCombine(y.data(), in.idx.data(), in.weight.data(), d.handle);
+    checkLlCombined(out, in, c, size_t(tokensOf(c, me, round)), where + (round % 2 ? "zero-copy " : ""));
   }
 }
 

@@ -186,6 +186,17 @@ class HostFace {
     auto wd = up(std::vector<float>(w, w + T * K));
     return buf_.lowLatencyCombine(yd.data(), idxd.data(), wd.data(), h.gpu).toHost();
   }
+  // The same with y uploaded into the buffer's zero-copy combine buffer
+  // (after the dispatch: HostFace's calls synchronize), which goes in as y.
+  std::vector<uint16_t> lowLatencyCombineZeroCopy(const std::vector<uint16_t>& y, const int32_t* idx, const float* w,
+                                                  const LlHandle& h) {
+    const size_t K = size_t(sh_.topk), T = size_t(h.tokens);
+    uint16_t* b = buf_.lowLatencyCombineBuffer();
+    GPU_CHECK(cudaMemcpyAsync(b, y.data(), y.size() * sizeof(uint16_t), cudaMemcpyHostToDevice, st_));
+    auto idxd = up(std::vector<int32_t>(idx, idx + T * K));
+    auto wd = up(std::vector<float>(w, w + T * K));
+    return buf_.lowLatencyCombine(b, idxd.data(), wd.data(), h.gpu).toHost();
+  }
 
  private:
   gin::ep::Shape sh_;

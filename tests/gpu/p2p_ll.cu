@@ -1,6 +1,7 @@
 // GPU suite: LL8 / LL16 packets (gin/device/ll.hpp) and p2p send/recv
 // (gin/device/p2p.hpp) between 1, 2 and 4 GPUs driven by one process (one
-// thread and one Comm per GPU), over lsa. Thread, warp and block coops;
+// thread and one Comm per GPU; the [shared] case: 2-8 ranks sharing them),
+// over lsa. Thread, warp and block coops;
 // random data; poisoned destinations; many rounds reusing the buffers; a
 // reader racing a writer over NVLink. Skips (exit 77) where no GPU is visible.
 #include <catch2/catch_session.hpp>
@@ -23,8 +24,8 @@ enum class Kind { Thread, Warp, Block };
 
 // One rank per GPU (runGpus: rank r on GPU r, kernels on the legacy stream,
 // which ranks sharing a GPU would share, so one rank's waiting kernel would
-// hold the next one's back). Ranks sharing a GPU run in the proxy, ibgda and
-// moe suites (a stream per rank) and in tests/gpu/processes.cu.
+// hold the next one's back). The [shared] case runs ranks sharing GPUs, a
+// stream each.
 std::vector<int> rankCounts() {
   std::vector<int> v;
   for (int n : {1, 2, 4})
@@ -267,15 +268,36 @@ __global__ void p2pRing(DevComm dc, p2p::Fifo fifo, Window src, size_t smis, siz
   });
 }
 
+// Runs body(comm, stream) on n ranks: one per GPU on the legacy stream
+// (runGpus), or, `shared`, round-robin on the GPUs with a stream each
+// (runRanksOnStreams), so that ranks sharing a GPU run side by side. The
+// bodies below wait for their own stream only, read results after that
+// wait (a pageable read queued behind a waiting kernel would hold up the
+// other ranks' reads: docs/design/progress.md), and allocate and free
+// between bootstrap barriers (cudaFree waits for the whole device).
+void runRanks(int n, bool shared, const std::function<void(Comm&, cudaStream_t)>& body) {
+  if (shared)
+    gputest::runRanksOnStreams(n, body, gputest::gpuConfig());
+  else
+    runGpus(n, [&](Comm& comm) { body(comm, cudaStreamLegacy); });
+}
+
+// This rank's kernels on `st` are done, and no wait of theirs failed.
+void finish(Comm& comm, cudaStream_t st) {
+  GPU_CHECK(cudaStreamSynchronize(st));
+  comm.check();
+}
+
 template <Kind K, bool Separate>
-void p2pRingTest(int n, uint64_t seed) {
-  runGpus(n, [&](Comm& comm) {
+void p2pRingTest(int n, uint64_t seed, bool shared = false) {
+  runRanks(n, shared, [&](Comm& comm, cudaStream_t st) {
     const int me = comm.rank(), from = (me + n - 1) % n;
     p2p::Config cfg;
     cfg.chunkBytes = 4096;
     cfg.nSlots = 8;
     p2p::Fifo fifo = p2p::create(comm, cfg);
     const size_t ring = cfg.chunkBytes * cfg.nSlots;
+    // Up to cfg.llMaxBytes (16 KiB) an lsa peer's message is one LL step, above it FIFO steps.
     const size_t sizes[] = {0, 1, 13, 4095, 4096, 4097, ring, ring + 1, 5 * ring + 7, (1u << 20) + 3};
     const size_t maxBytes = (1u << 20) + 3, slot = maxBytes + 64;
     Window src = comm.allocWindow(slot);
@@ -284,17 +306,18 @@ void p2pRingTest(int n, uint64_t seed) {
     GPU_CHECK(cudaMalloc(&dst, slot));
     GPU_CHECK(cudaMalloc(&failed, sizeof(int)));
     GPU_CHECK(cudaMemset(failed, 0, sizeof(int)));
+    GPU_CHECK(cudaDeviceSynchronize());
+    comm.bootstrap().barrier();
     std::vector<uint8_t> h(slot);
     for (int it = 0; it < 20; ++it) {
       const size_t bytes = sizes[size_t(it) % std::size(sizes)], smis = size_t(it % 4) * 5, dmis = size_t(it % 3) * 8;
       for (size_t i = 0; i < bytes; ++i) h[smis + i] = gputest::pattern(seed + it, me, i);
-      GPU_CHECK(cudaMemcpy(comm.localPointer(src), h.data(), slot, cudaMemcpyHostToDevice));
-      GPU_CHECK(cudaMemset(dst, kPoison, slot));
-      GPU_CHECK(cudaDeviceSynchronize());
+      GPU_CHECK(cudaMemcpyAsync(comm.localPointer(src), h.data(), slot, cudaMemcpyHostToDevice, st));
+      GPU_CHECK(cudaMemsetAsync(dst, kPoison, slot, st));
       p2pRing<K, Separate>
-          <<<Separate ? 2 : 1, 256>>>(comm.devComm(), fifo, src, smis, bytes, dst + dmis, bytes, failed);
+          <<<Separate ? 2 : 1, 256, 0, st>>>(comm.devComm(), fifo, src, smis, bytes, dst + dmis, bytes, failed);
       GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
-      comm.synchronize();
+      finish(comm, st);
       GPU_CHECK(cudaMemcpy(h.data(), dst, slot, cudaMemcpyDeviceToHost));
       for (size_t i = 0; i < dmis; ++i) expect(h[i] == kPoison, "recv wrote before the destination");
       for (size_t i = 0; i < bytes; ++i)
@@ -307,8 +330,8 @@ void p2pRingTest(int n, uint64_t seed) {
     int f = -1;
     GPU_CHECK(cudaMemcpy(&f, failed, sizeof f, cudaMemcpyDeviceToHost));
     expect(f == 0, "a send or recv reported failure");
-    cudaFree(dst), cudaFree(failed);
     comm.bootstrap().barrier();
+    cudaFree(dst), cudaFree(failed);
     comm.deregisterWindow(src);
     p2p::destroy(comm, fifo);
   });
@@ -327,8 +350,8 @@ __global__ void p2pAllToAll(DevComm dc, p2p::Fifo fifo, Window src, size_t slot,
   if (!ok && threadIdx.x == 0) atomicAdd(failed, 1);
 }
 
-void p2pAllToAllTest(int n) {
-  runGpus(n, [&](Comm& comm) {
+void p2pAllToAllTest(int n, bool shared = false) {
+  runRanks(n, shared, [&](Comm& comm, cudaStream_t st) {
     const int me = comm.rank();
     p2p::Config cfg;
     cfg.chunkBytes = 16 << 10;
@@ -341,16 +364,17 @@ void p2pAllToAllTest(int n) {
     GPU_CHECK(cudaMalloc(&dst, slot * n));
     GPU_CHECK(cudaMalloc(&failed, sizeof(int)));
     GPU_CHECK(cudaMemset(failed, 0, sizeof(int)));
+    GPU_CHECK(cudaDeviceSynchronize());
+    comm.bootstrap().barrier();
     std::vector<uint8_t> h(slot * n);
     for (int it = 0; it < 3; ++it) {
       for (int p = 0; p < n; ++p)
         for (size_t i = 0; i < bytes; ++i) h[p * slot + i] = gputest::pattern(100 + it, me, i ^ size_t(p));
-      GPU_CHECK(cudaMemcpy(comm.localPointer(src), h.data(), h.size(), cudaMemcpyHostToDevice));
-      GPU_CHECK(cudaMemset(dst, kPoison, slot * n));
-      GPU_CHECK(cudaDeviceSynchronize());
-      p2pAllToAll<<<2 * n, 512>>>(comm.devComm(), fifo, src, slot, bytes, dst, failed);
+      GPU_CHECK(cudaMemcpyAsync(comm.localPointer(src), h.data(), h.size(), cudaMemcpyHostToDevice, st));
+      GPU_CHECK(cudaMemsetAsync(dst, kPoison, slot * n, st));
+      p2pAllToAll<<<2 * n, 512, 0, st>>>(comm.devComm(), fifo, src, slot, bytes, dst, failed);
       GPU_CHECK(cudaGetLastError());  // a launch that failed ran nothing
-      comm.synchronize();
+      finish(comm, st);
       GPU_CHECK(cudaMemcpy(h.data(), dst, h.size(), cudaMemcpyDeviceToHost));
       for (int p = 0; p < n; ++p) {
         for (size_t i = 0; i < bytes; ++i)
@@ -362,8 +386,8 @@ void p2pAllToAllTest(int n) {
     int f = -1;
     GPU_CHECK(cudaMemcpy(&f, failed, sizeof f, cudaMemcpyDeviceToHost));
     expect(f == 0, "a send or recv reported failure");
-    cudaFree(dst), cudaFree(failed);
     comm.bootstrap().barrier();
+    cudaFree(dst), cudaFree(failed);
     comm.deregisterWindow(src);
     p2p::destroy(comm, fifo);
   });
@@ -393,6 +417,30 @@ TEST_CASE("GPU p2p all-to-all: one channel per peer, every send and recv at once
     CAPTURE(n);
     REQUIRE_NOTHROW(p2pAllToAllTest(n));
   }
+}
+
+// The progress rule with ranks sharing a GPU (round-robin, one process, a
+// stream each): LL steps, where the receiver polls packets another rank's
+// kernel on the same GPU writes, and FIFO steps, where sender and receiver
+// wait for each other's signals, need those kernels to run side by side.
+TEST_CASE("GPU p2p with ranks sharing GPUs: ring (LL and FIFO steps) and all-to-all", "[gpu][p2p][shared]") {
+  const int gpus = gputest::gpuCount();
+  bool ran = false;
+  for (int n : {2, 3, 4, 8}) {
+    if (n <= gpus || n > 4 * gpus || n > gputest::maxRanks()) continue;
+    if (!gputest::queuesFor(n)) {
+      WARN("skipped " << n << " ranks on " << gpus << " GPU(s): CUDA_DEVICE_MAX_CONNECTIONS="
+                      << gputest::hardwareQueues() << " gives their streams too few hardware queues");
+      continue;
+    }
+    CAPTURE(n);
+    ran = true;
+    REQUIRE_NOTHROW((p2pRingTest<Kind::Block, true>(n, 70, true)));
+    REQUIRE_NOTHROW((p2pRingTest<Kind::Warp, false>(n, 80, true)));
+    REQUIRE_NOTHROW((p2pRingTest<Kind::Thread, true>(n, 90, true)));
+    REQUIRE_NOTHROW(p2pAllToAllTest(n, true));
+  }
+  if (!ran) SKIP("no rank count shares these " << gpus << " GPU(s) within the hardware queues");
 }
 
 TEST_CASE("GPU p2p: a recv nobody sends to gives a gin::Error naming p2pRecv, every thread told false",

@@ -1,10 +1,12 @@
-// GPU suite, one process per GPU (the usual launch): the test starts itself
-// once per GPU with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
-// MASTER_ADDR, MASTER_PORT); each rank bootstraps over TCP, maps its peers'
-// windows with CUDA IPC handles, and runs put/signal/barrier kernels.
-// Skips (exit 77) with fewer than 2 GPUs.
+// GPU suite, one process per rank (the usual launch): the test starts
+// itself once per rank with torchrun's variables (RANK, WORLD_SIZE,
+// LOCAL_RANK, MASTER_ADDR, MASTER_PORT), 2, 3 and 4 ranks (and 8 on 4 GPUs),
+// round-robin on the GPUs, so processes share a GPU where there are more
+// ranks than GPUs; each rank bootstraps over TCP, maps its peers' windows
+// with CUDA IPC handles (lsa) and runs put/signal/barrier kernels. Skips
+// (exit 77) where no GPU is visible.
 //
-// Over the proxy (GIN_TRANSPORT=proxy: the processes may share GPUs) it then
+// Over the proxy (GIN_TRANSPORT=proxy) it then
 // injects faults into 3 GPU ranks whose kernels spin in a put/wait ring:
 // rank 2 killed (SIGKILL) mid-run, and over the tcp wire rank 1 cutting its
 // connection to rank 2. The survivors' kernels must stop, every survivor
@@ -238,20 +240,19 @@ int main() {
   }
   // Parent: spawn fresh programs (not fork), so CUDA state is never shared.
   const int gpus = gputest::gpuCount();
-  // Over the proxy the GPUs never address each other, so the processes may
-  // share GPUs (round-robin): 2, 3 and 4 even on one GPU, each process its
-  // own CUDA context (so CUDA_DEVICE_MAX_CONNECTIONS=1 holds nobody up).
-  const char* tr = std::getenv("GIN_TRANSPORT");
-  const bool shared = tr && std::string(tr) == "proxy";
   if (gpus == 0) return gputest::skipNoGpu("GPU processes suite");
-  if (gpus < 2 && !shared) {
-    std::printf("SKIP one-process-per-GPU suite: %d GPU(s) visible, need 2 (or GIN_TRANSPORT=proxy)\n", gpus);
-    return 77;
-  }
+  // Processes go round-robin on the GPUs: one per GPU up to the GPU count,
+  // then several share one, each its own CUDA context (so
+  // CUDA_DEVICE_MAX_CONNECTIONS=1 holds nobody up). Over lsa the processes
+  // sharing a GPU map each other's windows with CUDA IPC handles and their
+  // kernels take turns on it (time slices): every wait must still end.
+  // Over the proxy (GIN_TRANSPORT=proxy) the GPUs never address each other.
+  const char* tr = std::getenv("GIN_TRANSPORT");
+  const bool proxy = tr && std::string(tr) == "proxy";
   int failures = 0;
-  for (int n : {2, 3, 4}) {
-    if (n > gpus && !shared) break;
-    if (n == 3 && !shared) continue;
+  std::vector<int> counts = {2, 3, 4};
+  if (gpus >= 4) counts.push_back(2 * gpus);  // two processes per GPU on every GPU
+  for (int n : counts) {
     std::vector<pid_t> pids;
     const int port = 20000 + int(getpid() % 20000) + n;
     for (int r = 0; r < n; ++r) {
@@ -259,15 +260,18 @@ int main() {
       if (pid < 0) return 2;
       pids.push_back(pid);
     }
+    int failed = 0;
     for (pid_t pid : pids) {
       int st = 0;
       waitpid(pid, &st, 0);
-      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failures;
+      if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ++failed;
     }
-    std::printf("%d processes on %d GPU(s): %s\n", n, std::min(n, gpus), failures ? "FAILED" : "passed");
-  }
-  if (shared) {
+    failures += failed;
+    std::printf("%d processes on %d GPU(s)%s: %s\n", n, std::min(n, gpus), n > gpus ? " (sharing)" : "",
+                failed ? "FAILED" : "passed");
     std::fflush(stdout);
+  }
+  if (proxy) {
     const char* w = std::getenv("GIN_PROXY_WIRE");
     if (w && std::string(w) == "tcp") {
       // The wire notices: well inside the 20 s timeout.

@@ -305,8 +305,17 @@ class CpuBuffer {
     return d;
   }
 
+  // DeepEP's zero-copy combine buffer: [L][R * Tmax][H] bf16 in the
+  // buffer's own memory, where rows to peers that are not lsa-reachable are
+  // staged. Expert outputs written there and passed to lowLatencyCombine as
+  // y go out with no copy. Low-latency mode only.
+  uint16_t* lowLatencyCombineBuffer() const {
+    if (!ll_) throw std::invalid_argument("ep: lowLatencyCombineBuffer on a normal-mode buffer");
+    return static_cast<uint16_t*>(comm_.localPointer(l_.partial));
+  }
+
   // y: [L][R * Tmax][H] bf16, one row per packed row of the dispatch that
-  // made `h` (rows past count[e] are not read). topkIdx/topkWeights: [T][K],
+  // made `h` (rows past count[e] are not read), or lowLatencyCombineBuffer(). topkIdx/topkWeights: [T][K],
   // those of that dispatch. Returns [T][H] bf16: per token the float sum of
   // its choices' rows, each times its weight (choices of -1 skipped).
   std::vector<uint16_t> lowLatencyCombine(const uint16_t* y, const int32_t* topkIdx, const float* topkWeights,

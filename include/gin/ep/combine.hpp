@@ -26,11 +26,13 @@ GIN_HD inline size_t llRowOffset(const Shape& sh, size_t t, size_t k) {
 // Send `row` (H bf16 values) back to `src`'s combine window at byte offset
 // `at` on context `ctx`, with the remote action `act` on the combine signal
 // there: stored straight into the source's window when it is lsa-reachable,
-// else copied to `partial` at position `stage` (bf16 rows of H) and put.
-// signal() and put() sync the coop first, so every thread's part of the row
-// is written before either. act None: no signal; the caller counts the row
-// in a later rowsReturned on the same context (a GPU signals once per block
-// and source: every row's SignalAdd would hit the source's one combine word).
+// else copied to `partial` at position `stage` (bf16 rows of H) and put;
+// a row that is already there (low-latency mode's zero-copy combine buffer,
+// lowLatencyCombineBuffer) is put as it is. signal() and put() sync the
+// coop first, so every thread's part of the row is written before either.
+// act None: no signal; the caller counts the row in a later rowsReturned
+// on the same context (a GPU signals once per block and source: every
+// row's SignalAdd would hit the source's one combine word).
 template <class Act, class Coop>
 GIN_HD void returnRow(const Layer& l, int src, size_t at, size_t stage, const uint16_t* row, int ctx, Act act,
                       Coop coop) {
@@ -41,7 +43,8 @@ GIN_HD void returnRow(const Layer& l, int src, size_t at, size_t stage, const ui
     if constexpr (!std::is_same_v<Act, gin::None>) net.signal(gin::teamWorld(l.dc), src, act, coop);
     return;
   }
-  gin::lsa::coopCopy(coop, gin::localPointer(l.partial, stage * bytes), row, bytes);
+  void* staged = gin::localPointer(l.partial, stage * bytes);
+  if (staged != row) gin::lsa::coopCopy(coop, staged, row, bytes);
   net.put(gin::teamWorld(l.dc), src, l.combine, at, l.partial, stage * bytes, bytes, act, gin::None{}, coop);
 }
 

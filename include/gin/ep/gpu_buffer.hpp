@@ -1270,8 +1270,21 @@ class GpuBuffer {
     return d;
   }
 
-  // CpuBuffer::lowLatencyCombine with device arrays: y [L][R * Tmax][H],
-  // topkIdx and topkWeights [T][K] of the dispatch that made `h`.
+  // DeepEP's zero-copy combine buffer (get_next_low_latency_combine_buffer):
+  // [L][R * Tmax][H] bf16 of device memory in the buffer, where rows to
+  // peers that are not lsa-reachable are staged. Expert outputs written
+  // there and passed to lowLatencyCombine as y go out with no copy. Write it
+  // after the dispatch whose rows it answers has received (in stream order
+  // after that call, or after its receive()): until then the previous
+  // combine's puts may still read it. Low-latency mode only.
+  uint16_t* lowLatencyCombineBuffer() const {
+    if (!ll_) throw std::invalid_argument("ep: lowLatencyCombineBuffer on a normal-mode buffer");
+    return static_cast<uint16_t*>(comm_.localPointer(l_.partial));
+  }
+
+  // CpuBuffer::lowLatencyCombine with device arrays: y [L][R * Tmax][H] (or
+  // lowLatencyCombineBuffer()), topkIdx and topkWeights [T][K] of the
+  // dispatch that made `h`.
   // deferReceive: the returns only, as lowLatencyDispatch's; receive()
   // queues the sum into the returned array (topkIdx and topkWeights are
   // read then: keep them).
