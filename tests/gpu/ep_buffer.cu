@@ -21,6 +21,7 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <new>
 #include <stdexcept>
@@ -305,6 +306,43 @@ void run(const gintest::ep::Case& c, bool ll, int worst = 0) {
       },
       cfg);
 }
+// The failure cases' allocator: throws std::bad_alloc once `next` is set,
+// else allocates from a pool of this rank's own. Ranks sharing a GPU must
+// not draw from the device's default pool: its stream-ordered reuse may
+// make one rank's allocation wait for another rank's stream (an internal
+// dependency), which here waits for this rank. Outlives the buffer.
+class FailOnce {
+ public:
+  explicit FailOnce(cudaStream_t st) : st_(st) {
+    int dev = 0;
+    GPU_CHECK(cudaGetDevice(&dev));
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = dev;
+    GPU_CHECK(cudaMemPoolCreate(&pool_, &props));
+    uint64_t keep = ~0ull;  // as the buffer's pool: no trim at a synchronization
+    GPU_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+  ~FailOnce() { (void)cudaMemPoolDestroy(pool_); }
+  FailOnce(const FailOnce&) = delete;
+  FailOnce& operator=(const FailOnce&) = delete;
+  gin::ep::DeviceAllocator allocator() {
+    return [this](size_t bytes, void** p) -> std::shared_ptr<void> {
+      if (next) {
+        next = false;
+        throw std::bad_alloc();
+      }
+      GPU_CHECK(cudaMallocFromPoolAsync(p, bytes, pool_, st_));
+      return std::shared_ptr<void>(*p, [st = st_](void* q) { (void)cudaFreeAsync(q, st); });
+    };
+  }
+  bool next = false;
+
+ private:
+  cudaStream_t st_;
+  cudaMemPool_t pool_ = nullptr;
+};
 }  // namespace
 
 // f(ranks, transport) for 1-4 ranks over lsa and the proxy, but for rank
@@ -500,6 +538,7 @@ void runQueued(const gintest::ep::Case& c) {
           const gin::ep::Shape sh = gintest::ep::shapeOf(cc);
           const int me = comm.rank(), L = cc.experts / cc.ranks;
           const size_t H = size_t(cc.hidden), rowsPerExpert = size_t(cc.ranks) * size_t(tmax);
+          FailOnce failing(st);  // made before the buffer: outlives it
           gin::ep::GpuBuffer buf(comm, sh, true, st);
           std::vector<std::vector<gin::ep::Inputs>> all;
           std::vector<gin::ep::DeviceArray<uint16_t>> x, y, out(static_cast<size_t>(rounds));
@@ -541,15 +580,8 @@ void runQueued(const gintest::ep::Case& c) {
               gintest::ep::checkLlCombined(out[size_t(r)].toHost(), all[size_t(r)][size_t(me)], cc,
                                            size_t(gintest::ep::tokensOf(cc, me, r)), where);
           }
-          bool failNext = me == 0;
-          buf.setAllocator([&failNext, st](size_t bytes, void** p) -> std::shared_ptr<void> {
-            if (failNext) {
-              failNext = false;
-              throw std::bad_alloc();
-            }
-            GPU_CHECK(cudaMallocAsync(p, bytes, st));
-            return std::shared_ptr<void>(*p, [st](void* q) { (void)cudaFreeAsync(q, st); });
-          });
+          failing.next = me == 0;
+          buf.setAllocator(failing.allocator());
           const int T0 = gintest::ep::tokensOf(cc, me, 0);
           bool threw = false;
           try {
@@ -790,6 +822,70 @@ TEST_CASE("GPU ep buffer: a sync-free dispatch with more rows than its worstToke
           gintest::expect(!what.empty(), "every rank's calls stop after rank 0's rows past worstTokens");
       },
       cfg);
+}
+
+// A sync-free call makes every array before its first kernel; when rank
+// 0's allocator throws there (in a dispatch, or in a combine along a
+// sync-free handle), rank 0's call throws it and the communicator's error
+// (callAborted) ends the peers' waits at once, not at the timeout (60 s
+// here): every rank's calls stop within 20 s.
+TEST_CASE("GPU ep buffer: a sync-free call whose allocator throws on one rank stops every rank at once",
+          "[gpu][ep][syncfree]") {
+  const int R = std::min(2, gputest::maxRanks());
+  if (!enoughQueues(R)) return;
+  const int E = 4 * R, K = 2, H = 256, T = 8;
+  CommConfig cfg = gputest::gpuConfig(60'000'000'000ull);
+  const gin::ep::Shape sh = smallShape(R, E, K, H, T);
+  cfg.nSignals = int(gin::ep::signalsNeeded(sh)) + 4;
+  for (const bool inCombine : {false, true}) {
+    CAPTURE(inCombine);
+    std::vector<std::string> what(static_cast<size_t>(R));  // per rank: what its calls threw
+    std::vector<double> seconds(static_cast<size_t>(R), -1);
+    std::vector<int> badAlloc(static_cast<size_t>(R), 0);
+    REQUIRE_NOTHROW(gputest::runRanksOnStreams(
+        R,
+        [&](Comm& comm, cudaStream_t st) {
+          const int me = comm.rank();
+          FailOnce failing(st);  // made before the buffer: outlives it
+          gin::ep::GpuBuffer buf(comm, sh, false, st);
+          buf.setAllocator(failing.allocator());
+          auto x = upload(buf, std::vector<uint16_t>(size_t(T) * H, 0x3f80), st);
+          std::vector<int32_t> idxHost(size_t(T) * K, -1);
+          for (int t = 0; t < T; ++t) idxHost[size_t(t) * K] = (t + me) % E;
+          auto idx = upload(buf, idxHost, st);
+          auto w = upload(buf, std::vector<float>(idxHost.size(), 0.5f), st);
+          gin::ep::GpuDispatched ok = buf.dispatch(x.data(), idx.data(), w.data(), T, 1, R * T);
+          buf.combine(ok.x.data(), ok.handle);
+          buf.synchronize();
+          const auto start = std::chrono::steady_clock::now();
+          std::string& msg = what[size_t(me)];
+          try {
+            failing.next = me == 0 && !inCombine;
+            gin::ep::GpuDispatched d = buf.dispatch(x.data(), idx.data(), w.data(), T, 1, R * T);
+            failing.next = me == 0 && inCombine;
+            buf.combine(d.x.data(), d.handle);
+            buf.synchronize();
+          } catch (const std::bad_alloc&) {
+            badAlloc[size_t(me)] = 1;
+            try {  // the next call says why
+              buf.synchronize();
+            } catch (const std::exception& e) {
+              msg = e.what();
+            }
+          } catch (const std::exception& e) {
+            msg = e.what();
+          }
+          seconds[size_t(me)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        },
+        cfg));
+    for (int r = 0; r < R; ++r) {
+      CAPTURE(r, what[size_t(r)], seconds[size_t(r)]);
+      CHECK(badAlloc[size_t(r)] == (r == 0));
+      CHECK(what[size_t(r)].find(r == 0 ? "callAborted" : "rank 0") != std::string::npos);
+      CHECK(seconds[size_t(r)] >= 0);
+      CHECK(seconds[size_t(r)] < 20);
+    }
+  }
 }
 
 int main(int argc, char** argv) {

@@ -51,6 +51,10 @@ enum class Op : uint32_t {
   PeerFailed,
   // The ibgda transport's soft NIC thread stopped (its reason printed to stderr).
   IbgdaNic,
+  // A rank's host code failed in the middle of a call whose GPU work the
+  // other ranks wait for without the host (gin::ep's sync-free calls: an
+  // allocation that threw); that rank's exception says what.
+  CallAborted,
 };
 
 GIN_HD inline const char* opName(Op op) {
@@ -82,6 +86,7 @@ GIN_HD inline const char* opName(Op op) {
     case Op::IbgdaCqeCompressed: return "ibgdaCompressedCqe";
     case Op::PeerFailed: return "peerFailed";
     case Op::IbgdaNic: return "ibgdaNic";
+    case Op::CallAborted: return "callAborted";
   }
   return "unknown";
 }

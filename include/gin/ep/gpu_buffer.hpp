@@ -243,13 +243,6 @@ __global__ void packFp8Kernel(Layer l, Fp8Tokens x, int tokens) {
   }
 }
 
-// n received FP8 rows (rowBytes apart) into data [n][H] and scales [n][H / 128].
-__global__ void splitFp8Kernel(Layer l, const char* rows, int n, uint8_t* data, float* scales) {
-  const size_t H = size_t(l.shape.hidden), G = H / kFp8Group, B = l.shape.rowBytes();
-  for (size_t i = blockIdx.x; i < size_t(n); i += gridDim.x)
-    splitFp8Row(gin::CoopBlock{}, rows + i * B, data + i * H, scales + i * G, H);
-}
-
 // Normal mode's plan on the GPU: planRouting's result for idx and weight
 // [T][K] (T = l.shape.tokens), without the host. A block per channel c over
 // its tokens [c x cap, (c + 1) x cap), a thread per token: its destination
@@ -738,10 +731,11 @@ __global__ void endKernel(Layer l, bool summed, NormalRounds* rounds, const int*
   if (bad && *bad && !status[1]) status[1] = *bad;
 }
 
-// Bad input a sync-free call found on the host: recorded as the
-// communicator's error (every rank's waits end; every later call throws).
-__global__ void failKernel(Layer l, uint64_t value, uint64_t limit) {
-  gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, 0, value, limit);
+// A sync-free call that cannot go on (bad input found on the host, an
+// allocation that threw): recorded as the communicator's error (every
+// rank's waits end; every later call throws).
+__global__ void failKernel(Layer l, gin::Op op, uint64_t value, uint64_t limit) {
+  gin::recordError(l.dc, op, -1, -1, 0, value, limit);
 }
 
 // A low-latency call's last kernel, a block (of 64 threads) per context:
@@ -885,7 +879,6 @@ class GpuBuffer {
     cudaFuncAttributes a{};
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::packKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::packFp8Kernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::splitFp8Kernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::planKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::unpackKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::returnKernel));
@@ -897,6 +890,11 @@ class GpuBuffer {
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llSumKernel<int32_t>));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llSumKernel<int64_t>));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::llEndKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::sfCountKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::sfLayoutKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::summedWaitKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::endKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::failKernel));
     z_ = gpu::sizing(comm, sh, lowLatency, kThreads);
     // Signals only grow in both modes (normal mode: the rings' heads and
     // tails, the count exchange's and Signals::summed; the combine signal is
@@ -978,7 +976,7 @@ class GpuBuffer {
     checkCall(false, tokens, "dispatch");
     checkFp8Hidden(fp8, l_.shape.hidden, "dispatch");
     clock_.start("dispatch");
-    setCall(tokens, fp8, x);
+    setCall(tokens, x, f);
     GpuDispatched d;
     GpuHandle& h = d.handle;
     keepRouting(h, topkIdx, topkWeights, tokens);
@@ -1001,9 +999,7 @@ class GpuBuffer {
     const size_t n = layOut(h.fromLane);
     h.arrivals = *hostWord(2);  // read back by begin()
     receiveArrays(d, n);
-    DeviceArray<char> fp8Rows;
-    launchDispatch(rowsFor(d, fp8Rows, n, fp8));
-    if (fp8) splitFp8(d, fp8Rows, n);
+    launchDispatch(rowsFor(d, n, fp8));
     GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, T * 4, st_));
     GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, L * 4, st_));
     if (n)
@@ -1050,15 +1046,16 @@ class GpuBuffer {
                     uint64_t(tokens), uint64_t(maxTokens_));
     checkFp8Hidden(fp8, sh.hidden, "dispatch");
     clock_.start("sync-free dispatch");
-    setCall(tokens, fp8, x);
+    setCall(tokens, x, f);
     GpuDispatched d;
     GpuHandle& h = d.handle;
     h.syncFree = true;
     // Every array first, then the kernels: no host call that could wait
     // (none was seen to: docs/ep.md) between kernels that peers wait for.
-    keepRouting(h, topkIdx, topkWeights, tokens);
-    // What the handle keeps on the GPU, and what the unpack writes.
-    {
+    void* rows = nullptr;
+    allocateOrStop([&] {
+      keepRouting(h, topkIdx, topkWeights, tokens);
+      // What the handle keeps on the GPU, and what the unpack writes.
       Parts p;
       const size_t countsAt = p.add<unsigned long long>(2), prefixAt = p.add<int>(R * R),
                    layoutAt = p.add<char>(layoutBytes());
@@ -1066,10 +1063,9 @@ class GpuBuffer {
       h.counts = DeviceArray<unsigned long long>(slab, countsAt, 2);
       h.rankPrefix = DeviceArray<int>(slab, prefixAt, R * R);
       h.layout = DeviceArray<char>(slab, layoutAt, layoutBytes());
-    }
-    receiveArrays(d, W);
-    DeviceArray<char> fp8Rows;
-    void* rows = rowsFor(d, fp8Rows, W, fp8);
+      receiveArrays(d, W);
+      rows = rowsFor(d, W, fp8);
+    });
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
     plan(h, true);
@@ -1079,7 +1075,6 @@ class GpuBuffer {
                                           h.rankPrefix.data(), mem_.word(2), h.counts.data() + 1, failed(), llStatus_);
     gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, rows, recvMeta_,
                               failed());
-    if (fp8) splitFp8(d, fp8Rows, W);
     GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, size_t(tokens) * 4, st_));
     GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, size_t(sh.localExperts()) * 4, st_));
     if (W)
@@ -1093,12 +1088,15 @@ class GpuBuffer {
   }
 
   // A normal dispatch's per-call layer: its tokens, bf16 or FP8, and where
-  // the senders read the tokens (the caller's x where every peer is lsa and
-  // the tokens are bf16: no pack into the x window).
-  void setCall(int tokens, bool fp8, const uint16_t* x) {
+  // the senders read the tokens (the caller's x, or FP8 data and scales,
+  // where every peer is lsa: no pack into the x window).
+  void setCall(int tokens, const uint16_t* x, Fp8Tokens f) {
+    const bool fp8 = f.data != nullptr;
     l_.shape.tokens = tokens;
     l_.shape.fp8 = fp8;
-    l_.xDirect = allLsa_ && !fp8 ? reinterpret_cast<const char*>(x) : nullptr;
+    l_.xDirect = !allLsa_ ? nullptr : fp8 ? reinterpret_cast<const char*>(f.data) : reinterpret_cast<const char*>(x);
+    l_.xScalesDirect = allLsa_ && fp8 ? f.scales : nullptr;
+    l_.recvScales = nullptr;  // rowsFor sets it for FP8
   }
 
   // The dispatch's routing, kept in the handle for a cached dispatch (the
@@ -1135,17 +1133,18 @@ class GpuBuffer {
     d.topkWeights = DeviceArray<float>(slab, wAt, n * K);
   }
 
-  // Where n rows are received: bf16 rows straight into the returned d.x;
-  // FP8 rows into fp8Rows (rowBytes each), split afterwards (splitFp8) into
-  // d.xFp8 [n][H] and d.xScales [n][H / 128], allocated here too.
-  void* rowsFor(GpuDispatched& d, DeviceArray<char>& fp8Rows, size_t n, bool fp8) {
+  // Where n rows are received, straight into what the call returns: bf16
+  // rows into d.x; FP8 rows' e4m3 bytes into d.xFp8 [n][H] and their scales
+  // into d.xScales [n][H / 128] (Layer::recvScales).
+  void* rowsFor(GpuDispatched& d, size_t n, bool fp8) {
     if (fp8) {
       const size_t H = size_t(l_.shape.hidden);
-      fp8Rows = deviceArray<char>(n * l_.shape.rowBytes());
       d.xFp8 = deviceArray<uint8_t>(n * H);
       d.xScales = deviceArray<float>(n * (H / kFp8Group));
-      return fp8Rows.data();
+      l_.recvScales = d.xScales.data();
+      return d.xFp8.data();
     }
+    l_.recvScales = nullptr;
     d.x = deviceArray<uint16_t>(n * size_t(l_.shape.hidden));
     return d.x.data();
   }
@@ -1173,7 +1172,12 @@ class GpuBuffer {
       throw std::invalid_argument("ep: combine was given a handle that no dispatch of this buffer made");
     raiseEarlier();
     // The output before the first kernel: startCombine's waits for peers.
-    DeviceArray<uint16_t> out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden));
+    DeviceArray<uint16_t> out;
+    const auto allocate = [&] { out = deviceArray<uint16_t>(size_t(h.tokens) * size_t(sh.hidden)); };
+    if (h.syncFree)
+      allocateOrStop(allocate);
+    else
+      allocate();
     startCombine("combine");
     if (h.received())
       gpu::returnKernel<<<z_.combineGrid, kThreads, 0, st_>>>(l_, int(h.received()), h.srcRank.data(),
@@ -1215,6 +1219,8 @@ class GpuBuffer {
     (void)topkWeights;  // the low-latency combine takes them
     l_.shape.fp8 = useFp8;  // packKernel quantizes
     l_.xDirect = allLsa_ && !useFp8 ? reinterpret_cast<const char*>(x) : nullptr;  // no pack
+    l_.xScalesDirect = nullptr;  // FP8 is quantized by the pack
+    l_.recvScales = nullptr;
     clock_.start("low-latency dispatch");
     GpuLlDispatched d;
     GpuLlHandle& h = d.handle;
@@ -1452,14 +1458,14 @@ class GpuBuffer {
       throw std::invalid_argument("ep: a cached dispatch needs the handle of a dispatch of this buffer");
     raiseEarlier();
     clock_.start("cached dispatch");
-    setCall(h.tokens, fp8, x);
+    setCall(h.tokens, x, f);
     if (h.syncFree) {
       // Without the host, as the handle's dispatch: the plan again, the
       // handle's layout (no count exchange), the rows, the end kernel.
       GpuDispatched d;
       d.handle = h;
-      DeviceArray<char> fp8Rows;
-      void* rows = rowsFor(d, fp8Rows, h.received(), fp8);  // before any kernel, as syncFreeDispatch
+      void* rows = nullptr;
+      allocateOrStop([&] { rows = rowsFor(d, h.received(), fp8); });  // before any kernel
       GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
       GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
       plan(h, true);
@@ -1467,7 +1473,6 @@ class GpuBuffer {
       copyOn(layout_, h.layout.data(), layoutBytes());
       gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, rows, recvMeta_,
                                 failed());
-      if (fp8) splitFp8(d, fp8Rows, h.received());
       endNormal(false);
       clock_.end();
       return d;
@@ -1478,27 +1483,18 @@ class GpuBuffer {
       throw std::invalid_argument("ep: a cached dispatch was given a handle that no dispatch of this buffer made");
     GpuDispatched d;
     d.handle = h;
-    DeviceArray<char> fp8Rows;
-    void* rows = rowsFor(d, fp8Rows, n, fp8);
+    void* rows = rowsFor(d, n, fp8);
     startPlanned(x, f, h);
     // Every position the handle lists is filled once the receivers are done
     // (a rank that passed another dispatch's handle makes them wait, and
     // the wait gives up at the timeout with an error).
     launchDispatch(rows);
-    if (fp8) splitFp8(d, fp8Rows, n);
     checkDone("cached dispatch");
     clock_.mark("kernels");
     comm_.bootstrap().barrier();
     clock_.mark("barrier");
     clock_.end();
     return d;
-  }
-
-  // n received FP8 rows (rowBytes each) into d.xFp8 and d.xScales (rowsFor).
-  void splitFp8(GpuDispatched& d, const DeviceArray<char>& rows, size_t n) {
-    if (n)
-      gpu::splitFp8Kernel<<<int(std::min<size_t>(n, 1024)), kThreads, 0, st_>>>(l_, rows.data(), int(n), d.xFp8.data(),
-                                                                                 d.xScales.data());
   }
 
   // Normal mode's start: the plan made on the GPU from the handle's routing
@@ -1521,7 +1517,7 @@ class GpuBuffer {
   // The tokens into the x window, unless read from the caller's x
   // (Layer::xDirect).
   void pack(const uint16_t* x, int tokens, Fp8Tokens f) {
-    if (tokens > 0 && f.data)
+    if (tokens > 0 && l_.xDirect == nullptr && f.data)
       gpu::packFp8Kernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, f, tokens);
     else if (tokens > 0 && l_.xDirect == nullptr)
       gpu::packKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, x, tokens);
@@ -1704,9 +1700,25 @@ class GpuBuffer {
   // error from the GPU (every rank's waits end and their next call throws),
   // then thrown here.
   [[noreturn]] void failEveryRank(const std::string& why, uint64_t value, uint64_t limit) {
-    gpu::failKernel<<<1, 1, 0, st_>>>(l_, value, limit);
+    gpu::failKernel<<<1, 1, 0, st_>>>(l_, gin::Op::BadArgument, value, limit);
     (void)cudaGetLastError();
     throw std::invalid_argument(why);
+  }
+
+  // The allocations of a call whose kernels the peers wait for without the
+  // host (sync-free calls make every array before their first kernel): if
+  // one throws, the communicator's error (callAborted, in stream order
+  // after this rank's earlier calls), so that every rank's waits end at once
+  // instead of at the timeout, then the exception goes on.
+  template <class F>
+  void allocateOrStop(F&& allocate) {
+    try {
+      allocate();
+    } catch (...) {
+      gpu::failKernel<<<1, 1, 0, st_>>>(l_, gin::Op::CallAborted, 0, 0);
+      (void)cudaGetLastError();
+      throw;
+    }
   }
 };
 

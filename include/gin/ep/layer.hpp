@@ -83,6 +83,13 @@ struct Layer {
   // the x window, which then holds nothing. Only where every peer is
   // lsa-reachable (a GPU driver sets it when every transport is lsa).
   const char* xDirect;
+  // FP8 calls with xDirect: the tokens' scales [T][H / 128], read from here
+  // (xDirect then holds their e4m3 bytes [T][H]). Null otherwise.
+  const float* xScalesDirect;
+  // FP8 receives (a GPU driver's normal dispatch): each row's e4m3 bytes go
+  // to recvX [n][H] and its scales to [n][H / 128] here, instead of whole
+  // rows (rowBytes) to recvX. Null: whole rows.
+  float* recvScales;
   // Low-latency mode without resets (GpuBuffer): device words {dispatches,
   // combines} this rank has finished, then the combine rows they summed. A
   // dispatch's round r (its count of earlier dispatches, the same on every
@@ -106,14 +113,53 @@ GIN_HD inline uint64_t llCountsDone(const Layer& l, uint64_t round) {
   return (round + 1) * uint64_t(l.shape.llSenders);
 }
 
+// A row as it travels (Shape::rowBytes: bf16 [H], or FP8's H e4m3 bytes
+// then H / 128 float scales), kept in one place (scales null) or two.
+struct RowAt {
+  char* data;
+  char* scales;
+};
+struct RowFrom {
+  const char* data;
+  const char* scales;
+};
+template <class Coop>
+GIN_HD void copyRow(Coop coop, const Shape& sh, RowAt to, RowFrom from) {
+  if (to.scales == nullptr && from.scales == nullptr) {
+    gin::lsa::coopCopy(coop, to.data, from.data, sh.rowBytes());
+    return;
+  }
+  const size_t H = size_t(sh.hidden);
+  gin::lsa::coopCopy(coop, to.data, from.data, H);
+  gin::lsa::coopCopy(coop, to.scales ? to.scales : to.data + H, from.scales ? from.scales : from.data + H,
+                     H / kFp8Group * 4);
+}
+// Token t's row where this call reads it: the x window, or the caller's
+// arrays (l.xDirect, and l.xScalesDirect for FP8).
+GIN_HD inline RowFrom tokenRow(const Layer& l, size_t t) {
+  const size_t H = size_t(l.shape.hidden);
+  if (l.xDirect == nullptr) return {static_cast<const char*>(gin::localPointer(l.x, t * l.shape.tokenBytes())), nullptr};
+  if (l.xScalesDirect != nullptr)
+    return {l.xDirect + t * H, reinterpret_cast<const char*>(l.xScalesDirect + t * (H / kFp8Group))};
+  return {l.xDirect + t * l.shape.rowBytes(), nullptr};
+}
+// Received row `pos` in recvX (and l.recvScales).
+GIN_HD inline RowAt receivedRow(const Layer& l, void* recvX, size_t pos) {
+  const size_t H = size_t(l.shape.hidden);
+  char* x = static_cast<char*>(recvX);
+  if (l.recvScales != nullptr) return {x + pos * H, reinterpret_cast<char*>(l.recvScales + pos * (H / kFp8Group))};
+  return {x + pos * l.shape.rowBytes(), nullptr};
+}
+
 // Put token t's row (rowBytes) to `peer`'s window w at `offset`: from the x
-// window, or stored straight from l.xDirect (every peer lsa-reachable).
+// window, or stored straight from the caller's arrays (l.xDirect: every
+// peer lsa-reachable).
 template <class Coop>
 GIN_HD void putToken(const Layer& l, gin::Net<>& net, int peer, gin::Window w, size_t offset, size_t t, Coop coop) {
   const size_t bytes = l.shape.rowBytes();
   if (l.xDirect != nullptr)
-    gin::lsa::coopCopy(coop, gin::peerPointer(l.dc, gin::teamWorld(l.dc), peer, w, offset), l.xDirect + t * bytes,
-                       bytes);
+    copyRow(coop, l.shape, {static_cast<char*>(gin::peerPointer(l.dc, gin::teamWorld(l.dc), peer, w, offset)), nullptr},
+            tokenRow(l, t));
   else
     net.put(gin::teamWorld(l.dc), peer, w, offset, l.x, t * l.shape.tokenBytes(), bytes, gin::None{}, gin::None{},
             coop);
@@ -311,7 +357,7 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, void* recvX, c
     if (k - s.origin >= s.keep) continue;
     const size_t pos = size_t(s.base + (k - s.origin));
     gin::lsa::coopCopy(sub, recvMeta + pos * sh.metaBytes(), p, sh.metaBytes());
-    gin::lsa::coopCopy(sub, static_cast<char*>(recvX) + pos * sh.rowBytes(), p + sh.metaBytes(), sh.rowBytes());
+    copyRow(sub, sh, receivedRow(l, recvX, pos), {p + sh.metaBytes(), nullptr});
   }
   s.got += n;
   s.unfreed += n;
@@ -339,14 +385,11 @@ GIN_HD int selfStep(const Layer& l, int c, uint64_t base, SendState& s, void* re
   if (i < m && s.sent + i < keep) {
     const uint64_t k = s.sent + i;
     const uint32_t e = l.sendList[lane * sh.laneCap() + size_t(k)];
-    const size_t t = e & 0xffffffu, j = e >> 24, pos = size_t(base + k), bytes = sh.rowBytes();
+    const size_t t = e & 0xffffffu, j = e >> 24, pos = size_t(base + k);
     const auto sub = Split<Coop>::sub(coop);
     gin::lsa::coopCopy(sub, recvMeta + pos * sh.metaBytes(),
                        gin::localPointer(l.meta, (t * sh.maxDests() + j) * sh.metaBytes()), sh.metaBytes());
-    gin::lsa::coopCopy(sub, static_cast<char*>(recvX) + pos * bytes,
-                       l.xDirect != nullptr ? static_cast<const void*>(l.xDirect + t * bytes)
-                                            : gin::localPointer(l.x, t * sh.tokenBytes()),
-                       bytes);
+    copyRow(sub, sh, receivedRow(l, recvX, pos), tokenRow(l, t));
   }
   s.sent += m;
   return 1;

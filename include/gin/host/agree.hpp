@@ -47,14 +47,22 @@ void agreeOn(Bootstrap& bs, const char* what, Step&& step) {
   (void)vote(bs, what, 0, problem.empty() ? nullptr : problem.c_str());
 }
 
-// Argument check of a window call: every rank learns every rank's size and verdict.
-inline void agreeOnSize(Bootstrap& bs, const char* what, size_t bytes, const char* localProblem) {
-  const std::vector<Vote> votes = vote(bs, what, bytes, localProblem);
+// Every rank's verdict and one value every rank must pass alike (`name`,
+// in `unit`s): a problem on any rank, or ranks that differ, throws on every
+// rank, naming them and saying what to do (`fix`).
+inline void agreeOnValue(Bootstrap& bs, const char* what, uint64_t value, const char* name, const char* unit,
+                         const char* localProblem, const char* fix) {
+  const std::vector<Vote> votes = vote(bs, what, value, localProblem);
   for (size_t r = 1; r < votes.size(); ++r)
     if (votes[r].bytes != votes[0].bytes)
-      throw Error(std::string(what) + ": ranks disagree on the window size: rank 0 passed " +
-                  std::to_string(votes[0].bytes) + " bytes, rank " + std::to_string(r) + " passed " +
-                  std::to_string(votes[r].bytes) + "; every rank must pass the same size");
+      throw Error(std::string(what) + ": ranks disagree on " + name + ": rank 0 passed " +
+                  std::to_string(votes[0].bytes) + unit + ", rank " + std::to_string(r) + " passed " +
+                  std::to_string(votes[r].bytes) + unit + "; " + fix);
+}
+
+// Argument check of a window call: every rank learns every rank's size and verdict.
+inline void agreeOnSize(Bootstrap& bs, const char* what, size_t bytes, const char* localProblem) {
+  agreeOnValue(bs, what, bytes, "the window size", " bytes", localProblem, "every rank must pass the same size");
 }
 
 }  // namespace gin::detail

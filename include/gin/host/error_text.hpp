@@ -71,6 +71,11 @@ inline std::string describe(const DeviceErrorRecord& r) {
          ". The QP is in error; nothing after that WQE was carried out.";
     return s;
   }
+  if (op == Op::CallAborted) {
+    s += " (its host code failed in the middle of a call whose GPU work the other ranks wait for without the "
+         "host: an allocation threw; that rank's exception says what. The communicator is stopped: make a new one)";
+    return s;
+  }
   if (op == Op::PeerFailed) {
     s += ": stopped its " + std::string(opName(static_cast<Op>(r.objectId))) + " on context " +
          std::to_string(r.context) + " (id " + std::to_string(r.expected) + ") because rank " + std::to_string(r.peer) +

@@ -56,13 +56,8 @@ inline Fifo create(Comm& comm, const Config& cfg = {}) {
     problem = "llMaxBytes " + std::to_string(cfg.llMaxBytes) +
               " is above 1 MiB (LL16 packets take twice the message, in nSlots slots per connector); lower it, or "
               "0 for no LL steps";
-  const std::vector<detail::Vote> votes =
-      detail::vote(comm.bootstrap(), "p2p::create", cfg.llMaxBytes, problem.empty() ? nullptr : problem.c_str());
-  for (size_t r = 1; r < votes.size(); ++r)
-    if (votes[r].bytes != votes[0].bytes)
-      throw Error("p2p::create: ranks disagree on llMaxBytes: rank 0 passed " + std::to_string(votes[0].bytes) +
-                  ", rank " + std::to_string(r) + " passed " + std::to_string(votes[r].bytes) +
-                  "; every rank must pass the same Config");
+  detail::agreeOnValue(comm.bootstrap(), "p2p::create", cfg.llMaxBytes, "llMaxBytes", "",
+                       problem.empty() ? nullptr : problem.c_str(), "every rank must pass the same Config");
   // LL steps only where a message may go by load/store: lsa members with no
   // network transport forced (the same answer on every rank).
   const DevComm& dc = comm.devComm();
