@@ -176,16 +176,14 @@ TEST_CASE("GPU AllReduce with ranks sharing GPUs: LL16, one-shot, direct and rin
   if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa")
     SKIP("LL16, one-shot and direct run over lsa only");
   const int gpus = gputest::gpuCount();
-  bool ran = false;
-  for (int n : {2, 3, 4, 8}) {
-    if (n <= gpus || n > 4 * gpus || n > gputest::maxRanks()) continue;
-    if (!gputest::queuesFor(n)) {
-      WARN("skipped " << n << " ranks on " << gpus << " GPU(s): CUDA_DEVICE_MAX_CONNECTIONS="
-                      << gputest::hardwareQueues() << " gives their streams too few hardware queues");
-      continue;
-    }
+  std::vector<int> tooFewQueues;
+  const std::vector<int> counts = gputest::sharingRankCounts(tooFewQueues);
+  for (int n : tooFewQueues)
+    WARN("skipped " << n << " ranks on " << gpus << " GPU(s): CUDA_DEVICE_MAX_CONNECTIONS="
+                    << gputest::hardwareQueues() << " gives their streams too few hardware queues");
+  if (counts.empty()) SKIP("no rank count shares these " << gpus << " GPU(s) within the hardware queues");
+  for (int n : counts) {
     CAPTURE(n);
-    ran = true;
     std::vector<std::vector<uint8_t>> results(static_cast<size_t>(n), std::vector<uint8_t>{});
     REQUIRE_NOTHROW(gputest::runRanksOnStreams(
         n,
@@ -217,7 +215,6 @@ TEST_CASE("GPU AllReduce with ranks sharing GPUs: LL16, one-shot, direct and rin
         },
         gputest::gpuConfig()));
   }
-  if (!ran) SKIP("no rank count shares these " << gpus << " GPU(s) within the hardware queues");
 }
 
 int main(int argc, char** argv) {

@@ -307,23 +307,12 @@ void run(const gintest::ep::Case& c, bool ll, int worst = 0) {
       cfg);
 }
 // The failure cases' allocator: throws std::bad_alloc once `next` is set,
-// else allocates from a pool of this rank's own. Ranks sharing a GPU must
-// not draw from the device's default pool: its stream-ordered reuse may
-// make one rank's allocation wait for another rank's stream (an internal
-// dependency), which here waits for this rank. Outlives the buffer.
+// else allocates from a pool that keeps what is freed, as the buffer's (a
+// pool that trims at synchronizations, as the device's default pool, hung
+// 2 ranks sharing a GPU here). Outlives the buffer.
 class FailOnce {
  public:
-  explicit FailOnce(cudaStream_t st) : st_(st) {
-    int dev = 0;
-    GPU_CHECK(cudaGetDevice(&dev));
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = dev;
-    GPU_CHECK(cudaMemPoolCreate(&pool_, &props));
-    uint64_t keep = ~0ull;  // as the buffer's pool: no trim at a synchronization
-    GPU_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
-  }
+  explicit FailOnce(cudaStream_t st) : st_(st), pool_(gin::ep::detail::makeKeepingPool()) {}
   ~FailOnce() { (void)cudaMemPoolDestroy(pool_); }
   FailOnce(const FailOnce&) = delete;
   FailOnce& operator=(const FailOnce&) = delete;

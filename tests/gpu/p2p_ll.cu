@@ -425,22 +425,19 @@ TEST_CASE("GPU p2p all-to-all: one channel per peer, every send and recv at once
 // wait for each other's signals, need those kernels to run side by side.
 TEST_CASE("GPU p2p with ranks sharing GPUs: ring (LL and FIFO steps) and all-to-all", "[gpu][p2p][shared]") {
   const int gpus = gputest::gpuCount();
-  bool ran = false;
-  for (int n : {2, 3, 4, 8}) {
-    if (n <= gpus || n > 4 * gpus || n > gputest::maxRanks()) continue;
-    if (!gputest::queuesFor(n)) {
-      WARN("skipped " << n << " ranks on " << gpus << " GPU(s): CUDA_DEVICE_MAX_CONNECTIONS="
-                      << gputest::hardwareQueues() << " gives their streams too few hardware queues");
-      continue;
-    }
+  std::vector<int> tooFewQueues;
+  const std::vector<int> counts = gputest::sharingRankCounts(tooFewQueues);
+  for (int n : tooFewQueues)
+    WARN("skipped " << n << " ranks on " << gpus << " GPU(s): CUDA_DEVICE_MAX_CONNECTIONS="
+                    << gputest::hardwareQueues() << " gives their streams too few hardware queues");
+  if (counts.empty()) SKIP("no rank count shares these " << gpus << " GPU(s) within the hardware queues");
+  for (int n : counts) {
     CAPTURE(n);
-    ran = true;
     REQUIRE_NOTHROW((p2pRingTest<Kind::Block, true>(n, 70, true)));
     REQUIRE_NOTHROW((p2pRingTest<Kind::Warp, false>(n, 80, true)));
     REQUIRE_NOTHROW((p2pRingTest<Kind::Thread, true>(n, 90, true)));
     REQUIRE_NOTHROW(p2pAllToAllTest(n, true));
   }
-  if (!ran) SKIP("no rank count shares these " << gpus << " GPU(s) within the hardware queues");
 }
 
 TEST_CASE("GPU p2p: a recv nobody sends to gives a gin::Error naming p2pRecv, every thread told false",

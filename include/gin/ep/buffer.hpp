@@ -315,8 +315,8 @@ class CpuBuffer {
   }
 
   // y: [L][R * Tmax][H] bf16, one row per packed row of the dispatch that
-  // made `h` (rows past count[e] are not read), or lowLatencyCombineBuffer(). topkIdx/topkWeights: [T][K],
-  // those of that dispatch. Returns [T][H] bf16: per token the float sum of
+  // made `h` (rows past count[e] are not read), or lowLatencyCombineBuffer().
+  // topkIdx/topkWeights: [T][K], those of that dispatch. Returns [T][H] bf16: per token the float sum of
   // its choices' rows, each times its weight (choices of -1 skipped).
   std::vector<uint16_t> lowLatencyCombine(const uint16_t* y, const int32_t* topkIdx, const float* topkWeights,
                                           const LlHandle& h) {

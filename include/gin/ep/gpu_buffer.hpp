@@ -98,6 +98,26 @@ inline PinnedStage& pinnedStage() {
   thread_local PinnedStage stage;
   return stage;
 }
+
+// A memory pool on the current device that keeps what is freed (release
+// threshold at its maximum: no trim at a synchronization). A pool that
+// trims (threshold 0, as the device's default pool) hung ranks sharing a
+// GPU in a sync-free call (docs/ep.md, "Allocation").
+inline cudaMemPool_t makeKeepingPool() {
+  int dev = 0;
+  GIN_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = dev;
+  cudaMemPool_t pool = nullptr;
+  GIN_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+  uint64_t keep = ~0ull;
+  const cudaError_t e = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  if (e != cudaSuccess) (void)cudaMemPoolDestroy(pool);
+  GIN_CUDA_CHECK(e);
+  return pool;
+}
 }  // namespace detail
 
 // n values of T in device memory (a DeviceAllocator's, or from the buffer's
@@ -830,15 +850,7 @@ class GpuBuffer {
         l_(openLayer(comm, gpu::autoShape(comm, shape), lowLatency, sigBase)) {
     const Shape& sh = l_.shape;
     const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), E = size_t(sh.experts);
-    int dev = 0;
-    GIN_CUDA_CHECK(cudaGetDevice(&dev));
-    cudaMemPoolProps props{};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = dev;
-    GIN_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
-    uint64_t keep = ~0ull;  // keep freed memory in the pool: no trim at a synchronization
-    GIN_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    pool_ = detail::makeKeepingPool();
     // Pinned: the scratch words' copies, this rank's lane counts and its
     // tokens per local expert (downloaded), the receive list's layout
     // (uploaded, as layout_).

@@ -138,7 +138,8 @@ GIN_HD void copyRow(Coop coop, const Shape& sh, RowAt to, RowFrom from) {
 // arrays (l.xDirect, and l.xScalesDirect for FP8).
 GIN_HD inline RowFrom tokenRow(const Layer& l, size_t t) {
   const size_t H = size_t(l.shape.hidden);
-  if (l.xDirect == nullptr) return {static_cast<const char*>(gin::localPointer(l.x, t * l.shape.tokenBytes())), nullptr};
+  if (l.xDirect == nullptr)
+    return {static_cast<const char*>(gin::localPointer(l.x, t * l.shape.tokenBytes())), nullptr};
   if (l.xScalesDirect != nullptr)
     return {l.xDirect + t * H, reinterpret_cast<const char*>(l.xScalesDirect + t * (H / kFp8Group))};
   return {l.xDirect + t * l.shape.rowBytes(), nullptr};
