@@ -102,7 +102,7 @@ inline PinnedStage& pinnedStage() {
 // A memory pool on the current device that keeps what is freed (release
 // threshold at its maximum: no trim at a synchronization). A pool that
 // trims (threshold 0, as the device's default pool) hung ranks sharing a
-// GPU in a sync-free call (docs/ep.md, "Allocation").
+// GPU in a sync-free call (docs/ep.md, the returned arrays).
 inline cudaMemPool_t makeKeepingPool() {
   int dev = 0;
   GIN_CUDA_CHECK(cudaGetDevice(&dev));
