@@ -142,7 +142,11 @@ def main():
     ap.add_argument("--ll-tokens", type=int, default=128)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--num-sms", type=int, default=0,
+                    help="Buffer.set_num_sms (DeepEP's): normal mode's channels are half of it; 0: gin picks them")
     a = ap.parse_args()
+    if a.num_sms:
+        gin_ep.Buffer.set_num_sms(a.num_sms)
     rank, R = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group("nccl")
@@ -174,7 +178,7 @@ def main():
     if a.profile:
         # The C++ runtime's call alone, without the Python wrapper's conversions.
         idx32, wf = idx.int().contiguous(), w.float().contiguous()
-        rt_us = wall(lambda: buf.runtime.dispatch(torch.cuda.current_stream().cuda_stream, x, None, idx32, wf, E, 1),
+        rt_us = wall(lambda: buf.runtime.dispatch(torch.cuda.current_stream().cuda_stream, x, None, idx32, wf, E, 1, 0),
                      a.iters)
         if rank == 0:
             print(f"-- normal dispatch: {d_us:.1f} us a call, {rt_us:.1f} us of it the runtime's call alone")
@@ -211,6 +215,8 @@ def main():
         a2a_normal()
 
     sf_pair_us, sync_pair_us = back_to_back(sf_pair, a.iters), back_to_back(normal_pair, a.iters)
+    if a.profile:
+        profile("sync-free (dispatch, combine) pair", sf_pair)
     nn_pair_us = back_to_back(nccl_normal_pair, a.iters)
     # The same pairs with FP8 tokens (DeepEP's: e4m3 and a float scale per 128 channels) and a bf16
     # combine; NCCL's pair moves the FP8 rows' bytes, then the bf16 rows'.

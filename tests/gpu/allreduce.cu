@@ -17,6 +17,7 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include "allreduce_cases.cuh"
+#include "shared_cases.cuh"
 
 using namespace gin;
 using namespace gintest::arref;
@@ -175,13 +176,7 @@ TEST_CASE("GPU AllReduce with ranks sharing GPUs: LL16, one-shot, direct and rin
           "[gpu][allreduce][shared]") {
   if (const char* t = std::getenv("GIN_TRANSPORT"); t && std::string(t) != "lsa")
     SKIP("LL16, one-shot and direct run over lsa only");
-  const int gpus = gputest::gpuCount();
-  std::vector<int> tooFewQueues;
-  const std::vector<int> counts = gputest::sharingRankCounts(tooFewQueues);
-  for (int n : tooFewQueues)
-    WARN("skipped " << n << " ranks on " << gpus << " GPU(s): CUDA_DEVICE_MAX_CONNECTIONS="
-                    << gputest::hardwareQueues() << " gives their streams too few hardware queues");
-  if (counts.empty()) SKIP("no rank count shares these " << gpus << " GPU(s) within the hardware queues");
+  const std::vector<int> counts = gputest::sharingRankCountsOrSkip();
   for (int n : counts) {
     CAPTURE(n);
     std::vector<std::vector<uint8_t>> results(static_cast<size_t>(n), std::vector<uint8_t>{});

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "gpu_common.cuh"
+#include "shared_cases.cuh"
 
 using namespace gin;
 using gputest::expect;
@@ -424,13 +425,7 @@ TEST_CASE("GPU p2p all-to-all: one channel per peer, every send and recv at once
 // kernel on the same GPU writes, and FIFO steps, where sender and receiver
 // wait for each other's signals, need those kernels to run side by side.
 TEST_CASE("GPU p2p with ranks sharing GPUs: ring (LL and FIFO steps) and all-to-all", "[gpu][p2p][shared]") {
-  const int gpus = gputest::gpuCount();
-  std::vector<int> tooFewQueues;
-  const std::vector<int> counts = gputest::sharingRankCounts(tooFewQueues);
-  for (int n : tooFewQueues)
-    WARN("skipped " << n << " ranks on " << gpus << " GPU(s): CUDA_DEVICE_MAX_CONNECTIONS="
-                    << gputest::hardwareQueues() << " gives their streams too few hardware queues");
-  if (counts.empty()) SKIP("no rank count shares these " << gpus << " GPU(s) within the hardware queues");
+  const std::vector<int> counts = gputest::sharingRankCountsOrSkip();
   for (int n : counts) {
     CAPTURE(n);
     REQUIRE_NOTHROW((p2pRingTest<Kind::Block, true>(n, 70, true)));

@@ -1085,8 +1085,7 @@ class GpuBuffer {
     gpu::sfCountKernel<<<1, kThreads, 0, st_>>>(l_, normalRounds_);
     gpu::sfLayoutKernel<<<1, 32, 0, st_>>>(l_, normalRounds_, uint64_t(W), rs_, srcBaseOf(layout_), h.counts.data(),
                                           h.rankPrefix.data(), mem_.word(2), h.counts.data() + 1, failed(), llStatus_);
-    gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, rows, recvMeta_,
-                              failed());
+    runDispatchKernel(rows);
     GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, size_t(tokens) * 4, st_));
     GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, size_t(sh.localExperts()) * 4, st_));
     if (W)
@@ -1373,6 +1372,7 @@ class GpuBuffer {
   cudaStream_t st_;
   Layer l_;
   gpu::Sizing z_;
+  int dispatchThreads_ = gpu::dispatchThreads();
   PhaseClock clock_{comm_.rank()};
   cudaMemPool_t pool_ = nullptr;
   DeviceAllocator alloc_;
@@ -1483,8 +1483,7 @@ class GpuBuffer {
       plan(h, true);
       pack(x, h.tokens, f);
       copyOn(layout_, h.layout.data(), layoutBytes());
-      gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, rows, recvMeta_,
-                                failed());
+      runDispatchKernel(rows);
       endNormal(false);
       clock_.end();
       return d;
@@ -1585,13 +1584,18 @@ class GpuBuffer {
     if (bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, st_));
   }
 
+  // The dispatch kernel (senders and receivers, all resident), receiving into recvX.
+  void runDispatchKernel(void* recvX) {
+    const Shape& sh = l_.shape;
+    gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, dispatchThreads_, st_, l_, rs_, recvX, recvMeta_,
+                              failed());
+  }
+
   // Normal mode after start and layOut(): the dispatch kernel (rows into
   // recvX [rows][rowBytes], metadata into the buffer's list), a flush of
   // every context, and the outcome's copy to the host (checkDone reads it).
   void launchDispatch(void* recvX) {
-    const Shape& sh = l_.shape;
-    gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, kThreads, st_, l_, rs_, recvX, recvMeta_,
-                              failed());
+    runDispatchKernel(recvX);
     gpu::flushKernel<<<l_.dc.nContexts, 1, 0, st_>>>(l_);
     GIN_CUDA_CHECK(cudaGetLastError());
     GIN_CUDA_CHECK(cudaMemcpyAsync(host_, failed(), 4, cudaMemcpyDeviceToHost, st_));
@@ -1712,9 +1716,16 @@ class GpuBuffer {
   // error from the GPU (every rank's waits end and their next call throws),
   // then thrown here.
   [[noreturn]] void failEveryRank(const std::string& why, uint64_t value, uint64_t limit) {
-    gpu::failKernel<<<1, 1, 0, st_>>>(l_, gin::Op::BadArgument, value, limit);
-    (void)cudaGetLastError();
+    stopEveryRank(gin::Op::BadArgument, value, limit);
     throw std::invalid_argument(why);
+  }
+
+  // Records the communicator's error (op, value, limit) from the GPU, in
+  // stream order: every rank's waits end and their next call throws. The
+  // caller throws next, so a launch failure here is left to that exception.
+  void stopEveryRank(gin::Op op, uint64_t value, uint64_t limit) {
+    gpu::failKernel<<<1, 1, 0, st_>>>(l_, op, value, limit);
+    (void)cudaGetLastError();
   }
 
   // The allocations of a call whose kernels the peers wait for without the
@@ -1727,8 +1738,7 @@ class GpuBuffer {
     try {
       allocate();
     } catch (...) {
-      gpu::failKernel<<<1, 1, 0, st_>>>(l_, gin::Op::CallAborted, 0, 0);
-      (void)cudaGetLastError();
+      stopEveryRank(gin::Op::CallAborted, 0, 0);
       throw;
     }
   }
