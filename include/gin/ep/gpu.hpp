@@ -119,7 +119,17 @@ __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long l
 // (ranks <= 64). With two or more, each lane gets a span of warps.
 constexpr int kLanesPerWarp = 8;
 
-__device__ inline void dispatchBody(const Layer& l, const RecvState* rs, void* recvX, char* recvMeta, int* failed) {
+// CTAs of kDispatchThreads: a sender CTA splits its warps among the
+// destinations (8 per destination on 4 ranks), a receiver CTA copies a slot
+// per warp. The grid is at most one CTA per SM anyway (autoShape). On 4
+// H200s 1024 threads took 8% off a sync-free (dispatch, combine) pair and 11%
+// off an FP8 one against 256, 5-7% on 2 (docs/performance.md), even with
+// the spills that 64 registers per thread bring.
+constexpr int kDispatchThreads = 1024;
+static_assert(kDispatchThreads / 32 * kLanesPerWarp >= 64, "a sender CTA drives up to 64 destinations");
+
+__global__ void __launch_bounds__(kDispatchThreads, 1)
+    dispatchKernel(Layer l, const RecvState* rs, void* recvX, char* recvMeta, int* failed) {
   const int C = l.shape.channels, R = l.shape.ranks, me = l.dc.rank;
   if (int(blockIdx.x) < C) {
     const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32);
@@ -183,30 +193,6 @@ __device__ inline void dispatchBody(const Layer& l, const RecvState* rs, void* r
     if (!ok && threadIdx.x == 0) ::atomicAdd(failed, 1);
     if (ok && pos && threadIdx.x == 0) *pos = s.expect;
   }
-}
-
-// The dispatch kernel in CTAs of kThreads threads (dispatchThreads()).
-template <int kThreads>
-__global__ void __launch_bounds__(kThreads, kThreads == 256 ? 2 : 1)
-    dispatchKernel(Layer l, const RecvState* rs, void* recvX, char* recvMeta, int* failed) {
-  dispatchBody(l, rs, recvX, recvMeta, failed);
-}
-
-// Threads per CTA of the dispatch kernel: GIN_EP_THREADS, 1024 (default) or
-// 256. A sender CTA gives each destination its share of the warps (4 ranks:
-// 8 warps per lane instead of 2), a receiver CTA copies a slot per warp.
-// The grid is at most one CTA per SM either way (autoShape). On 4 H200s
-// 1024 took 8% off a sync-free (dispatch, combine) pair and 11% off an FP8
-// one, 5-7% on 2 (docs/performance.md).
-inline int dispatchThreads() {
-  const int t = int(gin::env::integer("GIN_EP_THREADS").value_or(1024));
-  if (t != 256 && t != 1024)
-    throw std::invalid_argument("GIN_EP_THREADS=" + std::to_string(t) + ": use 1024 (the default) or 256");
-  return t;
-}
-using DispatchKernel = void (*)(Layer, const RecvState*, void*, char*, int*);
-inline DispatchKernel dispatchKernelOf(int threads) {
-  return threads == 256 ? dispatchKernel<256> : dispatchKernel<1024>;
 }
 
 // One warp per received position: the experts, then the return to the
@@ -309,7 +295,7 @@ inline void loadKernels() {
   cudaFuncAttributes a{};
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, countKernel));
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, layoutKernel));
-  for (int t : {256, 1024}) GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, dispatchKernelOf(t)));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, dispatchKernel));
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, expertCombineKernel));
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, combineWaitKernel));
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, reduceKernel));
@@ -369,22 +355,23 @@ inline Shape autoShape(gin::Comm& comm, Shape sh) {
 // its CTAs at once or refuses the launch, instead of running part of the
 // grid while the rest waits for SMs behind other work (another stream's
 // kernels, a tool that runs CTAs one after another).
-inline void launchDispatchKernel(int grid, int threads, cudaStream_t st, const Layer& l, const RecvState* rs,
-                                 void* recvX, char* recvMeta, int* failed) {
+inline void launchDispatchKernel(int grid, cudaStream_t st, const Layer& l, const RecvState* rs, void* recvX,
+                                 char* recvMeta, int* failed) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(grid));
-  cfg.blockDim = dim3(unsigned(threads));
+  cfg.blockDim = dim3(unsigned(kDispatchThreads));
   cfg.stream = st;
   cudaLaunchAttribute coop{};
   coop.id = cudaLaunchAttributeCooperative;
   coop.val.cooperative = 1;
   cfg.attrs = &coop;
   cfg.numAttrs = 1;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, dispatchKernelOf(threads), l, rs, recvX, recvMeta, failed);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, dispatchKernel, l, rs, recvX, recvMeta, failed);
   if (e != cudaSuccess)
     throw gin::Error(std::string("moe: the dispatch kernel (") + std::to_string(grid) + " CTAs of " +
-                     std::to_string(threads) + " threads, launched cooperatively: all resident at once) did not "
-                     "launch: " + cudaGetErrorString(e) + "; use fewer channels");
+                     std::to_string(kDispatchThreads) +
+                     " threads, launched cooperatively: all resident at once) did not launch: " +
+                     cudaGetErrorString(e) + "; use fewer channels");
 }
 
 // Grid sizes for a rank (collective: ranks compare GPUs). The dispatch
@@ -399,8 +386,7 @@ inline Sizing sizing(gin::Comm& comm, const Shape& sh, bool lowLatency, int thre
   int dev = 0, sms = 0, perSm = 0;
   GIN_CUDA_CHECK(cudaGetDevice(&dev));
   GIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  const int dt = dispatchThreads();
-  GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, dispatchKernelOf(dt), dt, 0));
+  GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, dispatchKernel, kDispatchThreads, 0));
   z.sharing = ranksOnThisGpu(comm);
   if (!lowLatency && int(C + R * C) * z.sharing > perSm * sms)
     throw std::invalid_argument("moe: the dispatch kernel needs " + std::to_string(C + R * C) +
@@ -447,7 +433,6 @@ class DeviceAllocs {
 class GpuLayer {
  public:
   static constexpr int kThreads = 256;
-  static_assert(kThreads / 32 * gpu::kLanesPerWarp >= 64, "a sender CTA drives up to 64 destinations");
 
   GpuLayer(gin::Comm& comm, const Shape& sh, bool lowLatency, cudaStream_t stream)
       : comm_(comm), sh_(sh), ll_(lowLatency), st_(stream), l_(openLayer(comm, sh, lowLatency, 0)) {
@@ -524,7 +509,7 @@ class GpuLayer {
     if (!ll_) {
       gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
       gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), uint64_t(R) * uint64_t(sh.tokens));
-      gpu::launchDispatchKernel(C + R * C, dispatchThreads_, st_, l_, rs_, recvX_, recvMeta_, failed());
+      gpu::launchDispatchKernel(C + R * C, st_, l_, rs_, recvX_, recvMeta_, failed());
       if (dispatched) GIN_CUDA_CHECK(cudaEventRecord(dispatched, st_));
       gpu::expertCombineKernel<<<combineGrid_, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
       gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());
@@ -574,7 +559,6 @@ class GpuLayer {
   cudaStream_t st_;
   Layer l_;
   int combineGrid_ = 1, llSplit_ = 1;
-  int dispatchThreads_ = gpu::dispatchThreads();
   Plan plan_;
   gpu::DeviceAllocs mem_;
   int32_t* idx_ = nullptr;

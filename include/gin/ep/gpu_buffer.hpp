@@ -1372,7 +1372,6 @@ class GpuBuffer {
   cudaStream_t st_;
   Layer l_;
   gpu::Sizing z_;
-  int dispatchThreads_ = gpu::dispatchThreads();
   PhaseClock clock_{comm_.rank()};
   cudaMemPool_t pool_ = nullptr;
   DeviceAllocator alloc_;
@@ -1587,8 +1586,7 @@ class GpuBuffer {
   // The dispatch kernel (senders and receivers, all resident), receiving into recvX.
   void runDispatchKernel(void* recvX) {
     const Shape& sh = l_.shape;
-    gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, dispatchThreads_, st_, l_, rs_, recvX, recvMeta_,
-                              failed());
+    gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, st_, l_, rs_, recvX, recvMeta_, failed());
   }
 
   // Normal mode after start and layOut(): the dispatch kernel (rows into

@@ -154,8 +154,6 @@ inline constexpr Var kVars[] = {
     row::integer("GIN_EP_BATCH", 1, 1 << 20, "1",
                  "normal mode: tokens per ring tail/head signal of a gin::ep::GpuBuffer made with Shape::batch 0 "
                  "(the PyTorch extension's)"),
-    row::integer("GIN_EP_THREADS", 256, 1024, "1024",
-                 "threads per CTA of gin::ep's normal dispatch kernel: 1024 or 256 (tuning)"),
     row::integer("GIN_EP_TIMING", 0, 1 << 30, "0",
                  "N > 0: rank 0 of each gin::ep::GpuBuffer prints the phases of every Nth call, in microseconds"),
 };
