@@ -95,18 +95,6 @@ inline int maxRanks() {
   const char* e = std::getenv("GIN_GPU_TEST_MAX_RANKS");
   return e && *e ? std::atoi(e) : 1 << 30;
 }
-// The rank counts of a [shared] case: 2, 3, 4 and 8 where that is more
-// ranks than GPUs (so some share one), at most 4 per GPU and maxRanks().
-// Those whose streams would get too few hardware queues (queuesFor) are
-// left out and listed in `tooFewQueues`.
-inline std::vector<int> sharingRankCounts(std::vector<int>& tooFewQueues) {
-  std::vector<int> v;
-  for (int n : {2, 3, 4, 8}) {
-    if (n <= gpuCount() || n > 4 * gpuCount() || n > maxRanks()) continue;
-    (queuesFor(n) ? v : tooFewQueues).push_back(n);
-  }
-  return v;
-}
 // First thing in main(): unless the caller chose, give the process CUDA's
 // maximum of 32 queues, so the in-process cases run up to 8 ranks per GPU.
 inline void widenQueues() { ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0); }

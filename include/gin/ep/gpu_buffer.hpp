@@ -458,7 +458,8 @@ struct ReturnCounts {
 };
 
 // A warp per row: row i of y back to its source (returnRow), the block's
-// rows counted per source and signalled at its end, all on one context.
+// rows counted per source and signalled at its end, all on one context;
+// the rows in staggered order (staggeredRow: the list is grouped by source).
 // Rows from this rank itself stay where they are (the sum reads them in y);
 // padding rows (source -1, a sync-free dispatch's) go nowhere.
 __global__ void returnKernel(Layer l, int n, const int* srcRank, const int* srcToken, const uint32_t* slot,
@@ -468,7 +469,8 @@ __global__ void returnKernel(Layer l, int n, const int* srcRank, const int* srcT
   rc.zero(l.shape.ranks);
   const int ctx = int(blockIdx.x) % l.dc.nContexts;
   const size_t H = size_t(l.shape.hidden), warps = size_t(gridDim.x) * (blockDim.x / 32);
-  for (size_t i = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; i < size_t(n); i += warps) {
+  for (size_t k = size_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; k < size_t(n); k += warps) {
+    const size_t i = staggeredRow(k, size_t(n), l.dc.rank, l.shape.ranks);
     if (srcRank[i] == l.dc.rank || srcRank[i] < 0) continue;
     returnRow(l, srcRank[i], combineRowOffset(l.shape, size_t(srcToken[i]), slot[i]), i, y + i * H, ctx, gin::None{},
               gin::CoopWarp{});
@@ -1584,10 +1586,7 @@ class GpuBuffer {
   }
 
   // The dispatch kernel (senders and receivers, all resident), receiving into recvX.
-  void runDispatchKernel(void* recvX) {
-    const Shape& sh = l_.shape;
-    gpu::launchDispatchKernel(sh.channels + sh.ranks * sh.channels, st_, l_, rs_, recvX, recvMeta_, failed());
-  }
+  void runDispatchKernel(void* recvX) { gpu::launchDispatchKernel(st_, l_, rs_, recvX, recvMeta_, failed()); }
 
   // Normal mode after start and layOut(): the dispatch kernel (rows into
   // recvX [rows][rowBytes], metadata into the buffer's list), a flush of
