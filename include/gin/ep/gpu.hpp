@@ -196,12 +196,13 @@ __global__ void __launch_bounds__(kDispatchThreads, 1)
 }
 
 // Step k of a walk over a receive list of n rows grouped by source rank,
-// started at the rows of source me + 1. A combine returns each row to its
-// source; walked from the start on every rank, the list sends every rank's
-// first rows to source 0, then to 1, ..., and one GPU's inbound links take
-// the load while the others idle. Staggered, the ranks store to different
-// GPUs at each moment (on 4 H200s the combine's wait for its rows fell
-// from about 290 us to 15; docs/performance.md).
+// started (me + 1) / ranks of the way in: near the rows of source me + 1
+// when the sources sent about as many rows each. A combine returns each row
+// to its source; walked from the start on every rank, the list sends every
+// rank's first rows to source 0, then to 1, ..., and one GPU's inbound
+// links take the load while the others idle. Staggered, the ranks store to
+// different GPUs at each moment (on 4 H200s the combine's wait for its rows
+// fell from about 290 us to 15; docs/performance.md).
 __device__ inline size_t staggeredRow(size_t k, size_t n, int me, int ranks) {
   return (k + n * size_t((me + 1) % ranks) / size_t(ranks)) % n;
 }
