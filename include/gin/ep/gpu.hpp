@@ -1,8 +1,9 @@
 // gin/ep/gpu.hpp — the expert-parallel layer of gin/ep/layer.hpp on a GPU: the
 // same device bodies as the CPU driver (gin/ep/cpu.hpp), launched as kernels on the
 // rank's stream. Normal mode: a count kernel, one dispatch kernel whose first
-// C CTAs send (one per channel, warps per destination) while R x C CTAs
-// receive (one per source and channel), an expert+combine kernel (a warp per
+// C CTAs send (one per channel, warps per peer) while R x C CTAs receive
+// (one per source and channel; the one of this rank itself copies its
+// tokens straight into the list), an expert+combine kernel (a warp per
 // received token), a kernel that waits for the combine signal (one CTA) and
 // a reduce kernel. Low-latency mode: Shape::llSenders CTAs per expert
 // dispatch (their warps share the tokens), one CTA waits for every count,
@@ -71,10 +72,54 @@ __global__ void countKernel(Layer l) {
     net.signal(gin::teamWorld(l.dc), d, gin::SignalAdd{l.sig.count(), 1});
 }
 
+// Lays out a receive list of n lanes (lane i = source i / C, channel
+// i % C) with a block: rs[i] = {expect = count(i), base = the counts of the
+// lanes before i, keep}, srcBase[src] = the first position of source src;
+// returns the total to every thread. keep: rows from position `worst` on
+// are taken out of the rings but not stored. Every count is loaded at once,
+// then a block-wide scan per blockDim.x lanes (one thread walking them, a
+// dependent load per lane, took 16 us for 64 lanes on one H200).
+template <class Count>
+__device__ uint64_t layOutLanes(int n, int C, Count count, RecvState* rs, uint64_t* srcBase,
+                                uint64_t worst = ~0ull) {
+  __shared__ uint64_t carry, warpSum[32];
+  const int tid = int(threadIdx.x), lane = tid % 32, warp = tid / 32, warps = int(blockDim.x / 32);
+  if (tid == 0) carry = 0;
+  __syncthreads();
+  for (int i0 = 0; i0 < n; i0 += int(blockDim.x)) {
+    const int i = i0 + tid;
+    const uint64_t e = i < n ? count(i) : 0;
+    uint64_t incl = e;  // inclusive scan over the warp, then over the warps
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint64_t v = __shfl_up_sync(~0u, incl, o);
+      if (lane >= o) incl += v;
+    }
+    if (lane == 31) warpSum[warp] = incl;
+    __syncthreads();
+    uint64_t at = carry + incl - e, chunk = 0;
+    for (int w = 0; w < warps; ++w) {
+      at += w < warp ? warpSum[w] : 0;
+      chunk += warpSum[w];
+    }
+    if (i < n) {
+      RecvState s;
+      s.expect = e;
+      s.base = at;
+      s.keep = at >= worst ? 0 : (worst - at < e ? worst - at : e);
+      rs[i] = s;
+      if (i % C == 0) srcBase[i / C] = at;
+    }
+    __syncthreads();  // every thread read carry and warpSum
+    if (tid == 0) carry += chunk;
+    __syncthreads();
+  }
+  return carry;
+}
+
 // Wait for every source's counts, then lay out the receive list:
 // rs[src][c] = {0, expect, base}; srcOf[pos] = src; *total = positions
-// (at most maxRecv, the receive list's room). Thread 0 waits and sums;
-// every thread then fills its share of srcOf.
+// (at most maxRecv, the receive list's room). Thread 0 waits; every thread
+// then lays out its share of the lanes and fills its share of srcOf.
 __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long long* total, int* failed,
                              uint64_t maxRecv) {
   __shared__ uint64_t srcBase[65];  // first position of each source; [R] = the total
@@ -82,32 +127,29 @@ __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long l
   const int R = l.shape.ranks, C = l.shape.channels;
   if (threadIdx.x == 0) {
     ok = gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.count(), uint64_t(R)) ? 1 : 0;
-    if (!ok) *failed = 1;
-    const auto* got = static_cast<const uint64_t*>(gin::localPointer(l.counts, 0));
-    uint64_t base = 0;
-    for (int src = 0; ok && src < R; ++src) {
-      srcBase[src] = base;
-      for (int c = 0; c < C; ++c) {
-        RecvState s;
-        s.expect = gin::volatileLoad(got + size_t(src) * C + size_t(c));
-        s.base = base;
-        rs[size_t(src) * C + size_t(c)] = s;
-        base += s.expect;
-      }
-    }
-    // More positions than the ranks can send would overrun the receive
-    // list: fail the layer and receive nothing.
-    if (ok && base > maxRecv) {
-      ok = 0;
+    if (!ok) {
       *failed = 1;
-      for (int i = 0; i < R * C; ++i) rs[i].expect = 0;
+      *total = 0;
     }
-    srcBase[R] = base;
-    *total = ok ? base : 0;
   }
   __syncthreads();
   if (!ok) return;
-  for (uint64_t pos = threadIdx.x; pos < srcBase[R]; pos += blockDim.x) {
+  const auto* got = static_cast<const uint64_t*>(gin::localPointer(l.counts, 0));
+  const uint64_t n = layOutLanes(R * C, C, [got](int i) { return gin::volatileLoad(got + i); }, rs, srcBase);
+  // More positions than the ranks can send would overrun the receive
+  // list: fail the layer and receive nothing.
+  if (n > maxRecv) {
+    for (int i = int(threadIdx.x); i < R * C; i += int(blockDim.x)) rs[i].expect = 0;
+    if (threadIdx.x == 0) {
+      *failed = 1;
+      *total = 0;
+    }
+    return;
+  }
+  if (threadIdx.x == 0) *total = n;
+  srcBase[R] = n;  // every thread writes the same value
+  __syncthreads();
+  for (uint64_t pos = threadIdx.x; pos < n; pos += blockDim.x) {
     int src = 0;
     while (src + 1 < R && srcBase[src + 1] <= pos) ++src;
     srcOf[pos] = src;
@@ -115,72 +157,81 @@ __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long l
 }
 
 // Sender lanes per warp when the channel's CTA has fewer than two warps per
-// destination: warp w drives the lanes (c, d) with d = w, w + warps, ...
+// peer: warp w drives the lanes to the w-th, (w + warps)-th, ... peer
 // (ranks <= 64). With two or more, each lane gets a span of warps.
 constexpr int kLanesPerWarp = 8;
 
-// CTAs of kDispatchThreads: a sender CTA splits its warps among the
-// destinations (8 per destination on 4 ranks), a receiver CTA copies a slot
-// per warp. The grid is at most one CTA per SM anyway (autoShape). On 4
-// H200s 1024 threads took 8% off a sync-free (dispatch, combine) pair and 11%
-// off an FP8 one against 256, 5-7% on 2 (docs/performance.md), even with
-// the spills that 64 registers per thread bring.
+// CTAs of kDispatchThreads: a sender CTA splits its warps among the peers
+// (10 per peer on 4 ranks), a receiver CTA copies a slot per warp. The grid
+// is at most one CTA per SM anyway (autoShape). On 4 H200s 1024 threads took
+// 8% off a sync-free (dispatch, combine) pair and 11% off an FP8 one against
+// 256, 5-7% on 2 (docs/performance.md), even with the spills that 64
+// registers per thread bring.
 constexpr int kDispatchThreads = 1024;
-static_assert(kDispatchThreads / 32 * kLanesPerWarp >= 64, "a sender CTA drives up to 64 destinations");
+static_assert(kDispatchThreads / 32 * kLanesPerWarp >= 63, "a sender CTA drives up to 63 peers");
 
 __global__ void __launch_bounds__(kDispatchThreads, 1)
     dispatchKernel(Layer l, const RecvState* rs, void* recvX, char* recvMeta, int* failed) {
   const int C = l.shape.channels, R = l.shape.ranks, me = l.dc.rank;
+  // Lane (c, me) copies its tokens straight into the receive list
+  // (selfStep: no ring, no signal), in the (me, c) receiver CTA, which has
+  // no ring to read; with no peers (one rank) the sender CTA shares it.
+  const bool alone = R == 1;
   if (int(blockIdx.x) < C) {
-    const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32);
-    // Lane (c, me) copies its tokens straight into the receive list
-    // (selfStep): no ring, no signal, and the (me, c) receiver returns.
-    const uint64_t selfBase = rs[size_t(me) * C + size_t(c)].base, selfKeep = rs[size_t(me) * C + size_t(c)].keep;
+    const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32), P = R - 1;
+    const auto peer = [me](int p) { return p < me ? p : p + 1; };  // the sender's lane p goes to rank peer(p)
     bool ok = true;
-    if (2 * R <= nw && R < 16) {  // span ids name named barriers 1..15
-      const int g = nw / R, d = w / g;  // lane d: warps [d * g, d * g + g)
-      if (d >= R) return;
+    if (alone) {
+      const RecvState& self = rs[size_t(c)];
       SendState s;
-      if (l.ringPos && d != me) s.origin = s.sent = l.ringPos[size_t(c) * R + size_t(d)];
-      const gin::CoopWarpSpan span(d * g, g, d);
       ok = spin(
-          l.dc,
-          [&] {
-            return d == me ? selfStep(l, c, selfBase, s, recvX, recvMeta, span, selfKeep) : sendStep(l, c, d, s, span);
-          },
-          gin::Op::WaitSignal, d, uint64_t(l.sig.head(d, c)));
-      if (ok && l.ringPos && d != me && span.rank() == 0) l.ringPos[size_t(c) * R + size_t(d)] = s.sent;
+          l.dc, [&] { return selfStep(l, c, self.base, s, recvX, recvMeta, gin::CoopBlock{}, self.keep, 1, 2); },
+          gin::Op::WaitSignal, me, 0);
+    } else if (2 * P <= nw && P < 16) {  // span ids name named barriers 1..15
+      const int g = nw / P, p = w / g;  // lane p: warps [p * g, p * g + g)
+      if (p >= P) return;
+      const int d = peer(p);
+      SendState s;
+      if (l.ringPos) s.origin = s.sent = l.ringPos[size_t(c) * R + size_t(d)];
+      const gin::CoopWarpSpan span(p * g, g, p);
+      ok = spin(l.dc, [&] { return sendStep(l, c, d, s, span); }, gin::Op::WaitSignal, d, uint64_t(l.sig.head(d, c)));
+      if (ok && l.ringPos && span.rank() == 0) l.ringPos[size_t(c) * R + size_t(d)] = s.sent;
     } else {
       SendState s[kLanesPerWarp];  // per thread; the warp's copies move in step (see sendStep)
       int lanes = 0;
-      for (int d = w; d < R && lanes < kLanesPerWarp; d += nw) ++lanes;
+      for (int p = w; p < P && lanes < kLanesPerWarp; p += nw) ++lanes;
       if (lanes == 0) return;
       for (int i = 0; i < lanes; ++i)
-        if (const int d = w + i * nw; l.ringPos && d != me)
-          s[i].origin = s[i].sent = l.ringPos[size_t(c) * R + size_t(d)];
+        if (l.ringPos) s[i].origin = s[i].sent = l.ringPos[size_t(c) * R + size_t(peer(w + i * nw))];
       ok = spin(
           l.dc,
           [&] {
             int r = -1;
             for (int i = 0; i < lanes; ++i) {
-              const int d = w + i * nw;
-              const gin::CoopWarp warp;
-              const int q = d == me ? selfStep(l, c, selfBase, s[i], recvX, recvMeta, warp, selfKeep)
-                                    : sendStep(l, c, d, s[i], warp);
+              const int q = sendStep(l, c, peer(w + i * nw), s[i], gin::CoopWarp{});
               r = q > 0 ? 1 : (q == 0 && r < 0 ? 0 : r);
             }
             return r;
           },
           gin::Op::WaitSignal, -1, uint64_t(c));
       for (int i = 0; i < lanes; ++i)
-        if (const int d = w + i * nw; ok && l.ringPos && d != me && threadIdx.x % 32 == 0)
-          l.ringPos[size_t(c) * R + size_t(d)] = s[i].sent;
+        if (ok && l.ringPos && threadIdx.x % 32 == 0) l.ringPos[size_t(c) * R + size_t(peer(w + i * nw))] = s[i].sent;
     }
     if (!ok && threadIdx.x % 32 == 0) ::atomicAdd(failed, 1);
   } else {
     const int i = int(blockIdx.x) - C, src = i / C, c = i % C;
-    if (src == me) return;  // lane (c, me) filled its part of the list
     RecvState s = rs[size_t(i)];
+    if (src == me) {  // lane (c, me): a warp per token, straight into the list
+      SendState self;
+      const bool ok = spin(
+          l.dc,
+          [&] {
+            return selfStep(l, c, s.base, self, recvX, recvMeta, gin::CoopBlock{}, s.keep, 0, alone ? 2 : 1);
+          },
+          gin::Op::WaitSignal, me, 0);
+      if (!ok && threadIdx.x == 0) ::atomicAdd(failed, 1);
+      return;
+    }
     uint64_t* pos = l.ringPos ? l.ringPos + size_t(R) * C + size_t(i) : nullptr;  // this receiver's ring position
     if (pos) {
       s.origin = *pos;

@@ -397,13 +397,22 @@ __global__ void llPlanKernel(Layer l, const Idx* idx, int tokens, uint32_t* send
 // A thread per received position: its source (srcBase[r]: the first
 // position from rank r), token, combine slot, top-k (local ids where the
 // choice is here, -1 and weight 0 elsewhere), and perExpert[el] += 1 for
-// each local choice. With `received` (a sync-free dispatch: n is its
-// worst case), rows from *received on are padding: source and token -1,
-// every choice -1 with weight 0.
-__global__ void unpackKernel(Layer l, int n, const uint64_t* srcBase, const char* recvMeta, int* srcRank,
-                             int* srcToken, uint32_t* slot, int32_t* topkIdx, float* topkW, int* perExpert,
-                             int* selfRow, const unsigned long long* received = nullptr) {
-  const int K = l.shape.topk, R = l.shape.ranks;
+// each local choice (counted per block in shared memory where the local
+// experts fit, then added). With `received` (a sync-free dispatch: n is
+// its worst case), rows from *received on are padding: source and token
+// -1, every choice -1 with weight 0. Restrict: no output aliases the
+// received metadata, so its loads need not wait for the stores before.
+constexpr int kUnpackExperts = 1024;
+__global__ void unpackKernel(Layer l, int n, const uint64_t* __restrict__ srcBase, const char* __restrict__ recvMeta,
+                             int* __restrict__ srcRank, int* __restrict__ srcToken, uint32_t* __restrict__ slot,
+                             int32_t* __restrict__ topkIdx, float* __restrict__ topkW, int* __restrict__ perExpert,
+                             int* __restrict__ selfRow, const unsigned long long* __restrict__ received = nullptr) {
+  __shared__ int counted[kUnpackExperts];
+  const int K = l.shape.topk, R = l.shape.ranks, L = l.shape.localExperts();
+  int* count = L <= kUnpackExperts ? counted : perExpert;
+  if (count == counted)
+    for (int e = int(threadIdx.x); e < L; e += int(blockDim.x)) counted[e] = 0;
+  __syncthreads();
   const uint64_t real = received ? uint64_t(*received) : uint64_t(n);
   for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) {
     if (uint64_t(i) >= real) {
@@ -431,9 +440,13 @@ __global__ void unpackKernel(Layer l, int n, const uint64_t* srcBase, const char
       const int k = __ffs(int(choices)) - 1;  // the j-th choice on this rank
       topkIdx[size_t(i) * K + k] = m->pick[j].localExpert;
       topkW[size_t(i) * K + k] = m->pick[j].weight;
-      ::atomicAdd(perExpert + m->pick[j].localExpert, 1);
+      ::atomicAdd(count + m->pick[j].localExpert, 1);
     }
   }
+  if (count != counted) return;
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < L; e += int(blockDim.x))
+    if (counted[e] != 0) ::atomicAdd(perExpert + e, counted[e]);
 }
 
 // A block's count of the rows it returned to each source, then one
@@ -663,52 +676,48 @@ __global__ void sfCountKernel(Layer l, const NormalRounds* rounds) {
     net.signal(world, d, gin::SignalAdd{l.sig.sfCount(l.dc.rank), 1});
 }
 
-// This round's receive list without the host (one thread), which then
-// advances rounds->dispatches: waits for
-// every rank's counts, then lays the list out as GpuBuffer::layOut does on
-// the host (rs[src][c] = {count, base}, srcBase[R + 1]), rows past `worst`
-// taken out of the rings but not kept (RecvState::keep). Then *received =
-// the rows kept, prefix [R][R] = DeepEP's rank prefix matrix ([i][j]: rows
-// rank j receives from ranks 0..i), *arrivals = the rows this rank's
-// combine gets back (*sent, every row it sends, less those to itself).
-// More rows than `worst`: status[2] = their number and the communicator's
-// error (every rank's waits end; every later call throws).
+// This round's receive list without the host (a block: thread 0 advances
+// rounds->dispatches, threads < R wait for source r's counts, then every
+// thread lays out its share of the R x C lanes, a block-wide scan at a
+// time), as GpuBuffer::layOut does on the host (rs[src][c] = {count,
+// base}, srcBase[R + 1]), rows past `worst` taken out of the rings but not
+// kept (RecvState::keep). Then *received = the rows kept, prefix [R][R] =
+// DeepEP's rank prefix matrix ([i][j]: rows rank j receives from ranks
+// 0..i), *arrivals = the rows this rank's combine gets back (*sent, every
+// row it sends, less those to itself). More rows than `worst`: status[2] =
+// their number and the communicator's error (every rank's waits end; every
+// later call throws).
 __global__ void sfLayoutKernel(Layer l, NormalRounds* rounds, uint64_t worst, RecvState* rs, uint64_t* srcBase,
                                unsigned long long* received, int* prefix, const unsigned long long* sent,
                                unsigned long long* arrivals, int* failed, volatile unsigned long long* status) {
-  if (threadIdx.x != 0) return;
-  const uint64_t round = rounds->dispatches++;
-  const int R = l.shape.ranks, C = l.shape.channels, me = l.dc.rank;
-  gin::Net<> net(l.dc, 0);
-  bool ok = true;
-  for (int src = 0; ok && src < R; ++src) ok = net.waitSignal(gin::CoopThread{}, l.sig.sfCount(src), round + 1);
-  if (!ok) ::atomicAdd(failed, 1);  // nothing is received (every count 0): the rings' waits end too
+  __shared__ uint64_t round;
+  __shared__ int ok;
+  const int R = l.shape.ranks, C = l.shape.channels, me = l.dc.rank, tid = int(threadIdx.x);
+  if (tid == 0) {
+    round = rounds->dispatches++;
+    ok = 1;
+  }
+  __syncthreads();
+  if (tid < R && !gin::Net<>(l.dc, 0).waitSignal(gin::CoopThread{}, l.sig.sfCount(tid), round + 1)) ok = 0;
+  __syncthreads();
+  // Not ok: nothing is received (every count 0): the rings' waits end too.
+  if (tid == 0 && !ok) ::atomicAdd(failed, 1);
   const auto word = [&](int src, int j) -> uint64_t {
     if (!ok) return 0;
     const size_t at = countsAt(l.shape, int(round % 2), src) + size_t(j) * 8;
     return gin::volatileLoad(static_cast<const uint64_t*>(gin::localPointer(l.counts, at)));
   };
-  uint64_t at = 0, own = 0;
-  for (int src = 0; src < R; ++src) {
-    srcBase[src] = at;
-    for (int c = 0; c < C; ++c) {
-      RecvState s;
-      s.expect = word(src, c);
-      s.base = at;
-      s.keep = at >= worst ? 0 : (worst - at < s.expect ? worst - at : s.expect);
-      rs[size_t(src) * C + size_t(c)] = s;
-      at += s.expect;
-      if (src == me) own += s.expect;
-    }
-  }
-  srcBase[R] = at;
-  for (int j = 0; j < R; ++j)
+  const uint64_t total = layOutLanes(R * C, C, [&](int i) { return word(i / C, i % C); }, rs, srcBase, worst);
+  for (int j = tid; j < R; j += int(blockDim.x))
     for (int i = 0, sum = 0; i < R; ++i) prefix[i * R + j] = sum += int(word(i, C + j));
-  *received = at < worst ? at : worst;
+  if (tid != 0) return;
+  const uint64_t own = (me + 1 < R ? srcBase[me + 1] : total) - srcBase[me];
+  srcBase[R] = total;
+  *received = total < worst ? total : worst;
   *arrivals = ok ? *sent - own : 0;
-  if (at > worst) {
-    status[2] = at;
-    gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, round, at, worst);
+  if (total > worst) {
+    status[2] = total;
+    gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, round, total, worst);
   }
 }
 
@@ -1085,8 +1094,9 @@ class GpuBuffer {
     plan(h, true);
     pack(x, tokens, f);
     gpu::sfCountKernel<<<1, kThreads, 0, st_>>>(l_, normalRounds_);
-    gpu::sfLayoutKernel<<<1, 32, 0, st_>>>(l_, normalRounds_, uint64_t(W), rs_, srcBaseOf(layout_), h.counts.data(),
-                                          h.rankPrefix.data(), mem_.word(2), h.counts.data() + 1, failed(), llStatus_);
+    gpu::sfLayoutKernel<<<1, kThreads, 0, st_>>>(l_, normalRounds_, uint64_t(W), rs_, srcBaseOf(layout_),
+                                                h.counts.data(), h.rankPrefix.data(), mem_.word(2),
+                                                h.counts.data() + 1, failed(), llStatus_);
     runDispatchKernel(rows);
     GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, size_t(tokens) * 4, st_));
     GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, size_t(sh.localExperts()) * 4, st_));
@@ -1192,7 +1202,7 @@ class GpuBuffer {
     else
       allocate();
     startCombine("combine");
-    if (h.received())
+    if (h.received() && sh.ranks > 1)  // one rank: every row is its own (or padding), read in y by the sum
       gpu::returnKernel<<<z_.combineGrid, kThreads, 0, st_>>>(l_, int(h.received()), h.srcRank.data(),
                                                               h.srcToken.data(), h.slot.data(), y);
     if (h.syncFree) {  // the rows to wait for are on the GPU; no synchronization, no barrier

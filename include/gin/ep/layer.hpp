@@ -369,20 +369,22 @@ GIN_HD int recvStep(const Layer& l, int src, int c, RecvState& s, void* recvX, c
 // Lane (c, me) of a driver that receives its own tokens in place: a step
 // copies the lane's next tokens (one per warp of the coop) straight into
 // this rank's receive list at base + k, where the (me, c) receiver would
-// have copied them out of its ring; no ring, no signal, and that receiver
-// has nothing to do. base: the list's first position for (me, c); keep:
-// the lane's rows the list has room for (RecvState::keep; the others are
-// skipped). Returns 1 while tokens remain, -1 when the lane is done.
+// have copied them out of its ring; no ring, no signal. base: the list's
+// first position for (me, c); keep: the lane's rows the list has room for
+// (RecvState::keep; the others are skipped). `parts` coops of the same
+// shape may share the lane, each with its own SendState: coop `part` takes
+// the part-th group of every step's parts x (warps) tokens. Returns 1
+// while tokens remain, -1 when the lane is done.
 template <class Coop>
 GIN_HD int selfStep(const Layer& l, int c, uint64_t base, SendState& s, void* recvX, char* recvMeta, Coop coop,
-                    uint64_t keep = ~0ull) {
+                    uint64_t keep = ~0ull, int part = 0, int parts = 1) {
   const Shape& sh = l.shape;
   const size_t lane = size_t(c) * size_t(sh.ranks) + size_t(l.dc.rank);
   const uint64_t total = l.sendCount[lane];
   if (s.sent == total) return -1;
-  uint64_t m = total - s.sent;
-  if (m > uint64_t(Split<Coop>::count(coop))) m = uint64_t(Split<Coop>::count(coop));
-  const uint64_t i = uint64_t(Split<Coop>::index(coop));
+  const uint64_t per = uint64_t(Split<Coop>::count(coop)), step = per * uint64_t(parts);
+  const uint64_t m = total - s.sent < step ? total - s.sent : step;
+  const uint64_t i = uint64_t(part) * per + uint64_t(Split<Coop>::index(coop));
   if (i < m && s.sent + i < keep) {
     const uint64_t k = s.sent + i;
     const uint32_t e = l.sendList[lane * sh.laneCap() + size_t(k)];
