@@ -66,7 +66,7 @@ class Runtime {
   py::tuple dispatch(uint64_t stream, const torch::Tensor& x, const std::optional<torch::Tensor>& scales,
                      const torch::Tensor& idx, const torch::Tensor& w, int experts, int alignment, int worst) {
     need(x, scales ? torch::kFloat8_e4m3fn : torch::kBFloat16, 2, "x");
-    need(idx, torch::kInt32, 2, "topk_idx (as int32)");
+    const bool idx64 = needIndices(idx);
     need(w, torch::kFloat32, 2, "topk_weights");
     const int T = int(x.size(0)), H = int(x.size(1)), K = int(idx.size(1));
     if (idx.size(0) != T || w.sizes() != idx.sizes())
@@ -80,7 +80,7 @@ class Runtime {
     gin_ep_rt::Dispatched d;
     {
       py::gil_scoped_release nogil;
-      d = rt_.dispatch(stream, x.data_ptr(), scales ? scales->data_ptr<float>() : nullptr, idx.data_ptr<int32_t>(),
+      d = rt_.dispatch(stream, x.data_ptr(), scales ? scales->data_ptr<float>() : nullptr, idx.data_ptr(), idx64,
                        w.data_ptr<float>(), T, H, experts, K, alignment, worst);
     }
     return out(d, H, K, scales.has_value());

@@ -159,11 +159,20 @@ void Runtime::synchronize() {
 
 void Runtime::setAllocator(std::function<Array(size_t)> alloc) { s_->alloc = std::move(alloc); }
 
-Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScales, const int32_t* idx,
+Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScales, const void* idx, bool idx64,
                              const float* weights, int tokens, int hidden, int experts, int topk,
                              int expertAlignment, int worstTokens) {
   State& s = *s_;
   const int R = s.comm.nRanks();
+  // The buffer's dispatch for bf16 or FP8 tokens and int32 or int64 indices.
+  const auto call = [&](gin::ep::GpuBuffer& buf, int worst) {
+    const auto with = [&](const auto* ix) {
+      return xScales ? buf.dispatch(gin::ep::Fp8Tokens{static_cast<const uint8_t*>(x), xScales}, ix, weights, tokens,
+                                    expertAlignment, worst)
+                     : buf.dispatch(static_cast<const uint16_t*>(x), ix, weights, tokens, expertAlignment, worst);
+    };
+    return idx64 ? with(static_cast<const int64_t*>(idx)) : with(static_cast<const int32_t*>(idx));
+  };
   if (worstTokens > 0) {
     // Without the host: the buffer as it is (a first call makes it, every
     // rank in the same call, for the most tokens any rank brings); a later
@@ -171,10 +180,7 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScal
     // learn that the others need a bigger one without the host).
     gin::ep::GpuBuffer& buf = s.bufferFor(tokens, hidden, experts, topk, /*anyTokens=*/true);
     s.follow(stream);
-    gin::ep::GpuDispatched d =
-        xScales ? buf.dispatch(gin::ep::Fp8Tokens{static_cast<const uint8_t*>(x), xScales}, idx, weights, tokens,
-                               expertAlignment, worstTokens)
-                : buf.dispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, expertAlignment, worstTokens);
+    gin::ep::GpuDispatched d = call(buf, worstTokens);
     s.join(stream);
     return dispatchedOf(d, xScales != nullptr, std::make_shared<NormalHandle>());
   }
@@ -186,9 +192,7 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScal
     gin::ep::GpuBuffer& buf = s.bufferFor(want, hidden, experts, topk, !retry);
     s.follow(stream);
     try {
-      d = xScales ? buf.dispatch(gin::ep::Fp8Tokens{static_cast<const uint8_t*>(x), xScales}, idx, weights, tokens,
-                                 expertAlignment)
-                  : buf.dispatch(static_cast<const uint16_t*>(x), idx, weights, tokens, expertAlignment);
+      d = call(buf, 0);
       break;
     } catch (const gin::ep::CapacityError& e) {
       want = e.tokens;

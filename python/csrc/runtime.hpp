@@ -68,11 +68,11 @@ class Runtime {
   void setAllocator(std::function<Array(size_t bytes)> alloc);
 
   // Normal mode (device pointers on `stream`): x [T][H] bf16 (or e4m3
-  // bytes when xScales [T][H / 128] float is given), idx [T][K] int32 (-1:
-  // none), weights [T][K] float.
+  // bytes when xScales [T][H / 128] float is given), idx [T][K] (-1: none;
+  // int64 where idx64, else int32), weights [T][K] float.
   // worstTokens > 0: sync-free (DeepEP's num_worst_tokens): worstTokens rows
   // come back, padding after the received ones; the call returns once queued.
-  Dispatched dispatch(uintptr_t stream, const void* x, const float* xScales, const int32_t* idx,
+  Dispatched dispatch(uintptr_t stream, const void* x, const float* xScales, const void* idx, bool idx64,
                       const float* weights, int tokens, int hidden, int experts, int topk, int expertAlignment,
                       int worstTokens = 0);
   // x bf16, or e4m3 bytes when xScales is given.

@@ -81,7 +81,7 @@ class _GinHandle:
 
 
 def _indices(topk_idx):
-    """Top-k indices as the low-latency calls take them: int64 (DeepEP's, torch.topk's) or int32, as they
+    """Top-k indices as the calls take them: int64 (DeepEP's, torch.topk's) or int32, as they
     are when contiguous (no copy); else as int64."""
     if topk_idx.dtype in (torch.int64, torch.int32) and topk_idx.is_contiguous():
         return topk_idx
@@ -200,7 +200,7 @@ class Buffer:
         # back, the received ones first; the rest have topk_idx -1, weight 0, unspecified x and source -1.
         # More rows than num_worst_tokens on a rank stop every rank (the next call or synchronize raises).
         recv_x, recv_idx, recv_w, per_expert, prefix, src_rank, src_token, gin_handle = self.runtime.dispatch(
-            _stream(), x, scales, topk_idx.int().contiguous(), topk_weights.float().contiguous(), num_experts,
+            _stream(), x, scales, _indices(topk_idx), topk_weights.float().contiguous(), num_experts,
             expert_alignment, int(num_worst_tokens))
         recv_idx = recv_idx.long()
         if num_worst_tokens > 0:

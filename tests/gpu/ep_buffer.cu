@@ -436,12 +436,29 @@ TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails ever
         const std::string what = refusal([&] { buf.dispatch(x.data(), badIdx.data(), w.data(), T); });
         gintest::expect(what.find("rank 0's token 2 choice 1") != std::string::npos,
                         "every rank reports rank 0's bad expert: " + what);
-        // The buffer still works: every rank sends T tokens.
+        // int64 indices (torch.topk's): a choice past int's range on rank 0
+        // (2^32 + 1: expert 1 if cut to int32) is refused on every rank too.
+        std::vector<int64_t> bad64(bad.size());
+        for (size_t i = 0; i < bad64.size(); ++i) bad64[i] = idxHost[i];
+        if (me == 0) bad64[5] = (int64_t(1) << 32) + 1;
+        auto badIdx64 = up(bad64);
+        const std::string what64 = refusal([&] { buf.dispatch(x.data(), badIdx64.data(), w.data(), T); });
+        gintest::expect(what64.find("rank 0's token 2 choice 1") != std::string::npos,
+                        "every rank reports rank 0's bad int64 expert: " + what64);
+        // The buffer still works: every rank sends T tokens, with int32 and
+        // int64 indices alike.
         gin::ep::GpuDispatched d = buf.dispatch(x.data(), idx.data(), w.data(), T);
         int sent = 0, got = 0;
         for (int n : d.handle.rows.toHost()) sent += n;
         for (int r = 0; r < R; ++r) got += d.handle.receivedBy[size_t(r) * size_t(R) + size_t(me)];
         gintest::expect(sent == got && sent > 0, "a dispatch after the failures delivers every row");
+        auto idx64 = up(std::vector<int64_t>(idxHost.begin(), idxHost.begin() + T * K));
+        gin::ep::GpuDispatched d64 = buf.dispatch(x.data(), idx64.data(), w.data(), T);
+        gintest::expect(d64.handle.rows.toHost() == d.handle.rows.toHost() &&
+                            d64.handle.receivedBy == d.handle.receivedBy &&
+                            d64.topkIdx.toHost() == d.topkIdx.toHost() &&
+                            d64.handle.topkIdx.toHost() == d.handle.topkIdx.toHost(),
+                        "int64 indices route as the same int32 ones do");
       },
       cfg);
   // Low-latency mode plans on the GPU and returns before its work is done:

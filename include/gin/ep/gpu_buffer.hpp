@@ -273,9 +273,32 @@ __global__ void packFp8Kernel(Layer l, Fp8Tokens x, int tokens) {
 // position (token x K + choice), the first one any thread saw (that choice
 // goes nowhere); with `record` (a sync-free dispatch, which no host
 // all-gather checks) it is also recorded as the communicator's error.
-__global__ void planKernel(Layer l, const int32_t* idx, const float* weight, char* meta, uint32_t* sendList,
+// `keep` (a dispatch that makes a handle): idx and weight copied into it,
+// its selfRow set to -1 and the per-expert counts zeroed for the unpack
+// (launches and memsets the host need not queue).
+struct PlanKeep {
+  int32_t* idx = nullptr;  // [T][K]
+  float* weight = nullptr;  // [T][K]
+  int* selfRow = nullptr;  // [T]
+  int* perExpert = nullptr;  // [L]
+};
+// The routing a plan reads (GpuBuffer::plan): the caller's, int32 or
+// int64 (as torch.topk makes them), with what to keep of it, or (no idx)
+// the handle's own.
+struct Routing {
+  const int32_t* idx = nullptr;
+  const int64_t* idx64 = nullptr;
+  const float* weight = nullptr;
+  PlanKeep keep;
+};
+// A top-k index as an expert: -1 (no expert), 0..E-1, or kBadExpert for
+// anything else (an int64 past int's range included).
+constexpr int kBadExpert = -2;
+__device__ inline int expertOf(int64_t v, int E) { return v < -1 || v >= E ? kBadExpert : int(v); }
+template <class Idx>
+__global__ void planKernel(Layer l, const Idx* idx, const float* weight, char* meta, uint32_t* sendList,
                            uint64_t* sendCount, int* rows, unsigned long long* arrivals, unsigned long long* bad,
-                           bool record) {
+                           bool record, PlanKeep keep) {
   const Shape& sh = l.shape;
   const int R = sh.ranks, K = sh.topk, L = sh.localExperts(), E = sh.experts, c = int(blockIdx.x);
   const size_t cap = sh.laneCap(), D = size_t(sh.maxDests());
@@ -283,6 +306,8 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
   __shared__ int warpCount[32];
   __shared__ uint32_t base[64];
   for (int d = int(threadIdx.x); d < R; d += int(blockDim.x)) base[d] = 0;
+  if (keep.perExpert && c == 0)
+    for (int e = int(threadIdx.x); e < L; e += int(blockDim.x)) keep.perExpert[e] = 0;
   __syncthreads();
   const size_t stop = size_t(c + 1) * cap < size_t(sh.tokens) ? size_t(c + 1) * cap : size_t(sh.tokens);
   const int first = int(size_t(c) * cap), end = int(stop);
@@ -290,11 +315,16 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
     const int t = t0 + int(threadIdx.x);
     uint64_t m = 0;
     if (t < end) {
+      if (keep.selfRow) keep.selfRow[t] = -1;
+      if (keep.weight)
+        for (int k = 0; k < K; ++k) keep.weight[size_t(t) * K + k] = weight[size_t(t) * K + k];
       for (int k = 0; k < K; ++k) {
-        const int e = idx[size_t(t) * K + k];
-        if (e < -1 || e >= E) {
+        const int64_t v = int64_t(idx[size_t(t) * K + k]);
+        const int e = expertOf(v, E);
+        if (keep.idx) keep.idx[size_t(t) * K + k] = e;
+        if (e == kBadExpert) {
           if (::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k) == 0ull && record)
-            gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, uint64_t(t) * K + k, uint64_t(E), uint64_t(e));
+            gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, uint64_t(t) * K + k, uint64_t(E), uint64_t(v));
         } else if (e >= 0)
           m |= 1ull << (e / L);
       }
@@ -306,8 +336,8 @@ __global__ void planKernel(Layer l, const int32_t* idx, const float* weight, cha
         TokenMeta* out = reinterpret_cast<TokenMeta*>(meta + (size_t(t) * D + j) * sh.metaBytes());
         uint32_t n = 0, choices = 0;
         for (int k = 0; k < K; ++k) {
-          const int e = idx[size_t(t) * K + k];
-          if (e < 0 || e >= E || e / L != d) continue;
+          const int e = expertOf(int64_t(idx[size_t(t) * K + k]), E);
+          if (e < 0 || e / L != d) continue;
           out->pick[n].localExpert = e % L;
           out->pick[n].weight = weight[size_t(t) * K + k];
           ++n;
@@ -686,10 +716,12 @@ __global__ void sfCountKernel(Layer l, const NormalRounds* rounds) {
 // 0..i), *arrivals = the rows this rank's combine gets back (*sent, every
 // row it sends, less those to itself). More rows than `worst`: status[2] =
 // their number and the communicator's error (every rank's waits end; every
-// later call throws).
+// later call throws). Last, the whole layout (rs, then srcBase right
+// after it) is copied into `copy` (the handle's), `bytes` of it.
 __global__ void sfLayoutKernel(Layer l, NormalRounds* rounds, uint64_t worst, RecvState* rs, uint64_t* srcBase,
                                unsigned long long* received, int* prefix, const unsigned long long* sent,
-                               unsigned long long* arrivals, int* failed, volatile unsigned long long* status) {
+                               unsigned long long* arrivals, int* failed, volatile unsigned long long* status,
+                               void* copy, size_t bytes) {
   __shared__ uint64_t round;
   __shared__ int ok;
   const int R = l.shape.ranks, C = l.shape.channels, me = l.dc.rank, tid = int(threadIdx.x);
@@ -710,15 +742,18 @@ __global__ void sfLayoutKernel(Layer l, NormalRounds* rounds, uint64_t worst, Re
   const uint64_t total = layOutLanes(R * C, C, [&](int i) { return word(i / C, i % C); }, rs, srcBase, worst);
   for (int j = tid; j < R; j += int(blockDim.x))
     for (int i = 0, sum = 0; i < R; ++i) prefix[i * R + j] = sum += int(word(i, C + j));
-  if (tid != 0) return;
-  const uint64_t own = (me + 1 < R ? srcBase[me + 1] : total) - srcBase[me];
-  srcBase[R] = total;
-  *received = total < worst ? total : worst;
-  *arrivals = ok ? *sent - own : 0;
-  if (total > worst) {
-    status[2] = total;
-    gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, round, total, worst);
+  if (tid == 0) {
+    const uint64_t own = (me + 1 < R ? srcBase[me + 1] : total) - srcBase[me];
+    srcBase[R] = total;
+    *received = total < worst ? total : worst;
+    *arrivals = ok ? *sent - own : 0;
+    if (total > worst) {
+      status[2] = total;
+      gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, round, total, worst);
+    }
   }
+  __syncthreads();
+  gin::lsa::coopCopy(gin::CoopBlock{}, copy, rs, bytes);
 }
 
 // A combine's first kernel: waits until every rank summed this buffer's
@@ -749,13 +784,17 @@ __device__ bool endOfCall(const Layer& l, bool tell, uint32_t signal) {
 }
 
 // A normal call's last kernel, a block (of 64 threads) per context: after
-// a combine (`summed`; its signal already reset), a SignalAdd of 1 on every
-// rank's Signals::summed of this rank and rounds->combines advanced; every context flushed (the sources of its puts
-// may be written again); the outcome words to host memory, `status`, kept
-// once set (a later call that goes well hides nothing) for
+// a combine (`summed`), its combine signal reset, then a SignalAdd of 1 on
+// every rank's Signals::summed of this rank (whose release covers the
+// reset: a peer returns rows for the next combine only after it saw that)
+// and rounds->combines advanced; every context flushed (the sources of its
+// puts may be written again); the outcome words to host memory, `status`,
+// kept once set (a later call that goes well hides nothing) for
 // GpuBuffer::raiseEarlier.
 __global__ void endKernel(Layer l, bool summed, NormalRounds* rounds, const int* failed,
                           const unsigned long long* bad, volatile unsigned long long* status) {
+  if (summed && blockIdx.x == 0 && threadIdx.x == 0) gin::Net<>(l.dc, 0).resetSignal(l.sig.combine());
+  __syncthreads();
   if (!endOfCall(l, summed, l.sig.summed(l.dc.rank))) return;
   if (summed) rounds->combines += 1;
   if (*failed) status[0] = static_cast<unsigned long long>(*failed);
@@ -902,7 +941,8 @@ class GpuBuffer {
     cudaFuncAttributes a{};
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::packKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::packFp8Kernel));
-    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::planKernel));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::planKernel<int32_t>));
+    GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::planKernel<int64_t>));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::unpackKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::returnKernel));
     GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, gpu::sumKernel));
@@ -963,7 +1003,8 @@ class GpuBuffer {
   void setAllocator(DeviceAllocator a) { alloc_ = std::move(a); }
 
   // CpuBuffer::dispatch with device arrays: x [T][H] bf16, topkIdx and
-  // topkWeights [T][K] (T at most shape().tokens; ranks may differ).
+  // topkWeights [T][K] (T at most shape().tokens; ranks may differ; the
+  // indices int32 or int64, as PyTorch's topk makes them).
   //
   // worstTokens > 0 (DeepEP's num_worst_tokens; every rank passes one):
   // the dispatch runs without the host and returns once queued (see
@@ -972,26 +1013,40 @@ class GpuBuffer {
   // handle's host vectors stay empty, its combine and cached dispatch run
   // without the host too, and what goes wrong is thrown by a later call or
   // synchronize().
-  GpuDispatched dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int tokens,
+  template <class Idx>
+  GpuDispatched dispatch(const uint16_t* x, const Idx* topkIdx, const float* topkWeights, int tokens,
                          int expertAlignment = 1, int worstTokens = 0) {
-    return dispatchTokens(x, Fp8Tokens{}, topkIdx, topkWeights, tokens, expertAlignment, worstTokens);
+    return dispatchTokens(x, Fp8Tokens{}, routing(topkIdx, topkWeights), tokens, expertAlignment, worstTokens);
   }
   // The same with FP8 tokens (every rank passes FP8): the rows come back as
   // xFp8 and xScales, byte for byte (x stays empty).
-  GpuDispatched dispatch(Fp8Tokens x, const int32_t* topkIdx, const float* topkWeights, int tokens,
+  template <class Idx>
+  GpuDispatched dispatch(Fp8Tokens x, const Idx* topkIdx, const float* topkWeights, int tokens,
                          int expertAlignment = 1, int worstTokens = 0) {
-    return dispatchTokens(nullptr, x, topkIdx, topkWeights, tokens, expertAlignment, worstTokens);
+    return dispatchTokens(nullptr, x, routing(topkIdx, topkWeights), tokens, expertAlignment, worstTokens);
   }
 
  private:
-  GpuDispatched dispatchTokens(const uint16_t* x, Fp8Tokens f, const int32_t* topkIdx, const float* topkWeights,
-                               int tokens, int expertAlignment, int worstTokens) {
+  template <class Idx>
+  static gpu::Routing routing(const Idx* topkIdx, const float* topkWeights) {
+    static_assert(std::is_same_v<Idx, int32_t> || std::is_same_v<Idx, int64_t>, "top-k indices are int32 or int64");
+    gpu::Routing r;
+    if constexpr (std::is_same_v<Idx, int64_t>)
+      r.idx64 = topkIdx;
+    else
+      r.idx = topkIdx;
+    r.weight = topkWeights;
+    return r;
+  }
+
+  GpuDispatched dispatchTokens(const uint16_t* x, Fp8Tokens f, gpu::Routing from, int tokens, int expertAlignment,
+                               int worstTokens) {
     const Shape& sh = l_.shape;
-    const size_t L = size_t(sh.localExperts()), T = size_t(tokens);
+    const size_t L = size_t(sh.localExperts());
     const bool fp8 = f.data != nullptr;
     raiseEarlier();  // what earlier sync-free calls left
     if (expertAlignment < 1) throw std::invalid_argument("ep: expertAlignment must be >= 1");
-    if (worstTokens > 0) return syncFreeDispatch(x, f, topkIdx, topkWeights, tokens, worstTokens);
+    if (worstTokens > 0) return syncFreeDispatch(x, f, from, tokens, worstTokens);
     if (worstTokens < 0) throw std::invalid_argument("ep: worstTokens must be >= 0 (0: the dispatch synchronizes)");
     // Too many tokens: the all-gather every other rank makes in begin()
     // (the same sizes) throws CapacityError on every rank.
@@ -1002,10 +1057,10 @@ class GpuBuffer {
     setCall(tokens, x, f);
     GpuDispatched d;
     GpuHandle& h = d.handle;
-    keepRouting(h, topkIdx, topkWeights, tokens);
+    keepRouting(h, tokens);
     // Every rank's lane counts came with the opening all-gather: what each
     // (source, channel) sends here lays out the receive list.
-    const std::vector<uint64_t> all = startPlanned(x, f, h);
+    const std::vector<uint64_t> all = startPlanned(x, f, h, kept(from, h));
     const size_t R = size_t(sh.ranks), C = size_t(sh.channels), me = size_t(comm_.rank());
     const auto sent = [&](size_t src, size_t c, size_t dst) { return all[(src * C + c) * R + dst]; };
     h.fromLane.assign(R * C, 0);
@@ -1023,8 +1078,6 @@ class GpuBuffer {
     h.arrivals = *hostWord(2);  // read back by begin()
     receiveArrays(d, n);
     launchDispatch(rowsFor(d, n, fp8));
-    GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, T * 4, st_));
-    GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, L * 4, st_));
     if (n)
       gpu::unpackKernel<<<int(std::min<size_t>((n + kThreads - 1) / kThreads, 1024)), kThreads, 0, st_>>>(
           l_, int(n), srcBase(), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), d.topkIdx.data(),
@@ -1055,8 +1108,7 @@ class GpuBuffer {
   // (Layer::ringPos), the count exchange alternates between two halves, and
   // a combine first waits until every rank summed the previous one.
   // Collective: every rank passes a worstTokens (the numbers may differ).
-  GpuDispatched syncFreeDispatch(const uint16_t* x, Fp8Tokens f, const int32_t* topkIdx, const float* topkWeights,
-                                 int tokens, int worst) {
+  GpuDispatched syncFreeDispatch(const uint16_t* x, Fp8Tokens f, gpu::Routing from, int tokens, int worst) {
     const Shape& sh = l_.shape;
     const size_t R = size_t(sh.ranks), W = size_t(worst);
     const bool fp8 = f.data != nullptr;
@@ -1077,7 +1129,7 @@ class GpuBuffer {
     // (none was seen to: docs/ep.md) between kernels that peers wait for.
     void* rows = nullptr;
     allocateOrStop([&] {
-      keepRouting(h, topkIdx, topkWeights, tokens);
+      keepRouting(h, tokens);
       // What the handle keeps on the GPU, and what the unpack writes.
       Parts p;
       const size_t countsAt = p.add<unsigned long long>(2), prefixAt = p.add<int>(R * R),
@@ -1089,22 +1141,19 @@ class GpuBuffer {
       receiveArrays(d, W);
       rows = rowsFor(d, W, fp8);
     });
-    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
-    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
-    plan(h, true);
+    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(0), 0, 32, st_));  // failed, arrivals, bad
+    plan(h, true, kept(from, h));
     pack(x, tokens, f);
     gpu::sfCountKernel<<<1, kThreads, 0, st_>>>(l_, normalRounds_);
     gpu::sfLayoutKernel<<<1, kThreads, 0, st_>>>(l_, normalRounds_, uint64_t(W), rs_, srcBaseOf(layout_),
                                                 h.counts.data(), h.rankPrefix.data(), mem_.word(2),
-                                                h.counts.data() + 1, failed(), llStatus_);
+                                                h.counts.data() + 1, failed(), llStatus_, h.layout.data(),
+                                                layoutBytes());
     runDispatchKernel(rows);
-    GIN_CUDA_CHECK(cudaMemsetAsync(h.selfRow.data(), 0xff, size_t(tokens) * 4, st_));
-    GIN_CUDA_CHECK(cudaMemsetAsync(perExpert_, 0, size_t(sh.localExperts()) * 4, st_));
     if (W)
       gpu::unpackKernel<<<int(std::min<size_t>((W + kThreads - 1) / kThreads, 1024)), kThreads, 0, st_>>>(
           l_, int(W), srcBaseOf(layout_), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(),
           d.topkIdx.data(), d.topkWeights.data(), perExpert_, h.selfRow.data(), h.counts.data());
-    copyOn(h.layout.data(), layout_, layoutBytes());
     endNormal(false);
     clock_.end();
     return d;
@@ -1122,10 +1171,10 @@ class GpuBuffer {
     l_.recvScales = nullptr;  // rowsFor sets it for FP8
   }
 
-  // The dispatch's routing, kept in the handle for a cached dispatch (the
-  // plan is made from it on the GPU), the rows per token and where its row
-  // to this rank went: one allocation.
-  void keepRouting(GpuHandle& h, const int32_t* topkIdx, const float* topkWeights, int tokens) {
+  // Room in the handle for the dispatch's routing, kept for a cached
+  // dispatch (the plan copies it there and is made from it again), the rows
+  // per token and where its row to this rank went: one allocation.
+  void keepRouting(GpuHandle& h, int tokens) {
     const size_t T = size_t(tokens), K = size_t(l_.shape.topk);
     h.tokens = tokens;
     Parts p;
@@ -1136,8 +1185,6 @@ class GpuBuffer {
     h.topkWeights = DeviceArray<float>(slab, wAt, T * K);
     h.rows = DeviceArray<int>(slab, rowsAt, T);
     h.selfRow = DeviceArray<int>(slab, selfAt, T);
-    copyOn(h.topkIdx.data(), topkIdx, T * K * 4);
-    copyOn(h.topkWeights.data(), topkWeights, T * K * 4);
   }
 
   // What the unpack writes for n rows, in one allocation (the rows in their
@@ -1489,8 +1536,7 @@ class GpuBuffer {
       d.handle = h;
       void* rows = nullptr;
       allocateOrStop([&] { rows = rowsFor(d, h.received(), fp8); });  // before any kernel
-      GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
-      GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
+      GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(0), 0, 32, st_));  // failed, arrivals, bad
       plan(h, true);
       pack(x, h.tokens, f);
       copyOn(layout_, h.layout.data(), layoutBytes());
@@ -1519,22 +1565,36 @@ class GpuBuffer {
     return d;
   }
 
+  // The caller's routing for a dispatch that makes handle h: planKernel
+  // copies it into h and resets what the unpack adds to.
+  gpu::Routing kept(gpu::Routing from, const GpuHandle& h) const {
+    from.keep = {h.topkIdx.data(), h.topkWeights.data(), h.selfRow.data(), perExpert_};
+    return from;
+  }
   // Normal mode's start: the plan made on the GPU from the handle's routing
   // (its rows per token into h.rows), then begin(); an expert index outside
   // -1..E-1 is refused with the token and choice. Returns every rank's lane
   // counts, [rank][C][R].
-  std::vector<uint64_t> startPlanned(const uint16_t* x, Fp8Tokens f, const GpuHandle& h) {
+  std::vector<uint64_t> startPlanned(const uint16_t* x, Fp8Tokens f, const GpuHandle& h, const gpu::Routing& from = {}) {
     GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
-    plan(h, false);
+    plan(h, false, from);
     return begin(x, h.tokens, f);
   }
-  // planKernel over the handle's routing (`record`: a bad index is the
-  // communicator's error, for calls no host all-gather checks).
-  void plan(const GpuHandle& h, bool record) {
-    gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, h.topkIdx.data(), h.topkWeights.data(),
-                                                             static_cast<char*>(comm_.localPointer(l_.meta)), sendList_,
-                                                             sendCount_, h.rows.data(), mem_.word(2), mem_.word(3),
-                                                             record);
+  // planKernel over the routing of `from` (a new handle's), else over the
+  // handle's own (a cached dispatch). `record`: a bad index is the
+  // communicator's error, for calls no host all-gather checks.
+  void plan(const GpuHandle& h, bool record, const gpu::Routing& from = {}) {
+    const bool own = !from.idx && !from.idx64;
+    const float* weight = own ? h.topkWeights.data() : from.weight;
+    char* meta = static_cast<char*>(comm_.localPointer(l_.meta));
+    if (from.idx64)
+      gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, from.idx64, weight, meta, sendList_, sendCount_,
+                                                               h.rows.data(), mem_.word(2), mem_.word(3), record,
+                                                               from.keep);
+    else
+      gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, own ? h.topkIdx.data() : from.idx, weight, meta,
+                                                               sendList_, sendCount_, h.rows.data(), mem_.word(2),
+                                                               mem_.word(3), record, from.keep);
   }
   // The tokens into the x window, unless read from the caller's x
   // (Layer::xDirect).
@@ -1691,8 +1751,8 @@ class GpuBuffer {
   }
 
   // After the return kernel: wait for `arrivals` rows (plus *more, a
-  // count on the GPU, when given), sum them into out, reset the combine
-  // signal, then the end kernel (every rank told that this sum is done;
+  // count on the GPU, when given), sum them into out, then the end kernel
+  // (the combine signal reset, every rank told that this sum is done;
   // contexts flushed). With `more` (a sync-free handle's combine) that is
   // all; else settle.
   void finishCombine(uint64_t arrivals, int tokens, int stride, const int* rows, const int32_t* idx,
@@ -1702,7 +1762,6 @@ class GpuBuffer {
     if (tokens > 0)
       gpu::sumKernel<<<std::min(tokens, 1024), kThreads, 0, st_>>>(l_, tokens, stride, rows, idx, weight, bias0, bias1,
                                                                    out, self);
-    gpu::resetKernel<<<1, 32, 0, st_>>>(l_, l_.sig.combine(), l_.sig.combine() + 1);
     endNormal(true);
     if (!more)
       settle(what);
