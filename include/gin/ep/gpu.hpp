@@ -1,9 +1,8 @@
 // gin/ep/gpu.hpp — the expert-parallel layer of gin/ep/layer.hpp on a GPU: the
 // same device bodies as the CPU driver (gin/ep/cpu.hpp), launched as kernels on the
 // rank's stream. Normal mode: a count kernel, one dispatch kernel whose first
-// C CTAs send (one per channel, warps per peer) while R x C CTAs receive
-// (one per source and channel; the one of this rank itself copies its
-// tokens straight into the list), an expert+combine kernel (a warp per
+// C CTAs send (one per channel, warps per destination) while R x C CTAs
+// receive (one per source and channel), an expert+combine kernel (a warp per
 // received token), a kernel that waits for the combine signal (one CTA) and
 // a reduce kernel. Low-latency mode: Shape::llSenders CTAs per expert
 // dispatch (their warps share the tokens), one CTA waits for every count,
@@ -157,77 +156,83 @@ __global__ void layoutKernel(Layer l, RecvState* rs, int* srcOf, unsigned long l
 }
 
 // Sender lanes per warp when the channel's CTA has fewer than two warps per
-// peer: warp w drives the lanes to the w-th, (w + warps)-th, ... peer
+// destination: warp w drives the lanes (c, d) with d = w, w + warps, ...
 // (ranks <= 64). With two or more, each lane gets a span of warps.
 constexpr int kLanesPerWarp = 8;
 
-// CTAs of kDispatchThreads: a sender CTA splits its warps among the peers
-// (10 per peer on 4 ranks), a receiver CTA copies a slot per warp. The grid
-// is at most one CTA per SM anyway (autoShape). On 4 H200s 1024 threads took
-// 8% off a sync-free (dispatch, combine) pair and 11% off an FP8 one against
-// 256, 5-7% on 2 (docs/performance.md), even with the spills that 64
-// registers per thread bring.
+// CTAs of kDispatchThreads: a sender CTA splits its warps among the
+// destinations (8 per destination on 4 ranks), a receiver CTA copies a slot
+// per warp. The grid is at most one CTA per SM anyway (autoShape). On 4
+// H200s 1024 threads took 8% off a sync-free (dispatch, combine) pair and 11%
+// off an FP8 one against 256, 5-7% on 2 (docs/performance.md), even with
+// the spills that 64 registers per thread bring.
 constexpr int kDispatchThreads = 1024;
-static_assert(kDispatchThreads / 32 * kLanesPerWarp >= 63, "a sender CTA drives up to 63 peers");
+static_assert(kDispatchThreads / 32 * kLanesPerWarp >= 64, "a sender CTA drives up to 64 destinations");
 
 __global__ void __launch_bounds__(kDispatchThreads, 1)
     dispatchKernel(Layer l, const RecvState* rs, void* recvX, char* recvMeta, int* failed) {
   const int C = l.shape.channels, R = l.shape.ranks, me = l.dc.rank;
   // Lane (c, me) copies its tokens straight into the receive list
-  // (selfStep: no ring, no signal), in the (me, c) receiver CTA, which has
-  // no ring to read; with no peers (one rank) the sender CTA shares it.
+  // (selfStep): no ring, no signal; the (me, c) receiver has no ring to
+  // read and returns, unless this rank is alone (one rank), when it takes
+  // half of every step (selfStep's part 0 of 2; the sender's span part 1).
+  // (The own rows in the receiver CTA and the sender's warps all on peers
+  // made 2 H200s' normal dispatch 3-6% slower: docs/performance.md.)
   const bool alone = R == 1;
   if (int(blockIdx.x) < C) {
-    const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32), P = R - 1;
-    const auto peer = [me](int p) { return p < me ? p : p + 1; };  // the sender's lane p goes to rank peer(p)
+    const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32);
+    const uint64_t selfBase = rs[size_t(me) * C + size_t(c)].base, selfKeep = rs[size_t(me) * C + size_t(c)].keep;
     bool ok = true;
-    if (alone) {
-      const RecvState& self = rs[size_t(c)];
+    if (2 * R <= nw && R < 16) {  // span ids name named barriers 1..15
+      const int g = nw / R, d = w / g;  // lane d: warps [d * g, d * g + g)
+      if (d >= R) return;
       SendState s;
+      if (l.ringPos && d != me) s.origin = s.sent = l.ringPos[size_t(c) * R + size_t(d)];
+      const gin::CoopWarpSpan span(d * g, g, d);
       ok = spin(
-          l.dc, [&] { return selfStep(l, c, self.base, s, recvX, recvMeta, gin::CoopBlock{}, self.keep, 1, 2); },
-          gin::Op::WaitSignal, me, 0);
-    } else if (2 * P <= nw && P < 16) {  // span ids name named barriers 1..15
-      const int g = nw / P, p = w / g;  // lane p: warps [p * g, p * g + g)
-      if (p >= P) return;
-      const int d = peer(p);
-      SendState s;
-      if (l.ringPos) s.origin = s.sent = l.ringPos[size_t(c) * R + size_t(d)];
-      const gin::CoopWarpSpan span(p * g, g, p);
-      ok = spin(l.dc, [&] { return sendStep(l, c, d, s, span); }, gin::Op::WaitSignal, d, uint64_t(l.sig.head(d, c)));
-      if (ok && l.ringPos && span.rank() == 0) l.ringPos[size_t(c) * R + size_t(d)] = s.sent;
+          l.dc,
+          [&] {
+            return d == me ? selfStep(l, c, selfBase, s, recvX, recvMeta, span, selfKeep, alone ? 1 : 0, alone ? 2 : 1)
+                           : sendStep(l, c, d, s, span);
+          },
+          gin::Op::WaitSignal, d, uint64_t(l.sig.head(d, c)));
+      if (ok && l.ringPos && d != me && span.rank() == 0) l.ringPos[size_t(c) * R + size_t(d)] = s.sent;
     } else {
       SendState s[kLanesPerWarp];  // per thread; the warp's copies move in step (see sendStep)
       int lanes = 0;
-      for (int p = w; p < P && lanes < kLanesPerWarp; p += nw) ++lanes;
+      for (int d = w; d < R && lanes < kLanesPerWarp; d += nw) ++lanes;
       if (lanes == 0) return;
       for (int i = 0; i < lanes; ++i)
-        if (l.ringPos) s[i].origin = s[i].sent = l.ringPos[size_t(c) * R + size_t(peer(w + i * nw))];
+        if (const int d = w + i * nw; l.ringPos && d != me)
+          s[i].origin = s[i].sent = l.ringPos[size_t(c) * R + size_t(d)];
       ok = spin(
           l.dc,
           [&] {
             int r = -1;
             for (int i = 0; i < lanes; ++i) {
-              const int q = sendStep(l, c, peer(w + i * nw), s[i], gin::CoopWarp{});
+              const int d = w + i * nw;
+              const gin::CoopWarp warp;
+              const int q = d == me ? selfStep(l, c, selfBase, s[i], recvX, recvMeta, warp, selfKeep)
+                                    : sendStep(l, c, d, s[i], warp);
               r = q > 0 ? 1 : (q == 0 && r < 0 ? 0 : r);
             }
             return r;
           },
           gin::Op::WaitSignal, -1, uint64_t(c));
       for (int i = 0; i < lanes; ++i)
-        if (ok && l.ringPos && threadIdx.x % 32 == 0) l.ringPos[size_t(c) * R + size_t(peer(w + i * nw))] = s[i].sent;
+        if (const int d = w + i * nw; ok && l.ringPos && d != me && threadIdx.x % 32 == 0)
+          l.ringPos[size_t(c) * R + size_t(d)] = s[i].sent;
     }
     if (!ok && threadIdx.x % 32 == 0) ::atomicAdd(failed, 1);
   } else {
     const int i = int(blockIdx.x) - C, src = i / C, c = i % C;
     RecvState s = rs[size_t(i)];
-    if (src == me) {  // lane (c, me): a warp per token, straight into the list
+    if (src == me) {  // lane (c, me) fills its part of the list in the sender CTA
+      if (!alone) return;
       SendState self;
       const bool ok = spin(
           l.dc,
-          [&] {
-            return selfStep(l, c, s.base, self, recvX, recvMeta, gin::CoopBlock{}, s.keep, 0, alone ? 2 : 1);
-          },
+          [&] { return selfStep(l, c, s.base, self, recvX, recvMeta, gin::CoopBlock{}, s.keep, 0, 2); },
           gin::Op::WaitSignal, me, 0);
       if (!ok && threadIdx.x == 0) ::atomicAdd(failed, 1);
       return;
