@@ -198,6 +198,7 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScal
       want = e.tokens;
     }
   }
+  s.join(stream);  // the call synchronized once, after its plan; its rows move after it returns
   auto h = std::make_shared<NormalHandle>();
   // DeepEP's rank_prefix_matrix: [i][j] = rows rank j received from ranks 0..i.
   const std::vector<int>& got = d.handle.receivedBy;

@@ -9,14 +9,15 @@
                         num_tokens_per_expert=num_tokens_per_expert, topk_idx=topk_idx, topk_weights=topk_weights)
     combined_x, _, event = buffer.combine(expert_outputs, handle)
 
-What differs from DeepEP (docs/ep.md says more): FP8 dispatch without a
-handle only, scales float32 (no round_scale / use_ue8m0); a normal-mode
-call finishes its GPU work before it returns, a low-latency call returns
-once its work is queued and the current stream waits for it (async_finish
-is accepted; with return_recv_hook the call queues its sends only and the
-hook queues the receive, as DeepEP's, to be called on every rank before
-the buffer's next call; an error of a low-latency call is raised by the
-next call); the buffer sizes (num_nvl_bytes, num_rdma_bytes)
+What differs from DeepEP (docs/ep.md says more): FP8 scales float32 (no
+round_scale / use_ue8m0). As DeepEP's, a call returns once its work is
+queued and the current stream waits for it (a normal dispatch without
+num_worst_tokens first synchronizes once, for its receive count;
+async_finish is accepted; with return_recv_hook the call queues its sends
+only and the hook queues the receive, to be called on every rank before
+the buffer's next call); an error found on the GPU after a call returned
+(a bad expert index of a low-latency call, a wait that gave up) is raised
+by the next call or synchronize(); the buffer sizes (num_nvl_bytes, num_rdma_bytes)
 are not used: gin sizes its buffer from the calls' shapes; combine's
 returned top-k weights are the dispatch's weights where the choice had an
 expert (the weights are not sent back).
@@ -131,7 +132,7 @@ class Buffer:
         self.runtime = None
 
     def synchronize(self):
-        """gin's (not DeepEP's): waits for the buffer's GPU work and raises what a low-latency call left
+        """gin's (not DeepEP's): waits for the buffer's GPU work and raises what an earlier call left
         behind (a bad expert index, a wait that gave up), which is otherwise raised by the next call."""
         self.runtime.synchronize()
 

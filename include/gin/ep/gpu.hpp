@@ -174,11 +174,9 @@ __global__ void __launch_bounds__(kDispatchThreads, 1)
   const int C = l.shape.channels, R = l.shape.ranks, me = l.dc.rank;
   // Lane (c, me) copies its tokens straight into the receive list
   // (selfStep): no ring, no signal; the (me, c) receiver has no ring to
-  // read and returns, unless this rank is alone (one rank), when it takes
-  // half of every step (selfStep's part 0 of 2; the sender's span part 1).
-  // (The own rows in the receiver CTA and the sender's warps all on peers
-  // made 2 H200s' normal dispatch 3-6% slower: docs/performance.md.)
-  const bool alone = R == 1;
+  // read and returns. (The own rows in the receiver CTA and the sender's
+  // warps all on peers made 2 H200s' normal dispatch 3-6% slower:
+  // docs/performance.md. One rank alone runs selfKernel instead.)
   if (int(blockIdx.x) < C) {
     const int c = int(blockIdx.x), w = int(threadIdx.x / 32), nw = int(blockDim.x / 32);
     const uint64_t selfBase = rs[size_t(me) * C + size_t(c)].base, selfKeep = rs[size_t(me) * C + size_t(c)].keep;
@@ -192,8 +190,7 @@ __global__ void __launch_bounds__(kDispatchThreads, 1)
       ok = spin(
           l.dc,
           [&] {
-            return d == me ? selfStep(l, c, selfBase, s, recvX, recvMeta, span, selfKeep, alone ? 1 : 0, alone ? 2 : 1)
-                           : sendStep(l, c, d, s, span);
+            return d == me ? selfStep(l, c, selfBase, s, recvX, recvMeta, span, selfKeep) : sendStep(l, c, d, s, span);
           },
           gin::Op::WaitSignal, d, uint64_t(l.sig.head(d, c)));
       if (ok && l.ringPos && d != me && span.rank() == 0) l.ringPos[size_t(c) * R + size_t(d)] = s.sent;
@@ -227,16 +224,7 @@ __global__ void __launch_bounds__(kDispatchThreads, 1)
   } else {
     const int i = int(blockIdx.x) - C, src = i / C, c = i % C;
     RecvState s = rs[size_t(i)];
-    if (src == me) {  // lane (c, me) fills its part of the list in the sender CTA
-      if (!alone) return;
-      SendState self;
-      const bool ok = spin(
-          l.dc,
-          [&] { return selfStep(l, c, s.base, self, recvX, recvMeta, gin::CoopBlock{}, s.keep, 0, 2); },
-          gin::Op::WaitSignal, me, 0);
-      if (!ok && threadIdx.x == 0) ::atomicAdd(failed, 1);
-      return;
-    }
+    if (src == me) return;  // lane (c, me) fills its part of the list in the sender CTA
     uint64_t* pos = l.ringPos ? l.ringPos + size_t(R) * C + size_t(i) : nullptr;  // this receiver's ring position
     if (pos) {
       s.origin = *pos;
@@ -248,6 +236,25 @@ __global__ void __launch_bounds__(kDispatchThreads, 1)
         uint64_t(l.sig.tail(src, c)));
     if (!ok && threadIdx.x == 0) ::atomicAdd(failed, 1);
     if (ok && pos && threadIdx.x == 0) *pos = s.expect;
+  }
+}
+
+// A rank alone (one rank): every row is its own, so the dispatch is a
+// gather with nothing to wait for, run as a plain grid instead of the
+// dispatch kernel's spinning senders and receivers: a warp per row, `per`
+// warps sharing each lane (c, 0) (selfStep's parts). On one H200, 4096 rows
+// of 14 KiB: 33.5-34.4 us against the dispatch kernel's 62.5-63, a plain
+// gather of the same rows 33.4, cudaMemcpy of their bytes 30.5
+// (docs/performance.md).
+constexpr int kSelfThreads = 512;
+__global__ void __launch_bounds__(kSelfThreads)
+    selfKernel(Layer l, const RecvState* rs, void* recvX, char* recvMeta, int per) {
+  const int warp = int((blockIdx.x * blockDim.x + threadIdx.x) / 32), C = l.shape.channels;
+  if (warp >= per * C) return;
+  const int c = warp % C;
+  const RecvState r = rs[c];
+  SendState s;
+  while (selfStep(l, c, r.base, s, recvX, recvMeta, gin::CoopWarp{}, r.keep, warp / C, per) > 0) {
   }
 }
 
@@ -365,6 +372,7 @@ inline void loadKernels() {
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, countKernel));
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, layoutKernel));
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, dispatchKernel));
+  GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, selfKernel));
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, expertCombineKernel));
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, combineWaitKernel));
   GIN_CUDA_CHECK(cudaFuncGetAttributes(&a, reduceKernel));
@@ -427,6 +435,15 @@ inline Shape autoShape(gin::Comm& comm, Shape sh) {
 // CTAs and R x C receivers.
 inline void launchDispatchKernel(cudaStream_t st, const Layer& l, const RecvState* rs, void* recvX, char* recvMeta,
                                  int* failed) {
+  if (l.shape.ranks == 1) {  // alone: selfKernel, a warp per row, 32 warps per SM
+    int dev = 0, sms = 0;
+    GIN_CUDA_CHECK(cudaGetDevice(&dev));
+    GIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int C = l.shape.channels, per = std::max(1, sms * 32 / C), warps = kSelfThreads / 32;
+    selfKernel<<<(per * C + warps - 1) / warps, kSelfThreads, 0, st>>>(l, rs, recvX, recvMeta, per);
+    GIN_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const int grid = l.shape.channels * (1 + l.shape.ranks);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(grid));
