@@ -4,9 +4,9 @@
 // experts or top-k change or more tokens come than it holds: every rank
 // learns that in the same call, from the buffer's CapacityError). The buffer
 // runs on a stream of its own that waits for the caller's stream at every
-// call. A normal-mode call returns when its work is done (GpuBuffer's calls
-// wait); a low-latency call once its work is queued, the caller's stream
-// then waiting for the buffer's (no host synchronization).
+// call. Every call returns once its work is queued (a normal dispatch
+// without num_worst_tokens after its one synchronization, for its receive
+// count), the caller's stream then waiting for the buffer's.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -217,7 +217,7 @@ Dispatched Runtime::cachedDispatch(uintptr_t stream, const void* x, const float*
   gin::ep::GpuDispatched d =
       xScales ? s.buf->dispatch(gin::ep::Fp8Tokens{static_cast<const uint8_t*>(x), xScales}, h->h)
               : s.buf->dispatch(static_cast<const uint16_t*>(x), h->h);
-  s.join(stream);  // a sync-free handle's call returns once queued
+  s.join(stream);  // the call returns once queued
   Dispatched out;
   out.x = xScales ? arrayOf(d.xFp8) : arrayOf(d.x);
   out.xScales = arrayOf(d.xScales);
@@ -237,7 +237,7 @@ Array Runtime::combine(uintptr_t stream, const void* y, const std::shared_ptr<vo
   s.follow(stream);
   Array out = arrayOf(s.buf->combine(static_cast<const uint16_t*>(y), h->h, static_cast<const uint16_t*>(bias0),
                                      static_cast<const uint16_t*>(bias1)));
-  s.join(stream);  // a sync-free handle's combine returns once queued
+  s.join(stream);  // the combine returns once queued
   return out;
 }
 

@@ -59,8 +59,8 @@ class Runtime {
   int rank() const;
   int nRanks() const;
   std::string transports() const;  // per peer: lsa, proxy or ibgda
-  // Waits for the buffer's work and throws what a low-latency call left
-  // behind (its calls return before their work is done).
+  // Waits for the buffer's work and throws what an earlier call left
+  // behind (calls return before their work is done).
   void synchronize();
 
   // Where returned device memory comes from (the bindings pass PyTorch's

@@ -91,8 +91,7 @@ def _indices(topk_idx):
 
 def _event(async_finish):
     """As DeepEP's: an event on the current stream with async_finish, else none (the current stream
-    already waits for gin's work: a normal-mode call's is done when it returns, a low-latency call's is
-    ordered before what the stream runs next)."""
+    already waits for gin's work: every call's is ordered before what the stream runs next)."""
     if not async_finish:
         return EventOverlap()
     e = torch.cuda.Event()

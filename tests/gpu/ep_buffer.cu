@@ -214,7 +214,7 @@ class HostFace {
     return a;
   }
   // The handle's rows-received matrix (every rank's receive counts, from
-  // the dispatch's closing barrier): this rank's row is its own count per
+  // the dispatch's opening all-gather): this rank's row is its own count per
   // source, and its column sums to the rows its tokens went out as.
   Handle face(const gin::ep::GpuHandle& g) const {
     const size_t R = size_t(sh_.ranks), me = size_t(rank_);

@@ -371,9 +371,11 @@ __global__ void planKernel(Layer l, const Idx* idx, const float* weight, char* m
         out->choices = choices;
       }
     }
-    // The block's rows to send, one atomic per warp.
-    if (const unsigned sent = __reduce_add_sync(~0u, unsigned(__popcll(m))); lane == 0 && sent != 0)
-      ::atomicAdd(arrivals, static_cast<unsigned long long>(sent));
+    // The block's rows to send, one atomic per warp (shuffles: sm_70 has
+    // no __reduce_add_sync).
+    unsigned sent = unsigned(__popcll(m));
+    for (int o = 16; o > 0; o /= 2) sent += __shfl_xor_sync(~0u, sent, o);
+    if (lane == 0 && sent != 0) ::atomicAdd(arrivals, static_cast<unsigned long long>(sent));
     for (int d = 0; d < R; ++d) {
       const bool hit = t < end && ((m >> d) & 1);
       const unsigned ballot = __ballot_sync(~0u, hit);
@@ -1021,7 +1023,11 @@ class GpuBuffer {
 
   // CpuBuffer::dispatch with device arrays: x [T][H] bf16, topkIdx and
   // topkWeights [T][K] (T at most shape().tokens; ranks may differ; the
-  // indices int32 or int64, as PyTorch's topk makes them).
+  // indices int32 or int64, as PyTorch's topk makes them). Every call of
+  // the buffer returns once its work is queued on the buffer's stream
+  // (this one after one synchronization, for its receive count): what it
+  // reads (x, indices, weights; a combine's y and biases; a handle's
+  // arrays) must stay as they are until the stream has run it.
   //
   // worstTokens > 0 (DeepEP's num_worst_tokens; every rank passes one):
   // the dispatch runs without the host and returns once queued (see
@@ -1278,9 +1284,9 @@ class GpuBuffer {
 
   // CpuBuffer::lowLatencyDispatch with device arrays (x [T][H], topkIdx and
   // topkWeights [T][K]; the indices int32 or int64, as PyTorch's topk makes
-  // them). Unlike every other call it returns once its work is
-  // queued on the stream, as DeepEP's does: no host synchronization, no
-  // barrier, nothing reset (see "Low latency without a host" in docs/ep.md).
+  // them). It returns once its work is queued on the stream, as DeepEP's
+  // does: no host synchronization, no barrier, nothing reset (see "Low
+  // latency without a host" in docs/ep.md).
   // An expert index outside -1..E-1 is found on the GPU: that choice goes
   // nowhere, the communicator records the error (every rank's waits end) and
   // the next call of every rank, or synchronize(), throws.
@@ -1428,9 +1434,9 @@ class GpuBuffer {
   bool receivePending() const { return bool(pendingReceive_); }
 
   // Waits for the buffer's stream, then throws what an earlier call of this
-  // rank left behind (low-latency and sync-free calls return before their
-  // work is done): a bad expert index, more rows than a worstTokens, a wait
-  // that gave up, the communicator's error.
+  // rank left behind (calls return before their work is done): a bad
+  // expert index, more rows than a worstTokens, a wait that gave up, the
+  // communicator's error.
   void synchronize() {
     GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
     raiseEarlier(true);
