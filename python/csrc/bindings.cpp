@@ -192,20 +192,11 @@ class Runtime {
 
   py::tuple out(const gin_ep_rt::Dispatched& d, int H, int K, bool fp8 = false) {
     const int64_t N = int64_t(d.srcRank.count);
-    torch::Tensor prefix;
-    if (d.rankPrefixOnGpu.ptr) {  // a sync-free dispatch's, made on the GPU
-      const int64_t R = int64_t(std::sqrt(double(d.rankPrefixOnGpu.count)) + 0.5);
-      prefix = tensorOf(d.rankPrefixOnGpu, torch::kInt32, {R, R});
-    } else {
-      const int64_t R = int64_t(std::sqrt(double(d.rankPrefix.size())) + 0.5);
-      // On the caller's stream (from pageable memory: staged before the call returns).
-      prefix = torch::empty({R, R}, torch::dtype(torch::kInt32).device(torch::kCUDA, device_));
-      C10_CUDA_CHECK(cudaMemcpyAsync(prefix.data_ptr(), d.rankPrefix.data(), size_t(R * R) * 4,
-                                     cudaMemcpyHostToDevice, c10::cuda::getCurrentCUDAStream(device_).stream()));
-    }
+    const int64_t R = int64_t(std::sqrt(double(d.rankPrefix.count)) + 0.5);
+    const torch::Tensor prefix = tensorOf(d.rankPrefix, torch::kInt32, {R, R});  // made on the GPU
     py::object idx = py::none(), w = py::none(), perExpert = py::none();
     if (K > 0) {
-      idx = py::cast(tensorOf(d.topkIdx, torch::kInt32, {N, K}));
+      idx = py::cast(tensorOf(d.topkIdx, d.idx64 ? torch::kInt64 : torch::kInt32, {N, K}));
       w = py::cast(tensorOf(d.topkWeights, torch::kFloat32, {N, K}));
       perExpert = py::cast(d.tokensPerExpert);
     }

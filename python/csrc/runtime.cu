@@ -24,7 +24,6 @@ namespace {
 // A normal-mode dispatch's handle as the extension keeps it.
 struct NormalHandle {
   gin::ep::GpuHandle h;
-  std::vector<int> rankPrefix;
 };
 
 template <class T>
@@ -33,16 +32,16 @@ Array arrayOf(const gin::ep::DeviceArray<T>& a) {
 }
 
 // What a normal dispatch returns to the bindings, its handle kept as h.
-Dispatched dispatchedOf(const gin::ep::GpuDispatched& d, bool fp8, std::shared_ptr<NormalHandle> h) {
+Dispatched dispatchedOf(const gin::ep::GpuDispatched& d, bool fp8, bool idx64, std::shared_ptr<NormalHandle> h) {
   h->h = d.handle;
   Dispatched out;
   out.x = fp8 ? arrayOf(d.xFp8) : arrayOf(d.x);
   out.xScales = arrayOf(d.xScales);
-  out.topkIdx = arrayOf(d.topkIdx);
+  out.idx64 = idx64;
+  out.topkIdx = out.idx64 ? arrayOf(d.topkIdx64) : arrayOf(d.topkIdx);
   out.topkWeights = arrayOf(d.topkWeights);
   out.tokensPerExpert = d.tokensPerExpert;
-  out.rankPrefix = h->rankPrefix;
-  if (h->h.syncFree) out.rankPrefixOnGpu = arrayOf(h->h.rankPrefix);  // made on the GPU
+  out.rankPrefix = arrayOf(h->h.rankPrefix);  // made on the GPU
   out.srcRank = arrayOf(h->h.srcRank);
   out.srcToken = arrayOf(h->h.srcToken);
   out.handle = std::move(h);
@@ -163,7 +162,6 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScal
                              const float* weights, int tokens, int hidden, int experts, int topk,
                              int expertAlignment, int worstTokens) {
   State& s = *s_;
-  const int R = s.comm.nRanks();
   // The buffer's dispatch for bf16 or FP8 tokens and int32 or int64 indices.
   const auto call = [&](gin::ep::GpuBuffer& buf, int worst) {
     const auto with = [&](const auto* ix) {
@@ -182,7 +180,7 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScal
     s.follow(stream);
     gin::ep::GpuDispatched d = call(buf, worstTokens);
     s.join(stream);
-    return dispatchedOf(d, xScales != nullptr, std::make_shared<NormalHandle>());
+    return dispatchedOf(d, xScales != nullptr, idx64, std::make_shared<NormalHandle>());
   }
   // The buffer is made for the tokens of the first call and made again, by
   // every rank at once, when a call brings more than it holds (the buffer
@@ -199,13 +197,7 @@ Dispatched Runtime::dispatch(uintptr_t stream, const void* x, const float* xScal
     }
   }
   s.join(stream);  // the call synchronized once, after its plan; its rows move after it returns
-  auto h = std::make_shared<NormalHandle>();
-  // DeepEP's rank_prefix_matrix: [i][j] = rows rank j received from ranks 0..i.
-  const std::vector<int>& got = d.handle.receivedBy;
-  h->rankPrefix.assign(got.size(), 0);
-  for (int j = 0; j < R; ++j)
-    for (int i = 0, sum = 0; i < R; ++i) h->rankPrefix[size_t(i) * R + j] = sum += got[size_t(j) * R + i];
-  return dispatchedOf(d, xScales != nullptr, std::move(h));
+  return dispatchedOf(d, xScales != nullptr, idx64, std::make_shared<NormalHandle>());
 }
 
 Dispatched Runtime::cachedDispatch(uintptr_t stream, const void* x, const float* xScales,
@@ -221,8 +213,7 @@ Dispatched Runtime::cachedDispatch(uintptr_t stream, const void* x, const float*
   Dispatched out;
   out.x = xScales ? arrayOf(d.xFp8) : arrayOf(d.x);
   out.xScales = arrayOf(d.xScales);
-  out.rankPrefix = h->rankPrefix;
-  if (h->h.syncFree) out.rankPrefixOnGpu = arrayOf(h->h.rankPrefix);
+  out.rankPrefix = arrayOf(h->h.rankPrefix);
   out.srcRank = arrayOf(h->h.srcRank);
   out.srcToken = arrayOf(h->h.srcToken);
   out.handle = handle;

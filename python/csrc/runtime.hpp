@@ -25,11 +25,12 @@ struct Array {
 struct Dispatched {
   Array x;                           // [N][H] bf16, or e4m3 bytes for an FP8 dispatch
   Array xScales;                     // FP8: [N][H / 128] float (else empty)
-  Array topkIdx;                     // [N][K] int32 (empty for a cached dispatch)
+  Array topkIdx;                     // [N][K] int32, or int64 (idx64) as the caller's (empty: cached dispatch)
+  bool idx64 = false;
   Array topkWeights;                 // [N][K] float (empty for a cached dispatch)
   std::vector<int> tokensPerExpert;  // [L]
-  std::vector<int> rankPrefix;       // [R][R]: rows rank i received from ranks 0..j (DeepEP's rank_prefix_matrix)
-  Array rankPrefixOnGpu;             // the same on the GPU, for a sync-free dispatch (rankPrefix then empty)
+  Array rankPrefix;                  // [R][R] int32 on the GPU: [i][j] rows rank j received from ranks 0..i
+                                     // (DeepEP's rank_prefix_matrix)
   Array srcRank, srcToken;           // [N] int32 each
   std::shared_ptr<void> handle;      // gin's handle (combine and cached dispatch take it back)
 };

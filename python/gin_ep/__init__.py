@@ -180,7 +180,8 @@ class Buffer:
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None, topk_weights=None,
                  expert_alignment=1, num_worst_tokens=0, config=None, previous_event=None, async_finish=False,
                  allocate_on_comm_stream=False):
-        """Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event).
+        """Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event);
+        recv_topk_idx has topk_idx's dtype (int64, or int32 if that was given), written so by the unpack.
         The handle: (rank_prefix_matrix, None, None, recv_src_idx, is_token_in_rank, None, gin's handle)."""
         scales = None
         if isinstance(x, tuple):  # FP8: (e4m3 [T][H], float scales [T][H / 128])
@@ -202,7 +203,6 @@ class Buffer:
         recv_x, recv_idx, recv_w, per_expert, prefix, src_rank, src_token, gin_handle = self.runtime.dispatch(
             _stream(), x, scales, _indices(topk_idx), topk_weights.float().contiguous(), num_experts,
             expert_alignment, int(num_worst_tokens))
-        recv_idx = recv_idx.long()
         if num_worst_tokens > 0:
             per_expert = []
         handle = (prefix, None, None, src_token, is_token_in_rank, None,
@@ -221,7 +221,9 @@ class Buffer:
         else:
             b0 = bias
         n = handle[3].numel()
-        combined = self.runtime.combine(_stream(), x[:n].contiguous(), handle[-1].capsule, b0, b1)
+        if x.size(0) != n or not x.is_contiguous():  # a sync-free dispatch's padding rows go nowhere
+            x = x[:n].contiguous()
+        combined = self.runtime.combine(_stream(), x, handle[-1].capsule, b0, b1)
         combined_w = None
         if topk_weights is not None:
             idx, w = handle[-1].topk_idx, handle[-1].topk_weights

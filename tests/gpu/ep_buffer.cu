@@ -226,6 +226,13 @@ class HostFace {
     gintest::expect(mine == sent, "the ranks received as many rows from this rank as it sent");
     for (size_t i = 0; i < R; ++i)
       gintest::expect(g.receivedBy[me * R + i] == g.tokensFromRank[i], "receivedBy's row is this rank's counts");
+    // DeepEP's rank prefix matrix, made on the GPU: [i][j] rows rank j got from ranks 0..i.
+    const std::vector<int> prefix = g.rankPrefix.toHost();
+    gintest::expect(prefix.size() == R * R, "the rank prefix matrix is ranks x ranks");
+    for (size_t j = 0; j < R && prefix.size() == R * R; ++j)
+      for (size_t i = 0, sum = 0; i < R; ++i)
+        gintest::expect(size_t(prefix[i * R + j]) == (sum += size_t(g.receivedBy[j * R + i])),
+                        "the rank prefix matrix sums receivedBy");
     return faceOf(g);
   }
   // A sync-free handle: the rows received (counts[0]) in order of source,
@@ -376,6 +383,8 @@ gin::ep::DeviceArray<T> upload(gin::ep::GpuBuffer& buf, const std::vector<T>& v,
   return a;
 }
 
+// int32 values as int64.
+std::vector<int64_t> widened(const std::vector<int32_t>& v) { return std::vector<int64_t>(v.begin(), v.end()); }
 
 // The small shape of the failure cases: R ranks, E experts, top-K, hidden
 // H, T tokens.
@@ -456,7 +465,7 @@ TEST_CASE("GPU ep buffer: too many tokens or a bad expert on one rank fails ever
         gin::ep::GpuDispatched d64 = buf.dispatch(x.data(), idx64.data(), w.data(), T);
         gintest::expect(d64.handle.rows.toHost() == d.handle.rows.toHost() &&
                             d64.handle.receivedBy == d.handle.receivedBy &&
-                            d64.topkIdx.toHost() == d.topkIdx.toHost() &&
+                            d64.topkIdx.empty() && widened(d.topkIdx.toHost()) == d64.topkIdx64.toHost() &&
                             d64.handle.topkIdx.toHost() == d.handle.topkIdx.toHost(),
                         "int64 indices route as the same int32 ones do");
       },

@@ -388,6 +388,7 @@ struct Sizing {
   int sharing = 1;      // ranks on this GPU
   int combineGrid = 1;  // CTAs of a warp-per-row combine kernel
   int llSplit = 1;      // CTAs per (local expert, source) in low-latency mode
+  int sms = 1;          // of this GPU (one rank's selfKernel grid)
 };
 
 // How many ranks of the communicator run on this rank's GPU (collective).
@@ -432,13 +433,11 @@ inline Shape autoShape(gin::Comm& comm, Shape sh) {
 // its CTAs at once or refuses the launch, instead of running part of the
 // grid while the rest waits for SMs behind other work (another stream's
 // kernels, a tool that runs CTAs one after another). Its grid: C sender
-// CTAs and R x C receivers.
+// CTAs and R x C receivers. `sms`: the GPU's (Sizing::sms), for one rank's
+// selfKernel.
 inline void launchDispatchKernel(cudaStream_t st, const Layer& l, const RecvState* rs, void* recvX, char* recvMeta,
-                                 int* failed) {
+                                 int* failed, int sms) {
   if (l.shape.ranks == 1) {  // alone: selfKernel, a warp per row, 32 warps per SM
-    int dev = 0, sms = 0;
-    GIN_CUDA_CHECK(cudaGetDevice(&dev));
-    GIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const int C = l.shape.channels, per = std::max(1, sms * 32 / C), warps = kSelfThreads / 32;
     selfKernel<<<(per * C + warps - 1) / warps, kSelfThreads, 0, st>>>(l, rs, recvX, recvMeta, per);
     GIN_CUDA_CHECK(cudaGetLastError());
@@ -476,6 +475,7 @@ inline Sizing sizing(gin::Comm& comm, const Shape& sh, bool lowLatency, int thre
   GIN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   GIN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, dispatchKernel, kDispatchThreads, 0));
   z.sharing = ranksOnThisGpu(comm);
+  z.sms = sms;
   if (!lowLatency && int(C + R * C) * z.sharing > perSm * sms)
     throw std::invalid_argument("moe: the dispatch kernel needs " + std::to_string(C + R * C) +
                                 " resident CTAs (channels + ranks x channels) on each of " + std::to_string(z.sharing) +
@@ -544,6 +544,7 @@ class GpuLayer {
     const gpu::Sizing z = gpu::sizing(comm, sh, lowLatency, kThreads);
     combineGrid_ = z.combineGrid;
     llSplit_ = z.llSplit;
+    sms_ = z.sms;
   }
   GpuLayer(const GpuLayer&) = delete;
   GpuLayer& operator=(const GpuLayer&) = delete;
@@ -597,7 +598,7 @@ class GpuLayer {
     if (!ll_) {
       gpu::countKernel<<<1, kThreads, 0, st_>>>(l_);
       gpu::layoutKernel<<<1, kThreads, 0, st_>>>(l_, rs_, srcOf_, total(), failed(), uint64_t(R) * uint64_t(sh.tokens));
-      gpu::launchDispatchKernel(st_, l_, rs_, recvX_, recvMeta_, failed());
+      gpu::launchDispatchKernel(st_, l_, rs_, recvX_, recvMeta_, failed(), sms_);
       if (dispatched) GIN_CUDA_CHECK(cudaEventRecord(dispatched, st_));
       gpu::expertCombineKernel<<<combineGrid_, kThreads, 0, st_>>>(l_, total(), srcOf_, recvX_, recvMeta_);
       gpu::combineWaitKernel<<<1, 1, 0, st_>>>(l_, plan_.combineArrivals, failed());
@@ -646,7 +647,7 @@ class GpuLayer {
   bool ll_;
   cudaStream_t st_;
   Layer l_;
-  int combineGrid_ = 1, llSplit_ = 1;
+  int combineGrid_ = 1, llSplit_ = 1, sms_ = 1;
   Plan plan_;
   gpu::DeviceAllocs mem_;
   int32_t* idx_ = nullptr;

@@ -206,7 +206,7 @@ struct GpuHandle {
   DeviceArray<int> selfRow;         // [T] where this rank's token t sent to itself was received; -1: not sent
   bool syncFree = false;            // made by a sync-free dispatch: its combine and cached dispatch are too
   DeviceArray<unsigned long long> counts;  // sync-free: [2] rows received, rows this rank's combine waits for
-  DeviceArray<int> rankPrefix;      // sync-free: [R][R] DeepEP's rank prefix matrix ([i][j]: rows j got from 0..i)
+  DeviceArray<int> rankPrefix;      // [R][R] DeepEP's rank prefix matrix ([i][j]: rows j got from 0..i)
   DeviceArray<char> layout;         // sync-free: the receive list's layout (RecvState per lane, then srcBase)
   size_t received() const { return srcRank.size(); }
 };
@@ -219,7 +219,8 @@ struct GpuDispatched {
   DeviceArray<uint16_t> x;           // [N][H] bf16: by source rank, then source token (empty with FP8)
   DeviceArray<uint8_t> xFp8;         // FP8 dispatch: [N][H] e4m3, same order
   DeviceArray<float> xScales;        // FP8 dispatch: [N][H / 128]
-  DeviceArray<int32_t> topkIdx;      // [N][K] local expert, -1 elsewhere (empty: cached dispatch)
+  DeviceArray<int32_t> topkIdx;      // [N][K] local expert, -1 elsewhere (empty: cached dispatch, int64 indices)
+  DeviceArray<int64_t> topkIdx64;    // the same where the dispatch was given int64 indices (topkIdx then empty)
   DeviceArray<float> topkWeights;    // [N][K] 0 where topkIdx is -1 (empty: cached dispatch)
   std::vector<int> tokensPerExpert;  // [L] on the host, rounded up to the alignment (empty: cached, sync-free)
   GpuHandle handle;
@@ -455,27 +456,35 @@ __global__ void llPlanKernel(Layer l, const Idx* idx, int tokens, uint32_t* send
 
 // A thread per received position: its source (srcBase[r]: the first
 // position from rank r), token, combine slot and top-k (local ids where the
-// choice is here, -1 and weight 0 elsewhere). With `received` (a sync-free
-// dispatch: n is its worst case), rows from *received on are padding:
-// source and token -1, every choice -1 with weight 0. Restrict: no output
-// aliases the received metadata, so its loads need not wait for the stores
-// before.
+// choice is here, -1 and weight 0 elsewhere; int64 where `wide`, else
+// int32). With `received` (a sync-free dispatch: n is its worst case), rows
+// from *received on are padding: source and token -1, every choice -1 with
+// weight 0. With prefixFrom, block 0 also copies the [R][R] rank prefix
+// matrix to prefixTo. Restrict: no output aliases the received metadata,
+// so its loads need not wait for the stores before.
 // Blocks of 64 threads, up to 4096 of them: 4096 rows on 64 SMs, not 16.
 constexpr int kUnpackThreads = 64;
 __global__ void unpackKernel(Layer l, int n, const uint64_t* __restrict__ srcBase, const char* __restrict__ recvMeta,
                              int* __restrict__ srcRank, int* __restrict__ srcToken, uint32_t* __restrict__ slot,
-                             int32_t* __restrict__ topkIdx, float* __restrict__ topkW, int* __restrict__ selfRow,
-                             const unsigned long long* __restrict__ received = nullptr) {
+                             void* __restrict__ topkIdx, bool wide, float* __restrict__ topkW,
+                             int* __restrict__ selfRow, const unsigned long long* __restrict__ received = nullptr,
+                             const int* __restrict__ prefixFrom = nullptr, int* __restrict__ prefixTo = nullptr) {
   const int K = l.shape.topk, R = l.shape.ranks;
+  if (prefixFrom && blockIdx.x == 0)
+    for (int i = int(threadIdx.x); i < R * R; i += int(blockDim.x)) prefixTo[i] = prefixFrom[i];
+  const auto choose = [&](size_t at, int e, float w) {
+    if (wide)
+      static_cast<int64_t*>(topkIdx)[at] = e;
+    else
+      static_cast<int32_t*>(topkIdx)[at] = e;
+    topkW[at] = w;
+  };
   const uint64_t real = received ? uint64_t(*received) : uint64_t(n);
   for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) {
     if (uint64_t(i) >= real) {
       srcRank[i] = srcToken[i] = -1;
       slot[i] = 0;
-      for (int k = 0; k < K; ++k) {
-        topkIdx[size_t(i) * K + k] = -1;
-        topkW[size_t(i) * K + k] = 0.f;
-      }
+      for (int k = 0; k < K; ++k) choose(size_t(i) * K + k, -1, 0.f);
       continue;
     }
     const TokenMeta* m = reinterpret_cast<const TokenMeta*>(recvMeta + size_t(i) * l.shape.metaBytes());
@@ -485,15 +494,11 @@ __global__ void unpackKernel(Layer l, int n, const uint64_t* __restrict__ srcBas
     if (src == l.dc.rank) selfRow[m->srcToken] = i;
     srcToken[i] = int(m->srcToken);
     slot[i] = m->combineSlot;
-    for (int k = 0; k < K; ++k) {
-      topkIdx[size_t(i) * K + k] = -1;
-      topkW[size_t(i) * K + k] = 0.f;
-    }
+    for (int k = 0; k < K; ++k) choose(size_t(i) * K + k, -1, 0.f);
     uint32_t choices = m->choices;
     for (uint32_t j = 0; j < m->nLocal; ++j, choices &= choices - 1) {
       const int k = __ffs(int(choices)) - 1;  // the j-th choice on this rank
-      topkIdx[size_t(i) * K + k] = m->pick[j].localExpert;
-      topkW[size_t(i) * K + k] = m->pick[j].weight;
+      choose(size_t(i) * K + k, m->pick[j].localExpert, m->pick[j].weight);
     }
   }
 }
@@ -928,7 +933,7 @@ class GpuBuffer {
     void* status = nullptr;
     GIN_CUDA_CHECK(cudaHostGetDevicePointer(&status, hostWord(4), 0));
     llStatus_ = static_cast<unsigned long long*>(status);
-    layout_ = alloc(layoutBytes());
+    layout_ = alloc(layoutBytes() + prefixBytes());
     rs_ = static_cast<RecvState*>(layout_);
     for (int r = 0; r < comm.nRanks(); ++r) allLsa_ = allLsa_ && comm.transportTo(r) == gin::Transport::Lsa;
     sendList_ = static_cast<uint32_t*>(alloc(std::max<size_t>(std::max(C * R * sh.laneCap(), E * T) * 4, 4)));
@@ -1102,18 +1107,20 @@ class GpuBuffer {
     for (size_t src = 0; src < R; ++src)
       for (size_t e = 0; e < L; ++e) d.tokensPerExpert[e] += int(all[src * W + lanes() + me * L + e]);
     for (int& c : d.tokensPerExpert) c = (c + expertAlignment - 1) / expertAlignment * expertAlignment;
-    const size_t n = layOut(h.fromLane);
+    const size_t n = layOut(h.fromLane, &h.receivedBy);
     h.arrivals = *hostWord(2);  // read back by begin()
-    void* rows = nullptr;  // peers' kernels wait for this rank's: an allocation that throws stops them
-    allocateOrStop([&] {
-      receiveArrays(d, n);
-      rows = rowsFor(d, n, fp8);
-    });
+    // Peers' kernels wait for this rank's: an allocation that throws stops
+    // them. The rows first, and their kernel before the unpack's arrays are
+    // made (the GPU waits for the host from the synchronization to that launch).
+    void* rows = nullptr;
+    allocateOrStop([&] { rows = rowsFor(d, n, fp8); });
     runDispatchKernel(rows);
-    if (n)
-      gpu::unpackKernel<<<unpackGrid(n), gpu::kUnpackThreads, 0, st_>>>(
-          l_, int(n), srcBase(), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), d.topkIdx.data(),
-          d.topkWeights.data(), h.selfRow.data());
+    allocateOrStop([&] { receiveArrays(d, n, from.idx64 != nullptr, true); });
+    // Always (n may be 0): the unpack also copies the rank prefix matrix.
+    gpu::unpackKernel<<<std::max(unpackGrid(n), 1), gpu::kUnpackThreads, 0, st_>>>(
+        l_, int(n), srcBase(), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), topkOut(d),
+        from.idx64 != nullptr, d.topkWeights.data(), h.selfRow.data(), nullptr, uploadedPrefix(),
+        h.rankPrefix.data());
     endNormal(false);
     clock_.end();
     return d;
@@ -1160,7 +1167,7 @@ class GpuBuffer {
       h.counts = DeviceArray<unsigned long long>(slab, countsAt, 2);
       h.rankPrefix = DeviceArray<int>(slab, prefixAt, R * R);
       h.layout = DeviceArray<char>(slab, layoutAt, layoutBytes());
-      receiveArrays(d, W);
+      receiveArrays(d, W, from.idx64 != nullptr);
       rows = rowsFor(d, W, fp8);
     });
     GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(0), 0, 32, st_));  // failed, arrivals, bad
@@ -1174,8 +1181,8 @@ class GpuBuffer {
     runDispatchKernel(rows);
     if (W)
       gpu::unpackKernel<<<unpackGrid(W), gpu::kUnpackThreads, 0, st_>>>(
-          l_, int(W), srcBaseOf(layout_), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(),
-          d.topkIdx.data(), d.topkWeights.data(), h.selfRow.data(), h.counts.data());
+          l_, int(W), srcBaseOf(layout_), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), topkOut(d),
+          from.idx64 != nullptr, d.topkWeights.data(), h.selfRow.data(), h.counts.data());
     endNormal(false);
     clock_.end();
     return d;
@@ -1210,19 +1217,30 @@ class GpuBuffer {
   }
 
   // What the unpack writes for n rows, in one allocation (the rows in their
-  // own, rowsFor: a caller may keep them longer than the handle).
-  void receiveArrays(GpuDispatched& d, size_t n) {
-    const size_t K = size_t(l_.shape.topk);
+  // own, rowsFor: a caller may keep them longer than the handle): the top-k
+  // indices as the caller's were (int64 into topkIdx64, `wide`), and with
+  // `prefix` the handle's rank prefix matrix.
+  void receiveArrays(GpuDispatched& d, size_t n, bool wide, bool prefix = false) {
+    const size_t K = size_t(l_.shape.topk), R = size_t(l_.shape.ranks);
     GpuHandle& h = d.handle;
     Parts p;
     const size_t srcAt = p.add<int>(n), tokAt = p.add<int>(n), slotAt = p.add<uint32_t>(n),
-                 idxAt = p.add<int32_t>(n * K), wAt = p.add<float>(n * K);
+                 idxAt = wide ? p.add<int64_t>(n * K) : p.add<int32_t>(n * K), wAt = p.add<float>(n * K),
+                 prefixAt = prefix ? p.add<int>(R * R) : 0;
     const DeviceArray<char> slab = deviceArray<char>(p.bytes);
     h.srcRank = DeviceArray<int>(slab, srcAt, n);
     h.srcToken = DeviceArray<int>(slab, tokAt, n);
     h.slot = DeviceArray<uint32_t>(slab, slotAt, n);
-    d.topkIdx = DeviceArray<int32_t>(slab, idxAt, n * K);
+    if (wide)
+      d.topkIdx64 = DeviceArray<int64_t>(slab, idxAt, n * K);
+    else
+      d.topkIdx = DeviceArray<int32_t>(slab, idxAt, n * K);
     d.topkWeights = DeviceArray<float>(slab, wAt, n * K);
+    if (prefix) h.rankPrefix = DeviceArray<int>(slab, prefixAt, R * R);
+  }
+  // Where the unpack writes the top-k indices (receiveArrays).
+  static void* topkOut(GpuDispatched& d) {
+    return d.topkIdx64.empty() ? static_cast<void*>(d.topkIdx.data()) : static_cast<void*>(d.topkIdx64.data());
   }
 
   // Where n rows are received, straight into what the call returns: bf16
@@ -1270,15 +1288,12 @@ class GpuBuffer {
     if (h.received() && sh.ranks > 1)  // one rank: every row is its own (or padding), read in y by the sum
       gpu::returnKernel<<<z_.combineGrid, kThreads, 0, st_>>>(l_, int(h.received()), h.srcRank.data(),
                                                               h.srcToken.data(), h.slot.data(), y);
-    if (h.syncFree) {  // the rows to wait for are on the GPU
-      finishCombine(0, h.tokens, sh.maxDests(), h.rows.data(), nullptr, nullptr, bias0, bias1, out.data(),
-                    gpu::SelfRows{h.selfRow.data(), h.slot.data(), y}, h.counts.data() + 1);
-      return out;
-    }
-    // Rows this rank sent itself are read where they are, in y.
-    const uint64_t own = uint64_t(h.tokensFromRank[size_t(comm_.rank())]);
-    finishCombine(h.arrivals - own, h.tokens, sh.maxDests(), h.rows.data(), nullptr, nullptr, bias0, bias1, out.data(),
-                  gpu::SelfRows{h.selfRow.data(), h.slot.data(), y});
+    // The rows to wait for: a sync-free handle's are on the GPU; else the
+    // handle's, less those this rank sent itself (read where they are, in y).
+    const uint64_t arrivals =
+        h.syncFree ? 0 : h.arrivals - uint64_t(h.tokensFromRank[size_t(comm_.rank())]);
+    finishCombine(arrivals, h.tokens, sh.maxDests(), h.rows.data(), nullptr, nullptr, bias0, bias1, out.data(),
+                  gpu::SelfRows{h.selfRow.data(), h.slot.data(), y}, h.syncFree ? h.counts.data() + 1 : nullptr);
     return out;
   }
 
@@ -1474,6 +1489,10 @@ class GpuBuffer {
   uint64_t maxRecv() const { return uint64_t(l_.shape.ranks) * uint64_t(maxTokens_); }
   size_t lanes() const { return size_t(l_.shape.ranks) * size_t(l_.shape.channels); }
   size_t layoutBytes() const { return lanes() * sizeof(RecvState) + (size_t(l_.shape.ranks) + 1) * 8; }
+  // A synchronizing dispatch's rank prefix matrix [R][R] (int), uploaded
+  // with the layout, right after it (layout_, hostLayout()).
+  size_t prefixBytes() const { return size_t(l_.shape.ranks) * size_t(l_.shape.ranks) * 4; }
+  const int* uploadedPrefix() const { return reinterpret_cast<const int*>(static_cast<char*>(layout_) + layoutBytes()); }
   // What a normal dispatch's opening all-gather carries per rank after its
   // token count and bad index: lane counts [C][R], pairs per expert [E].
   size_t startWords() const { return lanes() + size_t(l_.shape.experts); }
@@ -1485,7 +1504,7 @@ class GpuBuffer {
   // startWords(), after begin() summed them), the layout's staging.
   uint64_t* hostCounts() const { return reinterpret_cast<uint64_t*>(static_cast<char*>(host_) + 4096); }
   char* hostLayout() const { return reinterpret_cast<char*>(hostCounts() + planWords()); }
-  size_t hostBytes() const { return 4096 + planWords() * 8 + layoutBytes(); }
+  size_t hostBytes() const { return 4096 + planWords() * 8 + layoutBytes() + prefixBytes(); }
   const uint64_t* srcBase() const { return srcBaseOf(layout_); }
   // The list's first position per source in a layout (after its RecvStates).
   uint64_t* srcBaseOf(void* layout) const {
@@ -1493,9 +1512,11 @@ class GpuBuffer {
   }
 
   // The receive list of a normal dispatch: (source, channel) in order,
-  // fromLane[src][c] rows each, uploaded as rs_ and srcBase() on the stream.
+  // fromLane[src][c] rows each, uploaded as rs_ and srcBase() on the stream;
+  // with receivedBy ([j][i]: rows rank j received from rank i), DeepEP's
+  // rank prefix matrix too, to uploadedPrefix() in the same copy.
   // Returns the rows in all.
-  size_t layOut(const std::vector<uint64_t>& fromLane) {
+  size_t layOut(const std::vector<uint64_t>& fromLane, const std::vector<int>* receivedBy = nullptr) {
     const size_t R = size_t(l_.shape.ranks), C = size_t(l_.shape.channels);
     RecvState* rs = reinterpret_cast<RecvState*>(hostLayout());
     uint64_t* base = reinterpret_cast<uint64_t*>(hostLayout() + lanes() * sizeof(RecvState));
@@ -1513,7 +1534,12 @@ class GpuBuffer {
     if (at > maxRecv())
       throw std::logic_error("ep: " + std::to_string(at) + " rows would come, more than the " +
                              std::to_string(maxRecv()) + " the ranks can send");
-    upload(layout_, hostLayout(), layoutBytes());
+    if (receivedBy) {
+      int* prefix = reinterpret_cast<int*>(hostLayout() + layoutBytes());
+      for (size_t j = 0; j < R; ++j)
+        for (size_t i = 0, sum = 0; i < R; ++i) prefix[i * R + j] = int(sum += size_t((*receivedBy)[j * R + i]));
+    }
+    upload(layout_, hostLayout(), layoutBytes() + (receivedBy ? prefixBytes() : 0));
     return size_t(at);
   }
 
@@ -1601,9 +1627,9 @@ class GpuBuffer {
   // -1..E-1 is refused with the token and choice. Returns every rank's
   // startWords(): lane counts [C][R], then pairs per expert [E].
   std::vector<uint64_t> startPlanned(const uint16_t* x, Fp8Tokens f, const GpuHandle& h, const gpu::Routing& from = {}) {
-    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(2), 0, 16, st_));  // arrivals, bad
+    GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(0), 0, 32, st_));  // failed, arrivals, bad
     plan(h, false, from);
-    return begin(x, h.tokens, f);
+    return begin(x, h.tokens, f, from.keep.perExpert != nullptr);
   }
   // planKernel over the routing of `from` (a new handle's), else over the
   // handle's own (a cached dispatch). `record`: a bad index is the
@@ -1634,10 +1660,11 @@ class GpuBuffer {
   // The tokens packed, a synchronization, then the opening all-gather
   // (below). Nothing is reset: the rings go on from where the last call
   // left them (Layer::ringPos). Returns every rank's startWords().
-  std::vector<uint64_t> begin(const uint16_t* x, int tokens, Fp8Tokens f = {}) {
-    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+  // `counted`: the plan counted its pairs per expert (sentPerExpert()).
+  std::vector<uint64_t> begin(const uint16_t* x, int tokens, Fp8Tokens f, bool counted) {
     pack(x, tokens, f);
-    download(hostCounts(), sendCount_, planWords() * 8, false);  // lane counts, pairs per expert per block
+    // Lane counts, then pairs per expert per plan block where counted.
+    download(hostCounts(), sendCount_, (counted ? planWords() : lanes()) * 8, false);
     download(hostWord(2), mem_.word(2), 16);  // arrivals, bad index
     clock_.mark("plan+pack+reset");
     // This rank's words: its lane counts, then its pairs per expert (the
@@ -1645,10 +1672,12 @@ class GpuBuffer {
     // a cached dispatch, which does not read them).
     const size_t C = size_t(l_.shape.channels), E = size_t(l_.shape.experts);
     uint64_t* words = hostCounts();
-    std::vector<uint64_t> sums(E, 0);
-    for (size_t c = 0; c < C; ++c)
-      for (size_t e = 0; e < E; ++e) sums[e] += words[lanes() + c * E + e];
-    std::copy(sums.begin(), sums.end(), words + lanes());
+    if (counted) {
+      std::vector<uint64_t> sums(E, 0);
+      for (size_t c = 0; c < C; ++c)
+        for (size_t e = 0; e < E; ++e) sums[e] += words[lanes() + c * E + e];
+      std::copy(sums.begin(), sums.end(), words + lanes());
+    }
     std::vector<uint64_t> all = agreeStart(tokens, *hostWord(3), startWords());
     clock_.mark("barrier");
     return all;
@@ -1695,7 +1724,9 @@ class GpuBuffer {
   // The dispatch kernel (senders and receivers, all resident; selfKernel
   // for one rank), rows into recvX [rows][rowBytes], metadata into the
   // buffer's list.
-  void runDispatchKernel(void* recvX) { gpu::launchDispatchKernel(st_, l_, rs_, recvX, recvMeta_, failed()); }
+  void runDispatchKernel(void* recvX) {
+    gpu::launchDispatchKernel(st_, l_, rs_, recvX, recvMeta_, failed(), z_.sms);
+  }
 
   // The most blocks a kernel whose blocks all wait for peers may have: any
   // number where this rank has its GPU to itself (no peer kernel needs room
@@ -1753,10 +1784,12 @@ class GpuBuffer {
   // was reset after its sum (finishCombine).
   void startCombine(const char* call) {
     clock_.start(call);
-    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     // One rank: its earlier combines came before on the stream (as the rows
-    // it waits for in finishCombine: none come from peers).
-    if (l_.shape.ranks > 1) gpu::summedWaitKernel<<<1, 1, 0, st_>>>(l_, normalRounds_, failed());
+    // it waits for in finishCombine: none come from peers), and nothing of
+    // its normal calls waits, so nothing sets failed().
+    if (l_.shape.ranks == 1) return;
+    GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
+    gpu::summedWaitKernel<<<1, 1, 0, st_>>>(l_, normalRounds_, failed());
   }
 
   // After the return kernel: wait for `arrivals` rows (plus *more, a
