@@ -278,10 +278,16 @@ __global__ void packFp8Kernel(Layer l, Fp8Tokens x, int tokens) {
 // all-gather checks) it is also recorded as the communicator's error.
 // `keep` (a dispatch that makes a handle): idx and weight copied into it,
 // its selfRow set to -1 (launches the host need not queue), and with
-// perExpert (a dispatch that synchronizes) block c's (token, choice) pairs
-// per expert written to row c (nothing to zero before): the opening
-// all-gather hands every rank its tokens per local expert before the rows
-// move.
+// perExpert (a dispatch that synchronizes) block c counts its (token,
+// choice) pairs per expert (in shared memory where E <= kPlanExperts, else
+// in row c of perExpert [C][E]; nothing to zero before), for toHost: the
+// opening all-gather hands every rank its tokens per local expert before
+// the rows move.
+// toHost (a dispatch that synchronizes: mapped pinned memory, read after
+// the synchronization instead of copies queued behind the plan): block c
+// writes its lane counts at [c][R], its pairs per expert (with perExpert)
+// at C x R + [c][E], and the smallest bad index it saw (1 + token x K +
+// choice; 0: none) at C x R + C x E + c.
 struct PlanKeep {
   int32_t* idx = nullptr;  // [T][K]
   float* weight = nullptr;  // [T][K]
@@ -305,7 +311,7 @@ __device__ inline int expertOf(int64_t v, int E) { return v < -1 || v >= E ? kBa
 template <class Idx>
 __global__ void planKernel(Layer l, const Idx* idx, const float* weight, char* meta, uint32_t* sendList,
                            uint64_t* sendCount, int* rows, unsigned long long* arrivals, unsigned long long* bad,
-                           bool record, PlanKeep keep) {
+                           bool record, PlanKeep keep, uint64_t* toHost) {
   const Shape& sh = l.shape;
   const int R = sh.ranks, K = sh.topk, L = sh.localExperts(), E = sh.experts, c = int(blockIdx.x);
   const size_t cap = sh.laneCap(), D = size_t(sh.maxDests());
@@ -313,7 +319,9 @@ __global__ void planKernel(Layer l, const Idx* idx, const float* weight, char* m
   __shared__ int warpCount[32];
   __shared__ uint32_t base[64];
   __shared__ unsigned long long counted[kPlanExperts];  // the block's pairs per expert, where E fits
+  __shared__ unsigned long long firstBad;  // the smallest bad index the block saw, ~0: none
   unsigned long long* count = nullptr;
+  if (threadIdx.x == 0) firstBad = ~0ull;
   if (keep.perExpert)
     count = E <= kPlanExperts ? counted : reinterpret_cast<unsigned long long*>(keep.perExpert + size_t(c) * E);
   for (int d = int(threadIdx.x); d < R; d += int(blockDim.x)) base[d] = 0;
@@ -344,6 +352,7 @@ __global__ void planKernel(Layer l, const Idx* idx, const float* weight, char* m
         if (keep.weight) keep.weight[size_t(t) * K + k] = w[k];
         if (keep.idx) keep.idx[size_t(t) * K + k] = e;
         if (e == kBadExpert) {
+          ::atomicMin(&firstBad, 1ull + size_t(t) * K + k);
           if (::atomicCAS(bad, 0ull, 1ull + size_t(t) * K + k) == 0ull && record)
             gin::recordError(l.dc, gin::Op::BadArgument, -1, -1, uint64_t(t) * K + k, uint64_t(E),
                              uint64_t(int64_t(idx[size_t(t) * K + k])));
@@ -399,8 +408,12 @@ __global__ void planKernel(Layer l, const Idx* idx, const float* weight, char* m
   }
   __syncthreads();
   for (int d = int(threadIdx.x); d < R; d += int(blockDim.x)) sendCount[size_t(c) * R + size_t(d)] = base[d];
-  if (count == counted)
-    for (int e = int(threadIdx.x); e < E; e += int(blockDim.x)) keep.perExpert[size_t(c) * E + size_t(e)] = counted[e];
+  if (!toHost) return;
+  const size_t C = gridDim.x;
+  for (int d = int(threadIdx.x); d < R; d += int(blockDim.x)) toHost[size_t(c) * R + size_t(d)] = base[d];
+  if (count)
+    for (int e = int(threadIdx.x); e < E; e += int(blockDim.x)) toHost[C * R + size_t(c) * E + size_t(e)] = count[e];
+  if (threadIdx.x == 0) toHost[C * R + C * E + size_t(c)] = firstBad == ~0ull ? 0 : firstBad;
 }
 
 // Low-latency mode's plan on the GPU: planRouting's result for idx [T][K]
@@ -561,10 +574,12 @@ __global__ void sumKernel(Layer l, int tokens, int stride, const int* rows, cons
   const size_t H = size_t(l.shape.hidden), S = size_t(stride);
   const auto* comb = static_cast<const uint16_t*>(gin::localPointer(l.combine, 0));
   for (size_t t = blockIdx.x; t < size_t(tokens); t += gridDim.x) {
-    const int at = self.row ? self.row[t] : -1;
-    sumRows(comb + t * S * H, H, rows ? rows[t] : stride, idx ? idx + t * S : nullptr,
-            weight ? weight + t * S : nullptr, bias0 ? bias0 + t * H : nullptr, bias1 ? bias1 + t * H : nullptr,
-            out + t * H, gin::CoopBlock{}, at < 0 ? -1 : int(self.slot[at]),
+    const int at = self.row ? self.row[t] : -1, n = rows ? rows[t] : stride;
+    // A token with one row that it sent to this rank itself: that row's
+    // slot is 0 (no load of it before the row's loads).
+    const int swap = at < 0 ? -1 : n == 1 ? 0 : int(self.slot[at]);
+    sumRows(comb + t * S * H, H, n, idx ? idx + t * S : nullptr, weight ? weight + t * S : nullptr,
+            bias0 ? bias0 + t * H : nullptr, bias1 ? bias1 + t * H : nullptr, out + t * H, gin::CoopBlock{}, swap,
             at < 0 ? nullptr : self.y + size_t(at) * H);
   }
 }
@@ -933,6 +948,9 @@ class GpuBuffer {
     void* status = nullptr;
     GIN_CUDA_CHECK(cudaHostGetDevicePointer(&status, hostWord(4), 0));
     llStatus_ = static_cast<unsigned long long*>(status);
+    void* counts = nullptr;
+    GIN_CUDA_CHECK(cudaHostGetDevicePointer(&counts, hostCounts(), 0));
+    hostCountsOnGpu_ = static_cast<uint64_t*>(counts);
     layout_ = alloc(layoutBytes() + prefixBytes());
     rs_ = static_cast<RecvState*>(layout_);
     for (int r = 0; r < comm.nRanks(); ++r) allLsa_ = allLsa_ && comm.transportTo(r) == gin::Transport::Lsa;
@@ -1108,7 +1126,7 @@ class GpuBuffer {
       for (size_t e = 0; e < L; ++e) d.tokensPerExpert[e] += int(all[src * W + lanes() + me * L + e]);
     for (int& c : d.tokensPerExpert) c = (c + expertAlignment - 1) / expertAlignment * expertAlignment;
     const size_t n = layOut(h.fromLane, &h.receivedBy);
-    h.arrivals = *hostWord(2);  // read back by begin()
+    h.arrivals = *hostWord(2);  // summed by begin()
     // Peers' kernels wait for this rank's: an allocation that throws stops
     // them. The rows first, and their kernel before the unpack's arrays are
     // made (the GPU waits for the host from the synchronization to that launch).
@@ -1472,6 +1490,7 @@ class GpuBuffer {
   // status (llStatus_), hostCounts(), hostLayout().
   void* host_ = nullptr;
   unsigned long long* llStatus_ = nullptr;  // hostWord(4), as a device address
+  uint64_t* hostCountsOnGpu_ = nullptr;     // hostCounts(), as a device address
   gpu::DeviceAllocs mem_;
   uint32_t* sendList_ = nullptr;
   uint64_t* sendCount_ = nullptr;
@@ -1496,10 +1515,15 @@ class GpuBuffer {
   // What a normal dispatch's opening all-gather carries per rank after its
   // token count and bad index: lane counts [C][R], pairs per expert [E].
   size_t startWords() const { return lanes() + size_t(l_.shape.experts); }
-  // Where a plan block c writes its pairs per expert (row c of [C][E]): right
-  // after the lane counts, so that one copy brings both to the host.
+  // Where plan block c counts its pairs per expert where E > kPlanExperts
+  // (row c of [C][E], on the GPU; gpu::PlanKeep::perExpert).
   uint64_t* sentPerExpert() const { return sendCount_ + lanes(); }
-  size_t planWords() const { return lanes() + size_t(l_.shape.channels) * size_t(l_.shape.experts); }
+  // What the plan writes to the host (gpu::planKernel's toHost): lane
+  // counts [C][R], pairs per expert [C][E], a bad index per block [C].
+  size_t planWords() const {
+    const size_t C = size_t(l_.shape.channels);
+    return lanes() + C * size_t(l_.shape.experts) + C;
+  }
   // Pinned host memory after the words: this rank's planWords() (then
   // startWords(), after begin() summed them), the layout's staging.
   uint64_t* hostCounts() const { return reinterpret_cast<uint64_t*>(static_cast<char*>(host_) + 4096); }
@@ -1547,11 +1571,6 @@ class GpuBuffer {
   // after the next call's synchronization; pageable ones are staged by the call).
   void upload(void* to, const void* from, size_t bytes) {
     if (bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyHostToDevice, st_));
-  }
-  // Device to host on the stream; `wait` synchronizes (the last of a batch).
-  void download(void* to, const void* from, size_t bytes, bool wait = true) {
-    if (bytes) GIN_CUDA_CHECK(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToHost, st_));
-    if (wait) GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
   }
 
   void checkCall(bool lowLatency, int tokens, const char* call) const {
@@ -1628,24 +1647,25 @@ class GpuBuffer {
   // startWords(): lane counts [C][R], then pairs per expert [E].
   std::vector<uint64_t> startPlanned(const uint16_t* x, Fp8Tokens f, const GpuHandle& h, const gpu::Routing& from = {}) {
     GIN_CUDA_CHECK(cudaMemsetAsync(mem_.word(0), 0, 32, st_));  // failed, arrivals, bad
-    plan(h, false, from);
+    plan(h, false, from, hostCountsOnGpu_);
     return begin(x, h.tokens, f, from.keep.perExpert != nullptr);
   }
   // planKernel over the routing of `from` (a new handle's), else over the
   // handle's own (a cached dispatch). `record`: a bad index is the
-  // communicator's error, for calls no host all-gather checks.
-  void plan(const GpuHandle& h, bool record, const gpu::Routing& from = {}) {
+  // communicator's error, for calls no host all-gather checks. toHost:
+  // the counts to the host (hostCounts()'s device address).
+  void plan(const GpuHandle& h, bool record, const gpu::Routing& from = {}, uint64_t* toHost = nullptr) {
     const bool own = !from.idx && !from.idx64;
     const float* weight = own ? h.topkWeights.data() : from.weight;
     char* meta = static_cast<char*>(comm_.localPointer(l_.meta));
     if (from.idx64)
       gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, from.idx64, weight, meta, sendList_, sendCount_,
                                                                h.rows.data(), mem_.word(2), mem_.word(3), record,
-                                                               from.keep);
+                                                               from.keep, toHost);
     else
       gpu::planKernel<<<l_.shape.channels, kThreads, 0, st_>>>(l_, own ? h.topkIdx.data() : from.idx, weight, meta,
                                                                sendList_, sendCount_, h.rows.data(), mem_.word(2),
-                                                               mem_.word(3), record, from.keep);
+                                                               mem_.word(3), record, from.keep, toHost);
   }
   // The tokens into the x window, unless read from the caller's x
   // (Layer::xDirect).
@@ -1663,22 +1683,28 @@ class GpuBuffer {
   // `counted`: the plan counted its pairs per expert (sentPerExpert()).
   std::vector<uint64_t> begin(const uint16_t* x, int tokens, Fp8Tokens f, bool counted) {
     pack(x, tokens, f);
-    // Lane counts, then pairs per expert per plan block where counted.
-    download(hostCounts(), sendCount_, (counted ? planWords() : lanes()) * 8, false);
-    download(hostWord(2), mem_.word(2), 16);  // arrivals, bad index
+    // The plan wrote its counts to hostCounts() (mapped): nothing to copy.
+    GIN_CUDA_CHECK(cudaStreamSynchronize(st_));
     clock_.mark("plan+pack+reset");
+    const size_t C = size_t(l_.shape.channels), E = size_t(l_.shape.experts);
+    uint64_t* words = hostCounts();
+    // The rows this rank sends (its lane counts summed: the rows its
+    // combine waits for, with its own), the smallest bad index of a block.
+    uint64_t sent = 0, bad = 0;
+    for (size_t i = 0; i < lanes(); ++i) sent += words[i];
+    for (size_t c = 0; c < C; ++c)
+      if (const uint64_t b = words[lanes() + C * E + c]; b != 0 && (bad == 0 || b < bad)) bad = b;
+    *hostWord(2) = sent;
     // This rank's words: its lane counts, then its pairs per expert (the
     // plan blocks' rows summed; stale where the plan did not count them, in
     // a cached dispatch, which does not read them).
-    const size_t C = size_t(l_.shape.channels), E = size_t(l_.shape.experts);
-    uint64_t* words = hostCounts();
     if (counted) {
       std::vector<uint64_t> sums(E, 0);
       for (size_t c = 0; c < C; ++c)
         for (size_t e = 0; e < E; ++e) sums[e] += words[lanes() + c * E + e];
       std::copy(sums.begin(), sums.end(), words + lanes());
     }
-    std::vector<uint64_t> all = agreeStart(tokens, *hostWord(3), startWords());
+    std::vector<uint64_t> all = agreeStart(tokens, bad, startWords());
     clock_.mark("barrier");
     return all;
   }
