@@ -181,7 +181,8 @@ class Buffer:
                  expert_alignment=1, num_worst_tokens=0, config=None, previous_event=None, async_finish=False,
                  allocate_on_comm_stream=False):
         """Returns (recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle, event);
-        recv_topk_idx has topk_idx's dtype (int64, or int32 if that was given), written so by the unpack.
+        recv_topk_idx has topk_idx's dtype (int64, DeepEP's; or int32 where a contiguous int32 topk_idx was
+        given, where DeepEP returns int64), written so by the unpack.
         The handle: (rank_prefix_matrix, None, None, recv_src_idx, is_token_in_rank, None, gin's handle)."""
         scales = None
         if isinstance(x, tuple):  # FP8: (e4m3 [T][H], float scales [T][H / 128])

@@ -189,8 +189,9 @@ struct CapacityError : std::length_error {
 // came from and goes back to, and what a cached dispatch repeats. A
 // sync-free dispatch's (worstTokens > 0) has N = worstTokens rows, those
 // past the received ones padding (source and token -1), and keeps on the
-// GPU what the host does not know: the received rows, the rank prefix
-// matrix and the receive list's layout (its host vectors stay empty).
+// GPU what the host does not know: the received rows and the receive
+// list's layout (its host vectors stay empty). Both keep DeepEP's rank
+// prefix matrix on the GPU.
 struct GpuHandle {
   int tokens = 0;                   // T of the dispatch, on this rank
   std::vector<int> tokensFromRank;  // [R] rows received from each source (host)
@@ -940,9 +941,9 @@ class GpuBuffer {
     const Shape& sh = l_.shape;
     const size_t T = size_t(sh.tokens), R = size_t(sh.ranks), C = size_t(sh.channels), E = size_t(sh.experts);
     pool_ = detail::makeKeepingPool();
-    // Pinned: the scratch words' copies, this rank's lane counts and pairs
-    // per expert (downloaded), the receive list's layout (uploaded, as
-    // layout_).
+    // Pinned and mapped: the host's words, the low-latency status, what the
+    // plan writes for the host (hostCounts()), the receive list's layout
+    // and rank prefix matrix (uploaded, as layout_).
     GIN_CUDA_CHECK(cudaHostAlloc(&host_, hostBytes(), cudaHostAllocMapped));
     std::memset(host_, 0, hostBytes());
     void* status = nullptr;
@@ -1128,17 +1129,20 @@ class GpuBuffer {
     const size_t n = layOut(h.fromLane, &h.receivedBy);
     h.arrivals = *hostWord(2);  // summed by begin()
     // Peers' kernels wait for this rank's: an allocation that throws stops
-    // them. The rows first, and their kernel before the unpack's arrays are
-    // made (the GPU waits for the host from the synchronization to that launch).
+    // them. Every array before the dispatch kernel: an allocation that
+    // throws after it would free rows that kernel may still write (the
+    // extension's come from PyTorch's allocator on the caller's stream).
     void* rows = nullptr;
-    allocateOrStop([&] { rows = rowsFor(d, n, fp8); });
+    const bool wide = from.idx64 != nullptr;
+    allocateOrStop([&] {
+      rows = rowsFor(d, n, fp8);
+      receiveArrays(d, n, wide, true);
+    });
     runDispatchKernel(rows);
-    allocateOrStop([&] { receiveArrays(d, n, from.idx64 != nullptr, true); });
     // Always (n may be 0): the unpack also copies the rank prefix matrix.
     gpu::unpackKernel<<<std::max(unpackGrid(n), 1), gpu::kUnpackThreads, 0, st_>>>(
-        l_, int(n), srcBase(), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), topkOut(d),
-        from.idx64 != nullptr, d.topkWeights.data(), h.selfRow.data(), nullptr, uploadedPrefix(),
-        h.rankPrefix.data());
+        l_, int(n), srcBase(), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), topkOut(d, wide),
+        wide, d.topkWeights.data(), h.selfRow.data(), nullptr, uploadedPrefix(), h.rankPrefix.data());
     endNormal(false);
     clock_.end();
     return d;
@@ -1199,8 +1203,9 @@ class GpuBuffer {
     runDispatchKernel(rows);
     if (W)
       gpu::unpackKernel<<<unpackGrid(W), gpu::kUnpackThreads, 0, st_>>>(
-          l_, int(W), srcBaseOf(layout_), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(), topkOut(d),
-          from.idx64 != nullptr, d.topkWeights.data(), h.selfRow.data(), h.counts.data());
+          l_, int(W), srcBaseOf(layout_), recvMeta_, h.srcRank.data(), h.srcToken.data(), h.slot.data(),
+          topkOut(d, from.idx64 != nullptr), from.idx64 != nullptr, d.topkWeights.data(), h.selfRow.data(),
+          h.counts.data());
     endNormal(false);
     clock_.end();
     return d;
@@ -1257,8 +1262,8 @@ class GpuBuffer {
     if (prefix) h.rankPrefix = DeviceArray<int>(slab, prefixAt, R * R);
   }
   // Where the unpack writes the top-k indices (receiveArrays).
-  static void* topkOut(GpuDispatched& d) {
-    return d.topkIdx64.empty() ? static_cast<void*>(d.topkIdx.data()) : static_cast<void*>(d.topkIdx64.data());
+  static void* topkOut(GpuDispatched& d, bool wide) {
+    return wide ? static_cast<void*>(d.topkIdx64.data()) : static_cast<void*>(d.topkIdx.data());
   }
 
   // Where n rows are received, straight into what the call returns: bf16
@@ -1486,8 +1491,9 @@ class GpuBuffer {
   cudaMemPool_t pool_ = nullptr;
   DeviceAllocator alloc_;
   std::function<void()> pendingReceive_;  // a deferred low-latency receive (receive())
-  // Pinned: mem_'s words (failed, -, arrivals, bad), the low-latency
-  // status (llStatus_), hostCounts(), hostLayout().
+  // Pinned: the host's words (hostWord(2): the rows a synchronizing
+  // dispatch sends), the low-latency status (llStatus_, hostWord(4)),
+  // hostCounts(), hostLayout().
   void* host_ = nullptr;
   unsigned long long* llStatus_ = nullptr;  // hostWord(4), as a device address
   uint64_t* hostCountsOnGpu_ = nullptr;     // hostCounts(), as a device address
@@ -1635,8 +1641,9 @@ class GpuBuffer {
   }
 
   // The caller's routing for a dispatch that makes handle h: planKernel
-  // copies it into h; `counted`: and adds its pairs per expert to
-  // sentPerExpert() (a dispatch that synchronizes).
+  // copies it into h; `counted`: and counts its pairs per expert for the
+  // host (a dispatch that synchronizes; sentPerExpert() is the plan
+  // blocks' scratch where E > kPlanExperts).
   gpu::Routing kept(gpu::Routing from, const GpuHandle& h, bool counted = false) const {
     from.keep = {h.topkIdx.data(), h.topkWeights.data(), h.selfRow.data(), counted ? sentPerExpert() : nullptr};
     return from;
@@ -1680,7 +1687,7 @@ class GpuBuffer {
   // The tokens packed, a synchronization, then the opening all-gather
   // (below). Nothing is reset: the rings go on from where the last call
   // left them (Layer::ringPos). Returns every rank's startWords().
-  // `counted`: the plan counted its pairs per expert (sentPerExpert()).
+  // `counted`: the plan counted its pairs per expert (gpu::PlanKeep).
   std::vector<uint64_t> begin(const uint16_t* x, int tokens, Fp8Tokens f, bool counted) {
     pack(x, tokens, f);
     // The plan wrote its counts to hostCounts() (mapped): nothing to copy.
@@ -1811,8 +1818,10 @@ class GpuBuffer {
   void startCombine(const char* call) {
     clock_.start(call);
     // One rank: its earlier combines came before on the stream (as the rows
-    // it waits for in finishCombine: none come from peers), and nothing of
-    // its normal calls waits, so nothing sets failed().
+    // it waits for in finishCombine: none come from peers), and nothing in
+    // its combine waits. failed() is not reset: what an earlier wait left
+    // there (a sync-free layout's) its end kernel already reported in
+    // llStatus_, which stays set, so the end kernel here reports it again.
     if (l_.shape.ranks == 1) return;
     GIN_CUDA_CHECK(cudaMemsetAsync(failed(), 0, 4, st_));
     gpu::summedWaitKernel<<<1, 1, 0, st_>>>(l_, normalRounds_, failed());
